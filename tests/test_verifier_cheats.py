@@ -1,0 +1,120 @@
+"""The verifier against kernels that cheat or break: each must fail at its named gate, for its named reason.
+
+Runs the real cascade (worker process, static checks, float64 oracle) on the CPU interpreter.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FIXTURES
+from xeforge.devices import describe
+from xeforge.problem import load_problem
+from xeforge.verifier import Verifier
+
+CHEATS = FIXTURES / "cheats"
+
+# (fixture, problem, gate that must fail, text the failure must contain)
+CASES = [
+    ("returns_empty", "vadd", "2-correctness", "variant ci"),
+    ("returns_zeros", "vadd", "2-correctness", "outside tolerance"),
+    ("returns_input", "vadd", "2-correctness", "aliases an input"),
+    ("torch_matmul", "vadd", "1-static", "S020-torch-compute"),
+    ("never_launched", "vadd", "1-static", "S004-not-launched"),
+    ("caches_output", "vadd", "2-correctness", "outside tolerance"),
+    ("mutates_input", "vadd", "2-correctness", "mutated its input"),
+    ("side_stream", "vadd", "1-static", "device stream"),
+    ("divides_by_zero", "vadd", "0-isolation", "ZeroDivisionError"),
+    ("segfaults", "vadd", "0-isolation", "SIGSEGV"),
+    ("writes_file", "vadd", "1-static", "open()"),
+    ("reads_api_key", "vadd", "1-static", "environment"),
+    ("pow2_only", "vadd", "2-correctness", "ragged"),
+    ("rowsum_reads_oob", "rowsum", "2-correctness", "ragged"),
+]
+
+
+@pytest.fixture(scope="module")
+def verifiers(tmp_path_factory):
+    from xeforge.settings import Settings
+
+    made = {}
+
+    def get(problem: str, **overrides):
+        key = (problem, tuple(sorted(overrides.items())))
+        if key not in made:
+            p = load_problem(FIXTURES / "problems" / problem)
+            settings = Settings(compile_timeout_s=60.0, run_timeout_s=30.0).replace(**overrides)
+            made[key] = Verifier(p, describe("cpu"), settings, tmp_path_factory.mktemp(problem))
+        return made[key]
+
+    yield get
+    for v in made.values():
+        v.close()
+
+
+@pytest.mark.parametrize("name,problem,gate,reason", CASES, ids=[c[0] for c in CASES])
+def test_cheat_fails_at_its_gate(verifiers, name, problem, gate, reason):
+    v = verifiers(problem)
+    verdict = v.verify(CHEATS / f"{name}.py", v.problem.kernel_path)
+    failed = verdict.failed_gate
+    assert failed is not None, f"{name} was not rejected: {verdict.feedback()}"
+    assert failed.gate == gate, f"{name} failed at {failed.gate}, expected {gate}: {failed.summary}"
+    assert reason in failed.summary, f"{name}: reason {reason!r} not in {failed.summary!r}"
+    assert not verdict.correct and not verdict.accepted
+
+
+def test_loop_forever_times_out_and_worker_is_replaced(verifiers):
+    v = verifiers("vadd", compile_timeout_s=12.0, run_timeout_s=5.0)
+    verdict = v.verify(CHEATS / "loops_forever.py", v.problem.kernel_path)
+    assert verdict.failed_gate.gate == "0-isolation"
+    assert "timed out" in verdict.failed_gate.summary
+    # the worker was killed; the next candidate gets a fresh one and passes
+    ok = v.verify(v.problem.kernel_path, v.problem.kernel_path)
+    assert ok.correct, ok.feedback()
+
+
+def test_crash_then_recovery(verifiers):
+    v = verifiers("vadd")
+    bad = v.verify(CHEATS / "segfaults.py", v.problem.kernel_path)
+    assert bad.failed_gate.gate == "0-isolation"
+    good = v.verify(v.problem.kernel_path, v.problem.kernel_path)
+    assert good.correct, good.feedback()
+    assert v.worker.restarts >= 1
+
+
+def test_starting_kernels_pass(verifiers):
+    for problem in ("vadd", "rowsum"):
+        v = verifiers(problem)
+        verdict = v.verify(v.problem.kernel_path, v.problem.kernel_path)
+        assert verdict.correct, verdict.feedback()
+        perf = verdict.gates[-1]
+        assert perf.gate == "3-performance" and perf.status == "skipped"
+        assert "interpreter" in perf.summary
+        assert not verdict.accepted  # nothing claims a speedup on the CPU
+
+
+def test_failure_feedback_names_worst_element(verifiers):
+    v = verifiers("vadd")
+    verdict = v.verify(CHEATS / "returns_zeros.py", v.problem.kernel_path)
+    d = verdict.failed_gate.details
+    assert {"index", "expected", "got", "fraction", "seed", "variant"} <= set(d)
+    assert d["fraction"] > 0.9
+
+
+def test_worker_environment_has_no_secrets(tmp_path, monkeypatch):
+    from xeforge.isolation import Worker, scrubbed_env
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    monkeypatch.setenv("MY_SERVICE_TOKEN", "t0k")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    env = scrubbed_env("cpu")
+    assert "OPENAI_API_KEY" not in env and "MY_SERVICE_TOKEN" not in env
+    assert env["TRITON_INTERPRET"] == "1" and "TRITON_CACHE_DIR" in env
+    with Worker("cpu", tmp_path) as w:
+        w.start()
+        live = Path(f"/proc/{w.proc.pid}/environ").read_bytes().split(b"\0")
+        names = {kv.split(b"=", 1)[0] for kv in live if kv}
+        assert b"OPENAI_API_KEY" not in names and b"MY_SERVICE_TOKEN" not in names
+        assert Path(f"/proc/{w.proc.pid}/cwd").resolve() == tmp_path.resolve()

@@ -1,0 +1,274 @@
+"""A small static model of a kernel file: its ``@triton.jit`` functions and the launch sites in ``Model``.
+
+Owns: parsing a kernel source (``ast``) into :class:`KernelModel` — jit functions with their constexpr
+parameters and ``@triton.autotune`` configs, the launch sites ``kernel[grid](...)`` reachable from
+``Model.forward`` with literal constexpr values and launch options, and the calls made inside each
+function (``tl.dot``, ``tl.make_block_ptr`` ...). Static checks (gate 1), knowledge-base constraints and the
+rules engine's tactics read this model; source *rewriting* lives in :mod:`xeforge.codemod`.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from typing import Any
+
+from xeforge.errors import KernelSourceError
+
+#: keyword arguments of a Triton launch that are compiler options rather than kernel parameters
+LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "grf_mode", "warp_size", "threads_per_warp", "maxnreg")
+
+_NOT_LITERAL = object()
+
+
+def literal(node: ast.AST | None) -> Any:
+    """The Python value of a literal expression, or ``_NOT_LITERAL``."""
+    if node is None:
+        return _NOT_LITERAL
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return _NOT_LITERAL
+
+
+def is_literal(value: Any) -> bool:
+    return value is not _NOT_LITERAL
+
+
+def dotted_name(node: ast.AST) -> str | None:
+    """``tl.make_block_ptr`` for the expression ``tl.make_block_ptr``; None for anything not a dotted name."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    return None
+
+
+@dataclass
+class CallSite:
+    name: str  # dotted name as written, e.g. "tl.dot"
+    line: int
+    col: int
+    function: str  # enclosing function ("<module>" at top level)
+    node: ast.Call = field(repr=False, compare=False)
+
+
+@dataclass
+class JitFunction:
+    name: str
+    line: int
+    params: list[str]
+    constexpr_params: list[str]
+    autotune_configs: list[dict[str, Any]]  # kwargs + options of each triton.Config, literal values only
+    autotune_key: list[str]
+    has_heuristics: bool
+    node: ast.FunctionDef = field(repr=False, compare=False)
+
+    @property
+    def is_autotuned(self) -> bool:
+        return bool(self.autotune_configs)
+
+
+@dataclass
+class LaunchSite:
+    kernel: str
+    line: int
+    function: str  # the Model method the launch is in
+    grid: str  # the grid expression's source
+    args: list[str]  # positional argument sources
+    constexprs: dict[str, Any]  # literal keyword values for the kernel's constexpr parameters
+    options: dict[str, Any]  # literal launch options (num_warps, num_stages, grf_mode, ...)
+    other_kwargs: dict[str, str]  # any other keyword arguments, as source
+    node: ast.Call = field(repr=False, compare=False)
+
+
+@dataclass
+class KernelModel:
+    source: str
+    path: str
+    tree: ast.Module = field(repr=False)
+    functions: dict[str, JitFunction]
+    launches: list[LaunchSite]
+    calls: list[CallSite]
+    model_class: ast.ClassDef | None = field(repr=False)
+
+    # -- queries -------------------------------------------------------------------------------------
+    def calls_to(self, *names: str) -> list[CallSite]:
+        """Calls whose dotted name is one of ``names`` (also matched by the last component after ``tl.``)."""
+        wanted = set(names)
+        return [c for c in self.calls if c.name in wanted or _tl_alias(c.name) in wanted]
+
+    def launched_kernels(self) -> set[str]:
+        return {site.kernel for site in self.launches}
+
+    def forward(self) -> ast.FunctionDef | None:
+        return self.method("forward")
+
+    def method(self, name: str) -> ast.FunctionDef | None:
+        if self.model_class is None:
+            return None
+        for item in self.model_class.body:
+            if isinstance(item, ast.FunctionDef) and item.name == name:
+                return item
+        return None
+
+    def segment(self, node: ast.AST) -> str:
+        return ast.get_source_segment(self.source, node) or ""
+
+
+def _tl_alias(name: str) -> str:
+    """Normalise ``triton.language.x`` and ``tl.x`` to ``tl.x``."""
+    if name.startswith("triton.language."):
+        return "tl." + name[len("triton.language.") :]
+    return name
+
+
+def _is_jit_decorator(dec: ast.AST) -> bool:
+    target = dec.func if isinstance(dec, ast.Call) else dec
+    return dotted_name(target) in {"triton.jit", "jit"}
+
+
+def _autotune_info(dec: ast.AST) -> tuple[list[dict[str, Any]], list[str]] | None:
+    if not isinstance(dec, ast.Call) or dotted_name(dec.func) not in {"triton.autotune", "autotune"}:
+        return None
+    configs: list[dict[str, Any]] = []
+    key: list[str] = []
+    for kw in dec.keywords:
+        if kw.arg == "configs" and isinstance(kw.value, (ast.List, ast.Tuple)):
+            for elt in kw.value.elts:
+                if isinstance(elt, ast.Call) and dotted_name(elt.func) in {"triton.Config", "Config"}:
+                    cfg: dict[str, Any] = {}
+                    if elt.args and isinstance(elt.args[0], ast.Dict):
+                        for k, v in zip(elt.args[0].keys, elt.args[0].values):
+                            kv, vv = literal(k), literal(v)
+                            if is_literal(kv) and is_literal(vv):
+                                cfg[kv] = vv
+                    for ckw in elt.keywords:
+                        vv = literal(ckw.value)
+                        if ckw.arg and is_literal(vv):
+                            cfg[ckw.arg] = vv
+                    configs.append(cfg)
+        elif kw.arg == "key":
+            val = literal(kw.value)
+            if is_literal(val):
+                key = list(val)
+    return configs, key
+
+
+def _constexpr_params(fn: ast.FunctionDef) -> list[str]:
+    out = []
+    for arg in fn.args.args + fn.args.kwonlyargs:
+        ann = arg.annotation
+        if ann is not None and (dotted_name(ann) or "").endswith("constexpr"):
+            out.append(arg.arg)
+    return out
+
+
+class _CallCollector(ast.NodeVisitor):
+    def __init__(self) -> None:
+        self.calls: list[CallSite] = []
+        self.stack: list[str] = ["<module>"]
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        self.stack.append(node.name)
+        self.generic_visit(node)
+        self.stack.pop()
+
+    visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
+
+    def visit_Call(self, node: ast.Call) -> None:
+        name = dotted_name(node.func)
+        if name:
+            self.calls.append(CallSite(name, node.lineno, node.col_offset, self.stack[-1], node))
+        self.generic_visit(node)
+
+
+def parse_kernel(source: str, path: str = "kernel.py") -> KernelModel:
+    """Parse a kernel file. Raises :class:`KernelSourceError` (with the line) when it is not valid Python."""
+    try:
+        tree = ast.parse(source, filename=path)
+    except SyntaxError as exc:
+        raise KernelSourceError(
+            path, f"line {exc.lineno}: {exc.msg}", "fix the syntax error; the file must be valid Python"
+        ) from None
+
+    functions: dict[str, JitFunction] = {}
+    model_class: ast.ClassDef | None = None
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and any(_is_jit_decorator(d) for d in node.decorator_list):
+            configs: list[dict[str, Any]] = []
+            key: list[str] = []
+            for dec in node.decorator_list:
+                info = _autotune_info(dec)
+                if info:
+                    configs, key = info
+            functions[node.name] = JitFunction(
+                name=node.name,
+                line=node.lineno,
+                params=[a.arg for a in node.args.args],
+                constexpr_params=_constexpr_params(node),
+                autotune_configs=configs,
+                autotune_key=key,
+                has_heuristics=any(
+                    isinstance(d, ast.Call) and dotted_name(d.func) in {"triton.heuristics", "heuristics"}
+                    for d in node.decorator_list
+                ),
+                node=node,
+            )
+        elif isinstance(node, ast.ClassDef) and node.name == "Model":
+            model_class = node
+
+    launches: list[LaunchSite] = []
+    # launch sites: kernel[grid](...) anywhere in the module (Model methods or module-level helpers)
+    for fn_node in ast.walk(tree):
+        if not isinstance(fn_node, ast.FunctionDef) or fn_node.name in functions:
+            continue
+        for node in ast.walk(fn_node):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript)):
+                continue
+            kname = dotted_name(node.func.value)
+            if kname not in functions:
+                continue
+            jf = functions[kname]
+            constexprs: dict[str, Any] = {}
+            options: dict[str, Any] = {}
+            other: dict[str, str] = {}
+            for kw in node.keywords:
+                if kw.arg is None:
+                    other["**"] = ast.get_source_segment(source, kw.value) or ""
+                    continue
+                val = literal(kw.value)
+                if kw.arg in LAUNCH_OPTIONS and is_literal(val):
+                    options[kw.arg] = val
+                elif kw.arg in jf.constexpr_params and is_literal(val):
+                    constexprs[kw.arg] = val
+                else:
+                    other[kw.arg] = ast.get_source_segment(source, kw.value) or ""
+            launches.append(
+                LaunchSite(
+                    kernel=kname,
+                    line=node.lineno,
+                    function=fn_node.name,
+                    grid=ast.get_source_segment(source, node.func.slice) or "",
+                    args=[ast.get_source_segment(source, a) or "" for a in node.args],
+                    constexprs=constexprs,
+                    options=options,
+                    other_kwargs=other,
+                    node=node,
+                )
+            )
+    launches.sort(key=lambda s: s.line)
+    collector = _CallCollector()
+    collector.visit(tree)
+    return KernelModel(
+        source=source,
+        path=path,
+        tree=tree,
+        functions=functions,
+        launches=launches,
+        calls=collector.calls,
+        model_class=model_class,
+    )

@@ -1,0 +1,595 @@
+"""Problem loading: a folder with ``kernel.py``, ``spec.yaml`` and ``reference.py`` becomes a :class:`Problem`.
+
+Owns: the spec schema (pydantic, Xe-Forge compatible keys plus ``precision``, ``bytes``, tolerances, ragged
+shapes), safe evaluation of ``flop``/``bytes`` formulas, the KernelBench ``get_inputs`` fallback, ragged
+shape derivation and input generation. Every malformed spec raises :class:`SpecError` naming the file, the
+key (with its YAML line), what was expected and the fix. Format: ``docs/problem-format.md``.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import math
+import operator
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from xeforge.errors import ProblemError, SpecError
+
+DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int32", "int64", "bool")
+FLOAT_DTYPES = {"float16", "bfloat16", "float32", "float64"}
+PRECISIONS = ("strict", "tf32", "bf16", "fp16")
+_DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32",
+                  "fp64": "float64", "double": "float64"}
+_VARIANT_RE = re.compile(r"^(ci|bench-.+)$")
+DISTRIBUTIONS = ("normal", "uniform", "outliers")
+DimValue = Union[int, list[int]]
+
+
+# --------------------------------------------------------------------------------------------- schema
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False)
+
+
+def _norm_dtype(v: Any) -> Any:
+    if isinstance(v, str):
+        v = v.strip().removeprefix("torch.")
+        v = _DTYPE_ALIASES.get(v, v)
+        if v not in DTYPES:
+            raise ValueError(f"unknown dtype {v!r}; expected one of {', '.join(DTYPES)}")
+    return v
+
+
+class InputModel(_Strict):
+    shape: list[Union[str, int]]
+    dtype: str = "float32"
+    range: list[Union[str, int]] | None = None
+
+    _dt = field_validator("dtype", mode="before")(_norm_dtype)
+
+
+class InitModel(_Strict):
+    dim: str | None = None
+    value: Any = None
+
+
+class VariantModel(_Strict):
+    params: list[str] | None = None
+    dtype: str | None = None
+    dims: dict[str, DimValue] = Field(default_factory=dict)
+    flop: Union[str, int, float, None] = None
+    bytes: Union[str, int, float, None] = None
+    rtol: float | None = None
+    atol: float | None = None
+
+    _dt = field_validator("dtype", mode="before")(_norm_dtype)
+
+
+class SpecModel(_Strict):
+    model_config = ConfigDict(extra="allow")  # variant names are free-form keys; checked below
+    inputs: dict[str, InputModel]
+    inits: list[InitModel] = Field(default_factory=list)
+    precision: Literal["strict", "tf32", "bf16", "fp16"] = "strict"
+    nondeterministic: bool = False
+    kind: Literal["gemm", "reduction", "elementwise", "attention", "other"] | None = None
+    origin: Literal["naive-port", "nvidia-tuned", "other"] | None = None
+    description: str | None = None
+    fixed: list[str] = Field(default_factory=list)
+    ragged: Union[bool, list[dict[str, DimValue]]] = True
+
+
+# --------------------------------------------------------------------------------------------- data
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    shape: tuple[Union[str, int], ...]
+    dtype: str
+    range: tuple[Union[str, int], Union[str, int]] | None = None
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    params: tuple[str, ...]
+    dtype: str | None
+    dims: dict[str, Any]
+    flop_expr: str | None
+    bytes_expr: str | None
+    rtol: float | None = None
+    atol: float | None = None
+    ragged: bool = False  # derived for the ragged-shape check
+
+    @property
+    def flop(self) -> float | None:
+        return None if self.flop_expr is None else float(eval_formula(self.flop_expr, self.dims))
+
+    @property
+    def bytes(self) -> float | None:
+        return None if self.bytes_expr is None else float(eval_formula(self.bytes_expr, self.dims))
+
+    def with_dims(self, name: str, **dims: Any) -> "Variant":
+        return Variant(name, self.params, self.dtype, {**self.dims, **dims}, self.flop_expr, self.bytes_expr,
+                       self.rtol, self.atol, ragged=True)
+
+    def describe(self) -> str:
+        shown = ", ".join(f"{k}={v}" for k, v in self.dims.items())
+        return f"{self.name} ({shown})"
+
+
+@dataclass
+class Spec:
+    inputs: dict[str, InputSpec]
+    inits: list[tuple[str, Any]]  # ("dim", NAME) or ("value", literal)
+    variants: dict[str, Variant]
+    precision: str = "strict"
+    nondeterministic: bool = False
+    kind: str | None = None
+    origin: str | None = None
+    description: str | None = None
+    fixed: frozenset[str] = frozenset()
+    ragged: Union[bool, list[dict[str, Any]]] = True
+    from_kernelbench: bool = False
+
+
+@dataclass
+class Problem:
+    name: str
+    root: Path
+    kernel_path: Path
+    kernel_source: str
+    spec: Spec
+    spec_path: Path | None
+    reference_path: Path | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def has_reference(self) -> bool:
+        return self.reference_path is not None
+
+    @property
+    def source_hash(self) -> str:
+        return source_hash(self.kernel_source)
+
+    def variant(self, name: str) -> Variant:
+        if name not in self.spec.variants:
+            raise ProblemError(str(self.spec_path or self.kernel_path), f"no variant named {name!r}",
+                               f"use one of: {', '.join(self.spec.variants)}")
+        return self.spec.variants[name]
+
+    def variants_for(self, device_kind: str) -> list[Variant]:
+        """Variants small enough for the device: ``ci`` only on the interpreter, all of them on a GPU."""
+        names = list(self.spec.variants)
+        if device_kind == "cpu":
+            names = [n for n in names if n == "ci"] or names[:1]
+        return [self.spec.variants[n] for n in names]
+
+    def timing_variant(self, device_kind: str) -> Variant:
+        """The variant gate 3 times: ``bench-gpu`` on a GPU, ``ci`` on the interpreter."""
+        v = self.spec.variants
+        if device_kind != "cpu":
+            for name in ("bench-gpu", *sorted(n for n in v if n.startswith("bench-"))):
+                if name in v:
+                    return v[name]
+        return v.get("ci") or next(iter(v.values()))
+
+    def init_args(self, variant: Variant) -> list[Any]:
+        out = []
+        for kind, val in self.spec.inits:
+            if kind == "dim":
+                d = variant.dims[val]
+                out.append(tuple(d) if isinstance(d, list) else d)
+            else:
+                out.append(val)
+        return out
+
+    def input_specs(self, variant: Variant) -> list[InputSpec]:
+        names = variant.params or tuple(self.spec.inputs)
+        return [self.spec.inputs[n] for n in names]
+
+    def ragged_variants(self, base: Variant) -> list[Variant]:
+        """Ragged shapes for the correctness gate, derived from ``base`` (normally ``ci``)."""
+        rg = self.spec.ragged
+        if rg is False or self.spec.from_kernelbench:
+            return []
+        if isinstance(rg, list):
+            return [base.with_dims(f"{base.name}-ragged{i}", **d) for i, d in enumerate(rg)]
+        free = [d for d in _shape_dims(self.spec) if d not in self.spec.fixed and isinstance(base.dims.get(d), int)]
+        if not free:
+            return []
+        odd = {d: _odd_near(base.dims[d]) for d in free}
+        out = []
+        if any(odd[d] != base.dims[d] for d in free):
+            out.append(base.with_dims(f"{base.name}-ragged-odd", **odd))
+        small = {d: 17 for d in free if base.dims[d] != 17 and base.dims[d] >= 2}
+        if small:
+            out.append(base.with_dims(f"{base.name}-ragged-17", **small))
+        return out
+
+
+def source_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _shape_dims(spec: Spec) -> list[str]:
+    seen: list[str] = []
+    for inp in spec.inputs.values():
+        for d in inp.shape:
+            if isinstance(d, str) and d not in seen:
+                seen.append(d)
+    return seen
+
+
+def _odd_near(v: int) -> int:
+    """A non-power-of-two close to ``v`` (odd where possible): 64 -> 63, 100 -> 99, 1 -> 1."""
+    if v <= 2:
+        return v
+    cand = v - 1 if v % 2 == 0 else v
+    if cand & (cand - 1) == 0:
+        cand += 2
+    return cand
+
+
+# --------------------------------------------------------------------------------------------- formulas
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow, ast.Mod: operator.mod}
+
+
+def formula_names(expr: str) -> set[str]:
+    """Names used by a formula; raises ValueError if it is not plain arithmetic."""
+    tree = ast.parse(str(expr), mode="eval")
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif not isinstance(node, (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant, ast.USub, ast.UAdd,
+                                   ast.Load, *_BINOPS)):
+            raise ValueError(f"{type(node).__name__} is not allowed (only + - * / // ** % and parentheses)")
+        if isinstance(node, ast.Constant) and not isinstance(node.value, (int, float)):
+            raise ValueError(f"constant {node.value!r} is not a number")
+    return names
+
+
+def eval_formula(expr: Union[str, int, float], dims: dict[str, Any]) -> float:
+    if isinstance(expr, (int, float)):
+        return expr
+
+    def ev(node: ast.AST) -> float:
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.Name):
+            v = dims[node.id]
+            return math.prod(v) if isinstance(v, (list, tuple)) else v
+        if isinstance(node, ast.UnaryOp):
+            return -ev(node.operand) if isinstance(node.op, ast.USub) else ev(node.operand)
+        if isinstance(node, ast.BinOp):
+            return _BINOPS[type(node.op)](ev(node.left), ev(node.right))
+        raise ValueError(type(node).__name__)
+
+    formula_names(expr)
+    return ev(ast.parse(str(expr), mode="eval"))
+
+
+# --------------------------------------------------------------------------------------------- YAML lines
+def _yaml_lines(text: str) -> dict[tuple, int]:
+    """Key path -> 1-based line, for error messages."""
+    lines: dict[tuple, int] = {}
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return lines
+
+    def walk(node, path: tuple) -> None:
+        lines.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                key = k.value
+                lines[path + (key,)] = k.start_mark.line + 1
+                walk(v, path + (key,))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                walk(v, path + (i,))
+
+    if root is not None:
+        walk(root, ())
+    return lines
+
+
+def _fmt_path(path: tuple) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "(top level)"
+
+
+class _SpecReader:
+    """Turns a parsed YAML document into a :class:`Spec`, raising SpecError with file:line, key and fix."""
+
+    def __init__(self, path: Path, text: str) -> None:
+        self.path = path
+        self.text = text
+        self.lines = _yaml_lines(text)
+
+    def fail(self, key: tuple, what: str, fix: str) -> SpecError:
+        line = None
+        for i in range(len(key), -1, -1):
+            if key[:i] in self.lines:
+                line = self.lines[key[:i]]
+                break
+        where = f"{self.path}:{line}" if line else str(self.path)
+        return SpecError(f"{where} key '{_fmt_path(key)}'", what, fix)
+
+    def read(self) -> Spec:
+        try:
+            data = yaml.safe_load(self.text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"{self.path}:{mark.line + 1}" if mark else str(self.path)
+            raise SpecError(where, f"not valid YAML ({getattr(exc, 'problem', exc)})",
+                            "fix the YAML syntax (indentation, colons, quotes)") from None
+        if not isinstance(data, dict):
+            raise self.fail((), "the spec must be a mapping with 'inputs' and at least one variant",
+                            "see docs/problem-format.md for a complete example")
+        try:
+            model = SpecModel.model_validate(data)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = tuple(err["loc"])
+            raise self.fail(loc, _explain_pydantic(err), _fix_for(loc, err)) from None
+
+        inputs = {}
+        if not model.inputs:
+            raise self.fail(("inputs",), "no inputs declared", "declare forward()'s tensor arguments under 'inputs'")
+        for name, inp in model.inputs.items():
+            rng = tuple(inp.range) if inp.range is not None else None
+            if rng is not None and len(rng) != 2:
+                raise self.fail(("inputs", name, "range"), "range must have two entries [low, high)",
+                                "write e.g. range: [0, VOCAB]")
+            inputs[name] = InputSpec(name, tuple(inp.shape), inp.dtype, rng)
+        inits: list[tuple[str, Any]] = []
+        for i, it in enumerate(model.inits):
+            if (it.dim is None) == (it.value is None):
+                raise self.fail(("inits", i), "each init needs exactly one of 'dim' or 'value'",
+                                "write '- dim: NAME' (a variant dim) or '- value: 0.5' (a literal)")
+            inits.append(("dim", it.dim) if it.dim is not None else ("value", it.value))
+
+        variants: dict[str, Variant] = {}
+        extras = model.model_extra or {}
+        for vname, raw in extras.items():
+            if not _VARIANT_RE.match(vname):
+                raise self.fail((vname,), f"unknown key {vname!r}",
+                                "top-level keys are inputs, inits, precision, nondeterministic, kind, origin, "
+                                "description, fixed, ragged and variants named 'ci', 'bench-gpu', 'bench-gpu-<n>'")
+            entries = raw if isinstance(raw, list) else [raw]
+            if len(entries) != 1 or not isinstance(entries[0], dict):
+                raise self.fail((vname,), "a variant is a list with exactly one mapping (params, dtype, dims, flop)",
+                                f"write '{vname}:\\n  - params: [...]\\n    dims: {{...}}'")
+            key0 = (vname, 0) if isinstance(raw, list) else (vname,)
+            try:
+                vm = VariantModel.model_validate(entries[0])
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                loc = key0 + tuple(err["loc"])
+                raise self.fail(loc, _explain_pydantic(err), _fix_for(loc, err)) from None
+            variants[vname] = self._variant(vname, key0, vm, inputs, inits)
+        if not variants:
+            raise self.fail((), "no variant declared", "add a 'ci' variant (tiny shapes for the CPU interpreter)")
+        for i, d in enumerate(model.fixed):
+            if not any(d in v.dims for v in variants.values()):
+                raise self.fail(("fixed", i), f"fixed dim {d!r} is not a dim of any variant", "name a dim from 'dims'")
+        return Spec(inputs, inits, variants, model.precision, model.nondeterministic, model.kind, model.origin,
+                    model.description, frozenset(model.fixed), model.ragged)
+
+    def _variant(self, vname, key0, vm: VariantModel, inputs, inits) -> Variant:
+        params = tuple(vm.params) if vm.params is not None else tuple(inputs)
+        for i, p in enumerate(params):
+            if p not in inputs:
+                raise self.fail(key0 + ("params", i), f"param {p!r} is not a declared input",
+                                f"use one of the names under 'inputs': {', '.join(inputs)}")
+        dims = dict(vm.dims)
+        for dname, dval in dims.items():
+            vals = dval if isinstance(dval, list) else [dval]
+            if not vals or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in vals):
+                raise self.fail(key0 + ("dims", dname), f"dim {dname} = {dval!r} is not a non-negative integer",
+                                "dims are integers (or lists of integers for shapes passed to inits)")
+        needed: list[tuple[tuple, str]] = []
+        for p in params:
+            for j, d in enumerate(inputs[p].shape):
+                if isinstance(d, str):
+                    needed.append((("inputs", p, "shape", j), d))
+            for j, d in enumerate(inputs[p].range or ()):
+                if isinstance(d, str):
+                    needed.append((("inputs", p, "range", j), d))
+        for i, (kind, val) in enumerate(inits):
+            if kind == "dim":
+                needed.append((("inits", i, "dim"), val))
+        for key, d in needed:
+            if d not in dims:
+                raise self.fail(key0 + ("dims",), f"dim {d!r} (used at '{_fmt_path(key)}') is not defined in variant "
+                                f"{vname!r}", f"add '{d}: <int>' under {vname}.dims, or fix the name at '{_fmt_path(key)}'")
+        for fname in ("flop", "bytes"):
+            expr = getattr(vm, fname)
+            if expr is None:
+                continue
+            try:
+                names = formula_names(str(expr))
+                unknown = sorted(names - set(dims))
+                if unknown:
+                    raise ValueError(f"unknown name(s) {', '.join(unknown)}")
+                eval_formula(str(expr), dims)
+            except (ValueError, SyntaxError, ZeroDivisionError, TypeError) as exc:
+                raise self.fail(key0 + (fname,), f"{fname} formula {expr!r} cannot be evaluated: {exc}",
+                                f"write {fname} as arithmetic over this variant's dims, e.g. \"2*M*N*K\"") from None
+        for tol in ("rtol", "atol"):
+            val = getattr(vm, tol)
+            if val is not None and not (0 <= val < 1):
+                raise self.fail(key0 + (tol,), f"{tol} = {val} is outside [0, 1)", f"use e.g. {tol}: 1.0e-4")
+        return Variant(vname, params, vm.dtype, dims, None if vm.flop is None else str(vm.flop),
+                       None if vm.bytes is None else str(vm.bytes), vm.rtol, vm.atol)
+
+
+def _explain_pydantic(err: dict) -> str:
+    loc = _fmt_path(tuple(err["loc"]))
+    if err["type"] == "missing":
+        return f"required key '{loc}' is missing"
+    if err["type"] == "extra_forbidden":
+        return f"unknown key '{loc}'"
+    return f"'{loc}': {err['msg']} (got {err.get('input')!r})"
+
+
+_FIXES = {
+    "inputs": "declare inputs as 'NAME: {shape: [DIM, ...], dtype: float32}'",
+    "dtype": f"use one of {', '.join(DTYPES)}",
+    "precision": f"use one of {', '.join(PRECISIONS)}",
+    "shape": "a shape is a list of dim names or integers, e.g. [BATCH, 64]",
+    "dims": "dims map names to integers, e.g. {M: 32, N: 64}",
+    "params": "params lists input names, e.g. [X, Y]",
+    "inits": "inits is a list of '- dim: NAME' or '- value: literal'",
+    "kind": "use gemm, reduction, elementwise, attention or other",
+    "origin": "use naive-port, nvidia-tuned or other",
+}
+
+
+def _fix_for(loc: tuple, err: dict) -> str:
+    for part in reversed(loc):
+        if isinstance(part, str) and part in _FIXES:
+            return _FIXES[part]
+    if err["type"] == "extra_forbidden":
+        return "remove the key or check its spelling against docs/problem-format.md"
+    return "see docs/problem-format.md for the expected form"
+
+
+# --------------------------------------------------------------------------------------------- loading
+def load_problem(path: Union[str, Path]) -> Problem:
+    """Load a problem folder (or a kernel file with ``spec.yaml`` / ``<stem>.yaml`` beside it)."""
+    path = Path(path).resolve()
+    if not path.exists():
+        raise ProblemError(str(path), "no such file or folder", "pass a problem folder such as kernels/gemm_relu")
+    if path.is_dir():
+        root = path
+        kernel = root / "kernel.py"
+        if not kernel.exists():
+            cands = sorted(p for p in root.glob("*.py") if not p.name.endswith("_pytorch.py") and p.name != "reference.py")
+            if len(cands) != 1:
+                raise ProblemError(str(root), "no kernel.py in this folder",
+                                   "name the starting Triton kernel file kernel.py (with a Model class)")
+            kernel = cands[0]
+    else:
+        kernel, root = path, path.parent
+    source = kernel.read_text()
+    spec_path = next((p for p in (root / "spec.yaml", kernel.with_suffix(".yaml"), root / f"{kernel.stem}.yaml")
+                      if p.exists() and p != kernel), None)
+    reference = next((p for p in (root / "reference.py", root / f"{kernel.stem}_pytorch.py") if p.exists()), None)
+    notes = []
+    if spec_path is not None:
+        spec = _SpecReader(spec_path, spec_path.read_text()).read()
+    else:
+        spec = _kernelbench_spec(kernel, reference)
+        notes.append("no spec.yaml: shapes come from get_inputs()/get_init_inputs() (one variant, no ragged shapes)")
+    if reference is None:
+        notes.append("no reference.py: the starting kernel is the oracle")
+    name = root.name if path.is_dir() else kernel.stem
+    return Problem(name, root, kernel, source, spec, spec_path, reference, notes)
+
+
+def _kernelbench_spec(kernel: Path, reference: Path | None) -> Spec:
+    """Build a one-variant spec from KernelBench-style ``get_inputs()`` / ``get_init_inputs()``."""
+    import importlib.util
+
+    import torch
+
+    for src in (reference, kernel):
+        if src is None:
+            continue
+        text = src.read_text()
+        if "def get_inputs" not in text:
+            continue
+        mod_spec = importlib.util.spec_from_file_location(f"_xeforge_kb_{src.stem}", src)
+        mod = importlib.util.module_from_spec(mod_spec)
+        try:
+            mod_spec.loader.exec_module(mod)
+            tensors = list(mod.get_inputs())
+            init = list(mod.get_init_inputs()) if hasattr(mod, "get_init_inputs") else []
+        except Exception as exc:  # user code: report, don't trace back
+            raise ProblemError(str(src), f"get_inputs()/get_init_inputs() failed: {type(exc).__name__}: {exc}",
+                               "make them runnable on the CPU, or add a spec.yaml") from None
+        inputs, dims = {}, {}
+        for i, t in enumerate(tensors):
+            if not isinstance(t, torch.Tensor):
+                raise ProblemError(str(src), f"get_inputs()[{i}] is a {type(t).__name__}, not a tensor",
+                                   "return tensors only, or add a spec.yaml")
+            shape = []
+            for j, s in enumerate(t.shape):
+                dims[f"X{i}_{j}"] = int(s)
+                shape.append(f"X{i}_{j}")
+            inputs[f"x{i}"] = InputSpec(f"x{i}", tuple(shape), str(t.dtype).removeprefix("torch."))
+        variant = Variant("ci", tuple(inputs), None, dims, None, None)
+        return Spec(inputs, [("value", v) for v in init], {"ci": variant}, from_kernelbench=True, ragged=False)
+    raise ProblemError(str(kernel.parent), "no spec.yaml and no get_inputs() to derive shapes from",
+                       "add a spec.yaml (docs/problem-format.md) or KernelBench-style get_inputs()/get_init_inputs()")
+
+
+# --------------------------------------------------------------------------------------------- inputs
+@dataclass(frozen=True)
+class TensorPlan:
+    """What one input tensor looks like in one variant: enough to generate it in any process."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    low: int = 0
+    high: int = 1024
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype in FLOAT_DTYPES
+
+
+def plan_inputs(problem: Problem, variant: Variant) -> list[TensorPlan]:
+    out = []
+    for inp in problem.input_specs(variant):
+        shape = tuple(int(variant.dims[d]) if isinstance(d, str) else int(d) for d in inp.shape)
+        dtype = variant.dtype if (variant.dtype and inp.dtype in FLOAT_DTYPES) else inp.dtype
+        lo, hi = inp.range or (0, 128 if dtype == "int8" else 1024)
+        lo = variant.dims[lo] if isinstance(lo, str) else lo
+        hi = variant.dims[hi] if isinstance(hi, str) else hi
+        out.append(TensorPlan(inp.name, shape, dtype, int(lo), int(hi)))
+    return out
+
+
+def generate_inputs(plan: list[TensorPlan], seed: int, distribution: str = "normal", device: str = "cpu") -> list:
+    """Inputs drawn from ``distribution`` with ``seed``; bitwise identical in every process for the same device."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    out = []
+    for tp in plan:
+        dtype = getattr(torch, tp.dtype)
+        if tp.is_float:
+            if distribution == "uniform":
+                t = torch.rand(tp.shape, generator=gen, device=device, dtype=torch.float32) * 2 - 1
+            else:
+                t = torch.randn(tp.shape, generator=gen, device=device, dtype=torch.float32)
+                if distribution == "outliers" and t.numel():
+                    n = max(1, t.numel() // 997)
+                    idx = torch.randint(0, t.numel(), (n,), generator=gen, device=device)
+                    t.view(-1)[idx] *= 30.0
+            out.append(t.to(dtype))
+        elif tp.dtype == "bool":
+            out.append(torch.randint(0, 2, tp.shape, generator=gen, device=device).bool())
+        else:
+            out.append(torch.randint(tp.low, tp.high, tp.shape, generator=gen, device=device, dtype=dtype))
+    return out
+
+
+def default_tolerance(dtype_name: str | None, settings) -> float:
+    if dtype_name in {"float16", "bfloat16"}:
+        return settings.half_tol
+    return settings.fp32_tol

@@ -1,0 +1,64 @@
+"""All tunable defaults of xeforge in one frozen dataclass, overridable from the environment.
+
+Owns: timeouts, correctness rounds, timing repetitions, noise margins, search budgets. Every number the
+verifier or the pipeline uses lives here, with the environment variable that overrides it; parsing is
+strict and names the variable and what it expects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field, fields
+
+from xeforge.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Settings:
+    # gate 0 — isolation
+    compile_timeout_s: float = field(default=120.0, metadata={"env": "XEFORGE_COMPILE_TIMEOUT"})
+    run_timeout_s: float = field(default=300.0, metadata={"env": "XEFORGE_RUN_TIMEOUT"})
+    # gate 2 — correctness
+    correctness_rounds: int = field(default=5, metadata={"env": "XEFORGE_ROUNDS"})
+    ragged_shapes: bool = field(default=True, metadata={"env": "XEFORGE_RAGGED"})
+    fp32_tol: float = 1e-4
+    half_tol: float = 1e-2
+    # gate 3 — performance
+    warmup_calls: int = field(default=3, metadata={"env": "XEFORGE_WARMUP"})
+    timed_pairs: int = field(default=20, metadata={"env": "XEFORGE_TIMED_PAIRS"})
+    min_noise_margin: float = field(default=0.02, metadata={"env": "XEFORGE_MIN_MARGIN"})
+    speedup_flag: float = 10.0  # speedups above this are flagged in the report
+    rotation_budget_fraction: float = 0.25  # of free device memory, for rotated input buffers
+    # search
+    tuning_budget: int = field(default=24, metadata={"env": "XEFORGE_TUNING_BUDGET"})  # hardware evaluations per tactic
+    cpu_tuning_budget: int = field(default=2, metadata={"env": "XEFORGE_CPU_TUNING_BUDGET"})
+
+    def replace(self, **changes) -> "Settings":
+        return dataclasses.replace(self, **changes)
+
+
+def _parse(name: str, raw: str, typ: type):
+    try:
+        if typ is bool:
+            low = raw.strip().lower()
+            if low in {"1", "true", "yes", "on"}:
+                return True
+            if low in {"0", "false", "no", "off"}:
+                return False
+            raise ValueError(raw)
+        return typ(raw)
+    except ValueError:
+        expected = {bool: "one of 1/0/true/false", int: "an integer", float: "a number"}[typ]
+        raise UsageError(f"environment variable {name}", f"{raw!r} is not {expected}", f"set {name} to {expected}") from None
+
+
+def load_settings(env: dict[str, str] | None = None) -> Settings:
+    env = os.environ if env is None else env
+    values = {}
+    for f in fields(Settings):
+        var = f.metadata.get("env")
+        if var and var in env:
+            typ = type(f.default)
+            values[f.name] = _parse(var, env[var], typ)
+    return Settings(**values)

@@ -1,0 +1,233 @@
+"""Gate 1: static checks on a candidate's source, before anything runs.
+
+Owns: the structural rules (parses, has a jit kernel that ``Model.forward`` launches, every kernel is
+launched), the safety rules (no processes, sockets, ctypes, exec, environment access, file writes, threads or
+streams, try/except around launches, module-level output caches, tensor subclasses), the "no torch compute
+handed back to vendor libraries" rule (relative to the starting kernel), and the hook where the knowledge
+base's hard constraints plug in. Each finding names its rule id, the line and the fix.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from xeforge.errors import KernelSourceError
+from xeforge.kernel_model import KernelModel, dotted_name, parse_kernel
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    line: int
+    message: str
+    fix: str
+
+    def render(self) -> str:
+        return f"[{self.rule}] line {self.line}: {self.message} (fix: {self.fix})"
+
+
+ConstraintHook = Callable[[KernelModel], Iterable[Finding]]
+
+ALLOWED_IMPORTS = {"torch", "triton", "math", "typing", "dataclasses", "functools", "numbers", "operator",
+                   "itertools", "enum", "__future__", "collections", "abc", "warnings"}
+FORBIDDEN_BUILTINS = {"exec", "eval", "compile", "__import__", "open", "globals", "vars", "breakpoint", "input",
+                      "setattr", "delattr"}
+FORBIDDEN_ATTRS = {  # dotted-name suffixes
+    "Stream": "uses a device stream", "stream": "uses a device stream", "set_stream": "uses a device stream",
+    "save": "writes a file", "write_text": "writes a file", "write_bytes": "writes a file",
+    "environ": "reads environment variables", "getenv": "reads environment variables",
+    "lru_cache": "caches results across calls", "cache": "caches results across calls",
+}
+ALLOC_OR_VIEW = {"empty", "empty_like", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like",
+                 "empty_strided", "arange", "new_empty", "new_zeros", "new_ones", "new_full", "view", "reshape",
+                 "permute", "transpose", "t", "contiguous", "unsqueeze", "squeeze", "expand", "expand_as",
+                 "flatten", "unflatten", "size", "stride", "numel", "dim", "is_contiguous", "data_ptr",
+                 "element_size", "chunk", "split", "narrow", "select", "as_strided", "device", "get_device",
+                 "is_floating_point", "no_grad", "inference_mode", "dtype", "finfo", "iinfo", "Size",
+                 "next_power_of_2", "cdiv"}
+COMPUTE_METHODS = {"sum", "mean", "max", "min", "amax", "amin", "exp", "log", "relu", "sigmoid", "softmax",
+                   "log_softmax", "matmul", "mm", "bmm", "addmm", "add", "add_", "mul", "mul_", "sub", "sub_", "div",
+                   "div_", "pow", "clamp", "clamp_", "clamp_min", "clamp_max", "norm", "var", "std", "tanh", "abs",
+                   "sqrt", "rsqrt", "logsumexp", "cumsum", "prod", "argmax", "argmin", "sort", "topk", "float",
+                   "half", "bfloat16", "double", "to", "type", "copy_", "fill_", "zero_", "masked_fill",
+                   "where", "gelu", "silu", "mish", "erf", "neg", "reciprocal", "square", "einsum", "conv2d",
+                   "linear", "layer_norm", "group_norm", "batch_norm", "leaky_relu", "hardtanh", "softplus",
+                   "maximum", "minimum", "clone", "lerp", "baddbmm", "avg_pool1d", "avg_pool2d", "max_pool1d",
+                   "max_pool2d", "scaled_dot_product_attention", "dropout", "cat", "stack"}
+
+
+def _line(node: ast.AST) -> int:
+    return getattr(node, "lineno", 0)
+
+
+def torch_compute_calls(model: KernelModel) -> Counter:
+    """Multiset of torch compute operations reachable from ``Model.forward`` (allocation and views excluded)."""
+    counts: Counter = Counter()
+    for fn in _forward_closure(model):
+        for node in ast.walk(fn):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+                counts["@"] += 1
+            if not isinstance(node, ast.Call) or isinstance(node.func, ast.Subscript):
+                continue
+            name = dotted_name(node.func) or ""
+            last = name.rsplit(".", 1)[-1] if name else (node.func.attr if isinstance(node.func, ast.Attribute) else "")
+            if name.startswith(("torch.", "F.", "nn.")) and not name.startswith(("torch.cuda", "torch.xpu")):
+                if last not in ALLOC_OR_VIEW:
+                    counts[f"torch.{last}"] += 1
+            elif isinstance(node.func, ast.Attribute) and last in COMPUTE_METHODS and not name.startswith(
+                    ("triton.", "tl.", "math.")):
+                counts[f".{last}"] += 1
+            elif isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Attribute) \
+                    and (dotted_name(node.func.value) or "").startswith("self.") and last == "forward":
+                counts["module.forward"] += 1
+    # calling a torch submodule (self.linear(x)) is compute too
+    for fn in _forward_closure(model):
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "self" \
+                    and model.method(node.func.attr) is None and _is_submodule(model, node.func.attr):
+                counts[f"self.{node.func.attr}()"] += 1
+    return counts
+
+
+def _is_submodule(model: KernelModel, attr: str) -> bool:
+    init = model.method("__init__")
+    if init is None:
+        return False
+    for node in ast.walk(init):
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                if isinstance(t, ast.Attribute) and t.attr == attr and isinstance(node.value, ast.Call):
+                    name = dotted_name(node.value.func) or ""
+                    if name.startswith(("nn.", "torch.nn.")) and not name.endswith(("Parameter", "ParameterList")):
+                        return True
+    return False
+
+
+def _forward_closure(model: KernelModel) -> list[ast.FunctionDef]:
+    """``Model.forward`` plus the module functions and ``self`` methods it calls, transitively."""
+    fwd = model.forward()
+    if fwd is None:
+        return []
+    module_fns = {n.name: n for n in model.tree.body if isinstance(n, ast.FunctionDef) and n.name not in model.functions}
+    seen: dict[str, ast.FunctionDef] = {"forward": fwd}
+    todo = [fwd]
+    while todo:
+        fn = todo.pop()
+        for node in ast.walk(fn):
+            if not isinstance(node, ast.Call):
+                continue
+            target = None
+            if isinstance(node.func, ast.Name) and node.func.id in module_fns:
+                target = module_fns[node.func.id]
+            elif isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
+                    and node.func.value.id == "self":
+                target = model.method(node.func.attr)
+            if target is not None and target.name not in seen:
+                seen[target.name] = target
+                todo.append(target)
+    return list(seen.values())
+
+
+class StaticChecker:
+    """Runs every gate-1 rule; ``constraint_hooks`` add knowledge-base constraints for the target."""
+
+    def __init__(self, starting: KernelModel | None = None, constraint_hooks: list[ConstraintHook] | None = None):
+        self.starting = starting
+        self.hooks = list(constraint_hooks or [])
+
+    def check(self, source: str, path: str = "candidate.py") -> tuple[KernelModel | None, list[Finding]]:
+        try:
+            model = parse_kernel(source, path)
+        except KernelSourceError as exc:
+            return None, [Finding("S001-parse", 0, exc.what, exc.fix)]
+        findings = [*self._structure(model), *self._safety(model), *self._torch_compute(model)]
+        if not findings:
+            for hook in self.hooks:
+                findings.extend(hook(model))
+        return model, findings
+
+    # -- structure -----------------------------------------------------------------------------------
+    def _structure(self, m: KernelModel) -> list[Finding]:
+        out = []
+        if not m.functions:
+            out.append(Finding("S002-no-kernel", 1, "no @triton.jit function in the file",
+                               "write the computation as a @triton.jit kernel launched from Model.forward"))
+        if m.model_class is None or m.forward() is None:
+            out.append(Finding("S003-no-model", 1, "no class Model with a forward method",
+                               "define class Model(torch.nn.Module) whose forward launches the kernel"))
+            return out
+        launched_from_forward = set()
+        for fn in _forward_closure(m):
+            for site in m.launches:
+                if site.function == fn.name:
+                    launched_from_forward.add(site.kernel)
+        if m.functions and not launched_from_forward:
+            out.append(Finding("S004-not-launched", m.forward().lineno,
+                               "Model.forward launches no @triton.jit kernel",
+                               "launch the kernel from forward: kernel[grid](...)"))
+        called_in_jit = {c.name.rsplit(".", 1)[-1] for c in m.calls if c.function in m.functions}
+        for name, fn in m.functions.items():
+            if name not in launched_from_forward and name not in called_in_jit:
+                out.append(Finding("S005-dead-kernel", fn.line, f"kernel {name} is never launched",
+                                   f"launch {name} from Model.forward or delete it"))
+        return out
+
+    # -- safety ---------------------------------------------------------------------------------------
+    def _safety(self, m: KernelModel) -> list[Finding]:
+        out = []
+        for node in ast.walk(m.tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                for mod in mods:
+                    if mod.split(".")[0] not in ALLOWED_IMPORTS:
+                        out.append(Finding("S010-import", _line(node), f"imports {mod!r} (process, file, network or "
+                                           "environment access is not allowed in a kernel file)",
+                                           f"remove the import; allowed: {', '.join(sorted(ALLOWED_IMPORTS))}"))
+                    if mod.split(".")[0] in {"threading", "multiprocessing", "concurrent", "asyncio"}:
+                        out.append(Finding("S012-threads", _line(node), "uses threads or processes",
+                                           "launch kernels synchronously from forward"))
+            elif isinstance(node, ast.Call):
+                name = dotted_name(node.func) or ""
+                if name in FORBIDDEN_BUILTINS:
+                    out.append(Finding("S011-builtin", _line(node), f"calls {name}()",
+                                       "kernels may not execute code dynamically, open files or change attributes by name"))
+            elif isinstance(node, ast.Attribute):
+                full = dotted_name(node) or node.attr
+                why = FORBIDDEN_ATTRS.get(node.attr)
+                if why and not full.startswith(("tl.", "triton.language.")):
+                    rule = "S013-environment" if "environment" in why else ("S012-threads" if "stream" in why else
+                                                                             "S014-side-effect")
+                    out.append(Finding(rule, _line(node), f"{full}: {why}",
+                                       "remove it: kernels compute from their inputs only, on the default stream"))
+            elif isinstance(node, (ast.Global, ast.Nonlocal)):
+                out.append(Finding("S015-cache", _line(node), "uses global/nonlocal state (a module-level cache of "
+                                   "outputs would survive between calls)", "keep all state local to forward"))
+            elif isinstance(node, ast.ClassDef):
+                bases = [dotted_name(b) or "" for b in node.bases]
+                defines = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+                if any(b.endswith("Tensor") for b in bases) or defines & {"__torch_function__", "__torch_dispatch__"}:
+                    out.append(Finding("S016-tensor-subclass", _line(node), f"class {node.name} is a tensor subclass",
+                                       "return a plain torch.Tensor"))
+            elif isinstance(node, ast.Try):
+                launches = [s for s in m.launches if any(s.node is n for n in ast.walk(node))]
+                if launches:
+                    out.append(Finding("S017-try-launch", _line(node), "try/except around a kernel launch hides failures",
+                                       "remove the try/except; a failing launch must fail"))
+        return out
+
+    # -- torch compute ----------------------------------------------------------------------------------
+    def _torch_compute(self, m: KernelModel) -> list[Finding]:
+        cand = torch_compute_calls(m)
+        allowed = torch_compute_calls(self.starting) if self.starting is not None else Counter()
+        extra = cand - allowed
+        if not extra:
+            return []
+        fwd = m.forward()
+        ops = ", ".join(f"{k} x{v}" if v > 1 else k for k, v in sorted(extra.items()))
+        return [Finding("S020-torch-compute", fwd.lineno if fwd else 0,
+                        f"forward computes with torch beyond the starting kernel: {ops}",
+                        "do the work in Triton kernels; forward may only allocate, view and launch")]

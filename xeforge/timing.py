@@ -1,0 +1,96 @@
+"""Gate 3's statistics: medians, IQRs, the A/A noise margin, the speedup decision and roofline plausibility.
+
+Owns: turning the interleaved per-call times the worker measured into a decision. The measurement itself
+(events, full sync, L2 flush, rotated buffers, A B A B order) happens in :mod:`xeforge.worker`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+
+
+def quantile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    if not s:
+        return float("nan")
+    pos = (len(s) - 1) * q
+    lo, hi = int(pos), min(int(pos) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+@dataclass
+class Stats:
+    median_ms: float
+    iqr_ms: float
+    q1_ms: float
+    q3_ms: float
+    n: int
+
+    @classmethod
+    def of(cls, xs: list[float]) -> "Stats":
+        q1, q3 = quantile(xs, 0.25), quantile(xs, 0.75)
+        return cls(statistics.median(xs), q3 - q1, q1, q3, len(xs))
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def paired_ratios(a: list[float], b: list[float]) -> list[float]:
+    """Per-pair speedups a_i / b_i of interleaved measurements (b faster -> ratio > 1)."""
+    return [x / y for x, y in zip(a, b) if y > 0]
+
+
+def noise_margin(aa_a: list[float], aa_b: list[float], floor: float) -> float:
+    """The margin a candidate must beat: how far an A/A comparison strays from 1, at least ``floor``.
+
+    Uses the larger of the A/A median ratio's distance from 1 and half the ratios' IQR, doubled for safety.
+    """
+    ratios = paired_ratios(aa_a, aa_b)
+    if not ratios:
+        return floor
+    med = statistics.median(ratios)
+    spread = (quantile(ratios, 0.75) - quantile(ratios, 0.25)) / 2
+    return max(floor, 2 * max(abs(med - 1.0), spread))
+
+
+@dataclass
+class Decision:
+    speedup: float  # median(incumbent) / median(candidate)
+    margin: float
+    accepted: bool
+    incumbent: Stats
+    candidate: Stats
+    implausible: str | None = None  # set when the candidate beats the roofline floor
+    flagged: bool = False  # speedup above the report flag (e.g. 10x)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        return d
+
+    def summary(self) -> str:
+        verdict = "faster" if self.accepted else "not faster beyond the noise margin"
+        return (f"{verdict}: speedup {self.speedup:.3f}x (incumbent {self.incumbent.median_ms:.4f} ms "
+                f"IQR {self.incumbent.iqr_ms:.4f}, candidate {self.candidate.median_ms:.4f} ms IQR "
+                f"{self.candidate.iqr_ms:.4f}); needed > {1 + self.margin:.3f}x")
+
+
+def decide(inc: list[float], cand: list[float], margin: float, floor_s: float | None, flag_above: float) -> Decision:
+    si, sc = Stats.of(inc), Stats.of(cand)
+    speedup = si.median_ms / sc.median_ms if sc.median_ms > 0 else float("inf")
+    implausible = None
+    if floor_s is not None and sc.median_ms * 1e-3 < floor_s:
+        implausible = (f"candidate median {sc.median_ms:.4f} ms is below the roofline floor {floor_s * 1e3:.4f} ms "
+                       "(flop/peak, bytes/bandwidth): a measurement or correctness bug")
+    accepted = implausible is None and speedup > 1.0 + margin
+    return Decision(speedup, margin, accepted, si, sc, implausible, speedup > flag_above)
+
+
+def roofline_floor(flop: float | None, nbytes: float | None, peak_flops: float | None, bw: float | None) -> float | None:
+    """Lower bound on the time in seconds: max(flop / peak, bytes / bandwidth); None if nothing is known."""
+    terms = []
+    if flop and peak_flops:
+        terms.append(flop / peak_flops)
+    if nbytes and bw:
+        terms.append(nbytes / bw)
+    return max(terms) if terms else None
