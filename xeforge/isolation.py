@@ -35,6 +35,7 @@ def scrubbed_env(device: str, base: dict[str, str] | None = None) -> dict[str, s
     src_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src_root, env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ in the run folder
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"
     else:

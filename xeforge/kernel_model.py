@@ -272,3 +272,37 @@ def parse_kernel(source: str, path: str = "kernel.py") -> KernelModel:
         calls=collector.calls,
         model_class=model_class,
     )
+
+
+def axis_blocks(fn: JitFunction) -> dict[int, set[str]]:
+    """Which constexpr block sizes scale each grid axis: ``pid = tl.program_id(0)`` ... ``pid * BLOCK`` -> {0: {BLOCK}}."""
+    pid_axis: dict[str, int] = {}
+    for node in ast.walk(fn.node):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and isinstance(node.value, ast.Call) and (dotted_name(node.value.func) or "").endswith("program_id"):
+            arg = node.value.args[0] if node.value.args else None
+            for kw in node.value.keywords:
+                if kw.arg == "axis":
+                    arg = kw.value
+            val = literal(arg)
+            if is_literal(val) and isinstance(val, int):
+                pid_axis[node.targets[0].id] = val
+    out: dict[int, set[str]] = {}
+    consts = set(fn.constexpr_params)
+    for node in ast.walk(fn.node):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            sides = [node.left, node.right]
+            names = [s.id for s in sides if isinstance(s, ast.Name)]
+            for a in names:
+                for b in names:
+                    if a in pid_axis and b in consts:
+                        out.setdefault(pid_axis[a], set()).add(b)
+        # tl.program_id(0) * BLOCK written inline
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            for call, other in ((node.left, node.right), (node.right, node.left)):
+                if isinstance(call, ast.Call) and (dotted_name(call.func) or "").endswith("program_id") \
+                        and isinstance(other, ast.Name) and other.id in consts and call.args:
+                    val = literal(call.args[0])
+                    if is_literal(val):
+                        out.setdefault(val, set()).add(other.id)
+    return out

@@ -234,16 +234,16 @@ class Verifier:
                 variant.atol if variant.atol is not None else default)
 
     # ------------------------------------------------------------------------------------------ worker
-    def _ensure_loaded(self, path: Path, variant: Variant) -> str:
+    def _ensure_loaded(self, path: Path, variant: Variant, compile_mode: str | None = None) -> str:
         path = Path(path).resolve()
-        key = (str(path), variant.name)
+        key = (str(path), variant.name) + ((compile_mode,) if compile_mode else ())
         slot = f"{path.stem}@{variant.name}#{abs(hash(key)) % 10**8}"
         if self._slots.get(key) == self.worker.generation and self.worker.alive():
             return slot
         weights = self._weights_file(variant)
         self.worker.request("load", self.settings.compile_timeout_s, slot=slot, path=str(path),
                             init_args=self.problem.init_args(variant), weights_file=str(weights) if weights else None,
-                            dtype=variant.dtype)
+                            dtype=variant.dtype, compile_mode=compile_mode)
         self._slots[key] = self.worker.generation
         self._slots[key + ("first",)] = True
         return slot
@@ -402,6 +402,24 @@ class Verifier:
                                    pairs=self.settings.timed_pairs, warmup=self.settings.warmup_calls,
                                    l2_bytes=entry_l2, budget_bytes=self._rotation_budget())
         return [free["times_ms"][s] for s in slots]
+
+    def time_entries(self, entries: list[tuple[Path, str | None]], variant: Variant,
+                     pairs: int | None = None) -> list[list[float]]:
+        """Time several Models interleaved in one worker with the gate-3 method (events, L2 flush, rotation).
+
+        Each entry is (a file defining ``Model`` — a kernel file or a plain-PyTorch reference —, a
+        ``torch.compile`` mode or None). Used by ``xeforge bench`` for start / final / eager / torch.compile.
+        """
+        slots = []
+        for path, mode in entries:
+            p = Path(path).resolve()
+            slots.append(self._ensure_loaded(p, variant, mode))
+            self._slots.pop((str(p), variant.name, "first"), None)
+        reply = self.worker.request("time", self.settings.compile_timeout_s + self.settings.run_timeout_s, slots=slots,
+                                    plan=plan_inputs(self.problem, variant), seed=secrets.randbits(62),
+                                    pairs=pairs or self.settings.timed_pairs, warmup=self.settings.warmup_calls,
+                                    l2_bytes=self.device.l2_bytes, budget_bytes=self._rotation_budget())
+        return [reply["times_ms"][s] for s in slots]
 
     def _rotation_budget(self) -> int | None:
         if self.device.total_memory_bytes:

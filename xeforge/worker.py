@@ -61,7 +61,8 @@ class WorkerState:
         self.counter = 0
 
     # -- loading ---------------------------------------------------------------------------------
-    def load(self, slot: str, path: str, init_args: list, weights_file: str | None, dtype: str | None) -> dict:
+    def load(self, slot: str, path: str, init_args: list, weights_file: str | None, dtype: str | None,
+             compile_mode: str | None = None) -> dict:
         torch = self.torch
         self.counter += 1
         name = f"xeforge_candidate_{self.counter}_{Path(path).stem}"
@@ -80,6 +81,8 @@ class WorkerState:
             model = model.to(dtype=getattr(torch, dtype))
         model = model.to(self.device)
         model.eval()
+        if compile_mode:
+            model = torch.compile(model, mode=None if compile_mode == "default" else compile_mode)
         self.models[slot] = model
         return {"ok": True}
 

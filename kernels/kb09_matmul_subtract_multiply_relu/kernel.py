@@ -1,0 +1,69 @@
+"""Naive port of KernelBench L2 #9: Linear -> (x - subtract_value) * multiply_value -> ReLU.
+Triton GEMM (32x32x32 tiles, fp32 up-cast operands) writes y, then a separate Triton
+elementwise kernel applies the tail (two launches, y round-trips through memory)."""
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def matmul_bias_kernel(a_ptr, w_ptr, bias_ptr, c_ptr, M, N, K,
+                       stride_am, stride_ak, stride_wn, stride_wk, stride_cm, stride_cn,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """C = A @ W^T + bias, W in nn.Linear layout [N, K]. Straight CUDA-style port: one C tile per
+    program on a 2D grid, both operands up-cast to fp32 before the dot."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs_k
+        a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak,
+                    mask=(offs_m[:, None] < M) & (k[None, :] < K), other=0.0).to(tl.float32)
+        b = tl.load(w_ptr + k[:, None] * stride_wk + offs_n[None, :] * stride_wn,
+                    mask=(k[:, None] < K) & (offs_n[None, :] < N), other=0.0).to(tl.float32)
+        acc += tl.dot(a, b)
+    bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+    acc = acc + bias[None, :]
+    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
+             acc.to(c_ptr.dtype.element_ty),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
+def sub_mul_relu_kernel(y_ptr, out_ptr, n_elements, subtract_value, multiply_value,
+                        BLOCK_SIZE: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offs < n_elements
+    y = tl.load(y_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    y = (y - subtract_value) * multiply_value
+    y = tl.maximum(y, 0.0)
+    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+class Model(torch.nn.Module):
+    def __init__(self, in_features, out_features, subtract_value, multiply_value):
+        super().__init__()
+        self.linear = torch.nn.Linear(in_features, out_features)
+        self.subtract_value = subtract_value
+        self.multiply_value = multiply_value
+
+    def forward(self, x):
+        M, K = x.shape
+        N = self.linear.weight.shape[0]
+        y = torch.empty((M, N), device=x.device, dtype=x.dtype)
+        grid = (triton.cdiv(M, 32), triton.cdiv(N, 32))
+        matmul_bias_kernel[grid](
+            x, self.linear.weight, self.linear.bias, y, M, N, K,
+            x.stride(0), x.stride(1), self.linear.weight.stride(0), self.linear.weight.stride(1),
+            y.stride(0), y.stride(1),
+            BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, num_warps=4)
+        out = torch.empty_like(y)
+        n = y.numel()
+        sub_mul_relu_kernel[(triton.cdiv(n, 1024),)](y, out, n, self.subtract_value, self.multiply_value,
+                                                     BLOCK_SIZE=1024, num_warps=4)
+        return out

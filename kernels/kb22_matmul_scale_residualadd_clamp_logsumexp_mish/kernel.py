@@ -1,0 +1,58 @@
+"""Naive port of KernelBench L2 #22: Linear -> *scale -> x + x -> clamp -> logsumexp(dim=1) -> x * mish(x).
+Triton GEMM writes the full [M, N] fp32 product, the tail runs as torch ops."""
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def matmul_bias_kernel(a_ptr, w_ptr, bias_ptr, c_ptr, M, N, K,
+                       stride_am, stride_ak, stride_wn, stride_wk, stride_cm, stride_cn,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """C = A @ W^T + bias, W in nn.Linear layout [N, K]. Straight CUDA-style port: one C tile per
+    program on a 2D grid, both operands up-cast to fp32 before the dot."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs_k
+        a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak,
+                    mask=(offs_m[:, None] < M) & (k[None, :] < K), other=0.0).to(tl.float32)
+        b = tl.load(w_ptr + k[:, None] * stride_wk + offs_n[None, :] * stride_wn,
+                    mask=(k[:, None] < K) & (offs_n[None, :] < N), other=0.0).to(tl.float32)
+        acc += tl.dot(a, b)
+    bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+    acc = acc + bias[None, :]
+    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
+             acc.to(c_ptr.dtype.element_ty),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+class Model(torch.nn.Module):
+    def __init__(self, input_size, hidden_size, scale_factor, clamp_min, clamp_max):
+        super().__init__()
+        self.matmul = torch.nn.Linear(input_size, hidden_size)
+        self.scale_factor = scale_factor
+        self.clamp_min = clamp_min
+        self.clamp_max = clamp_max
+
+    def forward(self, x):
+        M, K = x.shape
+        N = self.matmul.weight.shape[0]
+        y = torch.empty((M, N), device=x.device, dtype=torch.float32)
+        grid = (triton.cdiv(M, 32), triton.cdiv(N, 32))
+        matmul_bias_kernel[grid](
+            x, self.matmul.weight, self.matmul.bias, y, M, N, K,
+            x.stride(0), x.stride(1), self.matmul.weight.stride(0), self.matmul.weight.stride(1),
+            y.stride(0), y.stride(1),
+            BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, num_warps=4)
+        y = y * self.scale_factor
+        y = y + y
+        y = torch.clamp(y, self.clamp_min, self.clamp_max)
+        y = torch.logsumexp(y, dim=1, keepdim=True)
+        y = y * F.mish(y)
+        return y.to(x.dtype)

@@ -1,0 +1,110 @@
+"""What a stage is: a goal, issue detectors, knowledge-base topics, deterministic tactics, a prompt template.
+
+Owns: the :class:`Stage` and :class:`Tactic` interfaces and the data passed between a stage, an engine and
+the pipeline (:class:`StageContext`, :class:`Issue`, :class:`Candidate`, :class:`Applicability`). A stage is
+one module in ``stages/`` plus its ``<name>.md.j2`` prompt template; adding one touches that module, its
+template, its KB patterns and its tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from xeforge.kernel_model import KernelModel, parse_kernel
+
+TEMPLATE_DIR = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Issue:
+    stage: str
+    code: str
+    message: str
+    line: int | None = None
+
+    def render(self) -> str:
+        at = f" (line {self.line})" if self.line else ""
+        return f"[{self.stage}/{self.code}] {self.message}{at}"
+
+
+@dataclass(frozen=True)
+class Applicability:
+    applies: bool
+    reason: str
+
+
+@dataclass
+class Candidate:
+    source: str
+    tactic: str
+    description: str
+    kind: str = "rewrite"  # rewrite: a transformation adopted when correct (and faster on a GPU); search: one point of a parameter search
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StageContext:
+    """Everything a stage's detectors and tactics may read. Tactics never touch a device."""
+
+    problem: Any  # xeforge.problem.Problem
+    source: str  # the incumbent kernel source
+    original_source: str
+    device: Any  # xeforge.devices.DeviceInfo
+    device_id: str | None  # knowledge-base device entry id
+    kb: Any = None  # xeforge.kb.KnowledgeBase or None
+    triton: Any = None  # xeforge.kb.TritonInfo or None
+    settings: Any = None
+    issues: list[Issue] = field(default_factory=list)
+    run_dir: Path | None = None  # the run folder (engines may write per-trial artefacts under trials/<name>/)
+    _model: KernelModel | None = field(default=None, repr=False)
+
+    @property
+    def model(self) -> KernelModel:
+        if self._model is None or self._model.source != self.source:
+            self._model = parse_kernel(self.source, str(getattr(self.problem, "kernel_path", "kernel.py")))
+        return self._model
+
+    def with_source(self, source: str) -> "StageContext":
+        return StageContext(self.problem, source, self.original_source, self.device, self.device_id, self.kb,
+                            self.triton, self.settings, list(self.issues), self.run_dir)
+
+
+class Tactic:
+    """A deterministic transformation or search. Subclasses set ``name``/``summary`` and implement both methods."""
+
+    name = "tactic"
+    summary = ""
+
+    def check(self, ctx: StageContext) -> Applicability:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def propose(self, ctx: StageContext) -> list[Candidate]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+@dataclass
+class Stage:
+    name: str
+    order: int
+    goal: str
+    kb_topics: tuple[str, ...]
+    tactics: list[Tactic] = field(default_factory=list)
+    detectors: list[Callable[[StageContext], list[Issue]]] = field(default_factory=list)
+    llm_only_reason: str | None = None  # set for stages with no deterministic tactic by design
+
+    @property
+    def template(self) -> Path:
+        return TEMPLATE_DIR / f"{self.name}.md.j2"
+
+    def detect(self, ctx: StageContext) -> list[Issue]:
+        out: list[Issue] = []
+        for det in self.detectors:
+            out.extend(det(ctx))
+        return out
+
+    def no_tactic_message(self) -> str:
+        if self.llm_only_reason:
+            return f"no deterministic tactic for {self.name}: {self.llm_only_reason} (the llm engine covers it)"
+        return f"no tactic implemented for {self.name}"

@@ -1,0 +1,107 @@
+"""The port loop end to end on the CPU interpreter: stages, gates, run folder, honest summary, resume."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FIXTURES, ROOT
+
+VADD = FIXTURES / "problems" / "vadd"
+
+
+def _port(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "xeforge", "port", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=timeout)
+
+
+def test_port_on_cpu_runs_every_stage_and_claims_no_speedup(tmp_path):
+    run = tmp_path / "run"
+    proc = _port(str(VADD), "--device", "cpu", "--run-dir", str(run), "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    names = [s["name"] for s in report["stages"]]
+    assert names == ["algorithmic", "dtype", "fusion", "memory_access", "block_io", "persistent", "device_tuning",
+                     "autotuning", "discovery"]
+    by = {s["name"]: s for s in report["stages"]}
+    assert by["device_tuning"]["status"] == "ran"
+    assert "speedup" not in report["summary"] or "not measured" in report["summary"]
+    assert report["timing_method"] is None
+    for s in report["stages"]:
+        if s["status"] == "no-tactic":
+            assert "no tactic implemented" in s["reason"] or "no deterministic tactic" in s["reason"]
+    # progress shows each stage and each gate; data went to stdout only
+    assert "[stage 7/9 device_tuning]" in proc.stderr and "gate 2-correctness" in proc.stderr
+    assert (run / "report.md").exists() and (run / "final" / "kernel.py").exists()
+    trials = sorted((run / "trials").glob("*/verdict.json"))
+    assert trials, "the search must have verified at least one candidate"
+    for t in trials:
+        v = json.loads(t.read_text())
+        assert v["timed"] is False and v["accepted"] is False
+    md = (run / "report.md").read_text()
+    assert "no tactic implemented for fusion" in md and "success" not in md.lower()
+    assert VADD.joinpath("kernel.py").read_text() == (run / "baseline" / "kernel.py").read_text()
+
+
+def test_named_stage_always_runs(tmp_path):
+    proc = _port(str(VADD), "--device", "cpu", "--stages", "device_tuning,fusion", "--run-dir", str(tmp_path / "r"),
+                 "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert [s["name"] for s in report["stages"]] == ["fusion", "device_tuning"]
+    assert report["stages"][0]["status"] == "no-tactic"
+
+
+def test_unknown_stage_is_a_usage_error(tmp_path):
+    proc = _port(str(VADD), "--device", "cpu", "--stages", "fusoin", "--run-dir", str(tmp_path / "r"))
+    assert proc.returncode == 1 and "Error: --stages" in proc.stderr and "fusion" in proc.stderr
+
+
+def test_broken_starting_kernel_stops_with_a_clear_error(tmp_path):
+    import shutil
+
+    d = tmp_path / "p"
+    shutil.copytree(VADD, d)
+    (d / "kernel.py").write_text((FIXTURES / "cheats" / "returns_zeros.py").read_text())
+    proc = _port(str(d), "--device", "cpu", "--run-dir", str(tmp_path / "r"))
+    assert proc.returncode == 1
+    assert "starting kernel does not pass verification" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_killed_run_resumes_to_the_same_result(tmp_path):
+    full = tmp_path / "full"
+    assert _port(str(VADD), "--device", "cpu", "--run-dir", str(full)).returncode == 0
+    run = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "xeforge", "port", str(VADD), "--device", "cpu", "--run-dir", str(run)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and not list((run / "trials").glob("0001-*/verdict.json")):
+        time.sleep(0.2)
+        assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (run / "final").exists()
+    resumed = _port(str(VADD), "--device", "cpu", "--run-dir", str(run), "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "(replayed)" in resumed.stderr
+    assert (run / "final" / "kernel.py").read_text() == (full / "final" / "kernel.py").read_text()
+    assert json.loads((run / "run.json").read_text())["status"] == "done"
+
+
+def test_resume_without_earlier_run_is_an_error(tmp_path):
+    proc = _port(str(VADD), "--device", "cpu", "--runs-dir", str(tmp_path / "none"), "--resume")
+    assert proc.returncode == 1 and "no earlier run" in proc.stderr
+
+
+def test_dry_run_touches_nothing(tmp_path):
+    proc = _port(str(VADD), "--device", "cpu", "--dry-run", "--runs-dir", str(tmp_path / "runs"))
+    assert proc.returncode == 0, proc.stderr
+    assert "tactic launch-params: applies" in proc.stdout and "nothing is executed" in proc.stdout
+    assert "+++ launch-params" in proc.stdout  # the diff the tactic would make
+    assert not (tmp_path / "runs").exists()

@@ -1,0 +1,302 @@
+"""The ``xeforge`` command line: sub-commands dispatch through ``set_defaults(func=...)``.
+
+Owns: argument parsing and output policy — data to stdout (``--json`` for machines), progress to stderr,
+``Error: ...`` with the fix and exit 1 for every :class:`XeforgeError`, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from xeforge.errors import XeforgeError
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, default=str))
+
+
+# ---------------------------------------------------------------------------------------------- port
+def cmd_port(args: argparse.Namespace) -> int:
+    from xeforge.pipeline import Pipeline, PortOptions
+    from xeforge.problem import load_problem
+    from xeforge.settings import load_settings
+
+    problem = load_problem(args.problem)
+    settings = load_settings()
+    if args.budget is not None:
+        settings = settings.replace(tuning_budget=args.budget, cpu_tuning_budget=min(args.budget, settings.cpu_tuning_budget))
+    opts = PortOptions(device=args.device, stages=_split(args.stages), engine=args.engine, dry_run=args.dry_run,
+                       resume=args.resume, run_dir=Path(args.run_dir) if args.run_dir else None,
+                       runs_dir=Path(args.runs_dir), target=args.target, triton=args.triton, settings=settings,
+                       llm=_llm_config(args), argv=sys.argv[1:])
+    pipe = Pipeline(problem, opts)
+    if args.dry_run:
+        plan = pipe.dry_run()
+        if args.json:
+            _print_json(plan)
+        else:
+            _print_plan(plan)
+        return 0
+    report = pipe.run()
+    if args.json:
+        _print_json(report)
+    else:
+        print(f"{report['summary']}")
+        print(f"final kernel: {report['final']['path']}")
+        print(f"report: {Path(report['run_dir']) / 'report.md'}")
+    return 0
+
+
+def _llm_config(args: argparse.Namespace):
+    try:
+        from cover_agent.config import LMConfig
+    except ImportError:
+        return None
+    return LMConfig.from_args(args)
+
+
+def _split(value: str | None) -> list[str] | None:
+    return [s.strip() for s in value.split(",") if s.strip()] if value else None
+
+
+def _print_plan(plan: dict) -> None:
+    print(f"plan for {plan['problem']} on {plan['device']['kind']} (KB device {plan['kb_device'] or 'none'}, "
+          f"Triton {plan['triton']}), engine {plan['engine']} ({plan['engine_reason']}) — nothing is executed")
+    for st in plan["stages"]:
+        print(f"\n== stage {st['order']}/9 {st['name']}: {st['goal']}")
+        for i in st["issues"]:
+            print(f"  issue: {i}")
+        for t in st["tactics"]:
+            if t["name"] is None:
+                print(f"  {t['reason']}")
+                continue
+            state = "applies" if t["applies"] else "does not apply"
+            print(f"  tactic {t['name']}: {state} — {t['reason']}")
+            if t.get("candidates"):
+                print(f"    {t['candidates']} candidate(s); first: {t.get('description', '')}")
+            if t.get("diff"):
+                print("    " + t["diff"].rstrip().replace("\n", "\n    "))
+        if "kb" in st:
+            print("  knowledge base entries for this stage:")
+            print("    " + st["kb"].rstrip().replace("\n", "\n    "))
+        if "prompt" in st:
+            print("  prompt the llm engine would send:")
+            print("    " + st["prompt"].rstrip().replace("\n", "\n    "))
+
+
+# ---------------------------------------------------------------------------------------------- verify
+def cmd_verify(args: argparse.Namespace) -> int:
+    from xeforge import devices
+    from xeforge.pipeline import constraint_hook, kb_context
+    from xeforge.problem import load_problem
+    from xeforge.settings import load_settings
+    from xeforge.store import RunStore
+    from xeforge.verifier import Verifier
+
+    problem = load_problem(args.problem)
+    device = devices.describe(devices.resolve(args.device))
+    kbc = kb_context(device, args.target, args.triton)
+    cand = Path(args.candidate).resolve() if args.candidate else problem.kernel_path
+    if not cand.exists():
+        from xeforge.errors import UsageError
+
+        raise UsageError("--candidate", f"{cand} does not exist", "pass the path of a kernel file")
+    store = RunStore.create(Path(args.runs_dir), f"{problem.name}-verify")
+    print(f"verifying {cand} against {problem.name} on {device.kind} ({device.name}); scratch {store.root}",
+          file=sys.stderr)
+    if device.interpreter:
+        print("note: the CPU interpreter checks correctness only; gate 3 does not run", file=sys.stderr)
+    hooks = [h for h in [constraint_hook(kbc)] if h]
+    with Verifier(problem, device, load_settings(), store.root, hooks, kbc.entry) as v:
+        incumbent = problem.kernel_path if (args.candidate and not device.interpreter) else None
+        if not args.candidate and not device.interpreter:
+            incumbent = problem.kernel_path  # the starting kernel against itself: gate 3 is then an A/A check
+        verdict = v.verify(cand, incumbent)
+    out = {"problem": problem.name, "candidate": str(cand), "device": device.as_dict(), "kb_device": kbc.device_id,
+           "correct": verdict.correct, "accepted": verdict.accepted, "feedback": verdict.feedback(),
+           "gates": [g.__dict__ for g in verdict.gates]}
+    if args.json:
+        _print_json(out)
+    else:
+        for g in verdict.gates:
+            print(f"gate {g.gate:<14} {g.status.upper():<8} {g.summary}")
+        print(("VERIFIED CORRECT" if verdict.correct else "REJECTED") + f": {verdict.feedback()}")
+    return 0 if verdict.correct else 2
+
+
+# ---------------------------------------------------------------------------------------------- env
+def cmd_env(args: argparse.Namespace) -> int:
+    from xeforge import devices
+    from xeforge.pipeline import kb_context
+
+    found = {}
+    for kind in ("xpu", "cuda", "cpu"):
+        try:
+            found[kind] = devices.available(kind)
+        except Exception as exc:  # a broken backend is reported, not raised
+            found[kind] = f"error: {exc}"
+    chosen = devices.resolve(args.device)
+    info = devices.describe(chosen)
+    kbc = kb_context(info, args.target, args.triton)
+    llm = _llm_config(args)
+    out = {"available": found, "selected": info.as_dict(), "versions": devices.versions(),
+           "kb_device": kbc.device_id, "kb_note": kbc.note, "triton_gate": getattr(kbc.triton, "text", None),
+           "llm": llm.describe() if llm is not None else "llm engine not installed (pip install -e '.[llm]')"}
+    if args.json:
+        _print_json(out)
+        return 0
+    print(f"devices: " + ", ".join(f"{k}={'yes' if v is True else ('no' if v is False else v)}" for k, v in found.items()))
+    print(f"selected: {info.kind} — {info.name}" + (" (Triton interpreter: correctness only)" if info.interpreter else ""))
+    for key in ("cores", "l2_bytes", "shared_mem_bytes", "total_memory_bytes", "subgroup_sizes", "has_fp64",
+                "architecture", "driver"):
+        print(f"  {key}: {getattr(info, key)}")
+    v = out["versions"]
+    print(f"versions: python {v['python']}, torch {v['torch']}, triton {v['triton']}")
+    print(f"knowledge-base device entry: {kbc.device_id or 'none'}{(' — ' + kbc.note) if kbc.note else ''}")
+    print(f"knowledge base gated on Triton: {out['triton_gate']}")
+    print(f"llm: {out['llm']}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- report / aa
+def cmd_report(args: argparse.Namespace) -> int:
+    from xeforge.report import rerender
+
+    print(rerender(Path(args.run_dir)))
+    return 0
+
+
+def cmd_aa(args: argparse.Namespace) -> int:
+    """Time the starting kernel against itself: an A/A comparison must never be accepted as faster."""
+    from xeforge import devices
+    from xeforge.errors import DeviceError
+    from xeforge.problem import load_problem
+    from xeforge.settings import load_settings
+    from xeforge.store import RunStore
+    from xeforge.verifier import Verifier
+
+    problem = load_problem(args.problem)
+    device = devices.describe(devices.resolve(args.device))
+    if device.interpreter:
+        raise DeviceError("--device", "an A/A timing test needs a GPU; the CPU interpreter times nothing meaningful",
+                          "run on a CUDA or XPU machine")
+    store = RunStore.create(Path(args.runs_dir), f"{problem.name}-aa")
+    results = []
+    with Verifier(problem, device, load_settings(), store.root) as v:
+        for i in range(args.repeats):
+            r = v.aa_test(problem.kernel_path)
+            results.append(r)
+            print(f"A/A {i + 1}/{args.repeats}: speedup {r['speedup']:.4f}x, margin {r['margin']:.4f}, "
+                  f"accepted as faster: {r['accepted']}", file=sys.stderr)
+    out = {"problem": problem.name, "device": device.as_dict(), "versions": devices.versions(), "runs": results,
+           "never_accepted": not any(r["accepted"] for r in results)}
+    if args.json:
+        _print_json(out)
+    else:
+        print(f"A/A on {device.name}: {len(results)} runs, speedups "
+              + ", ".join(f"{r['speedup']:.4f}" for r in results)
+              + f"; accepted as a win: {sum(r['accepted'] for r in results)} (must be 0)")
+    return 0 if out["never_accepted"] else 1
+
+
+# ---------------------------------------------------------------------------------------------- parser
+def _add_device_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", help="auto (xpu, then cuda, then cpu), xpu, cuda or cpu")
+    p.add_argument("--target", default=None, help="knowledge-base device id to use (default: the entry matching the device)")
+    p.add_argument("--triton", default=None, help="Triton version to gate the knowledge base on (default: installed)")
+
+
+def _add_llm_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="LiteLLM model string (default: $XEFORGE_MODEL)")
+    p.add_argument("--api-base", default=None, help="base URL of an OpenAI-compatible server")
+    p.add_argument("--max-iters", type=int, default=None, help="CoVeR refinement rounds per candidate")
+    p.add_argument("--best-k", type=int, default=None, help="independent candidates per stage")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="xeforge", description="Port Triton kernels to Intel GPUs, stage by stage, "
+                                     "with every candidate verified on hardware.")
+    from xeforge import __version__
+
+    parser.add_argument("--version", action="version", version=f"xeforge {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("port", help="port a problem: stages in order, every candidate verified")
+    p.add_argument("problem", help="problem folder (kernels/<name>) or kernel file")
+    _add_device_args(p)
+    p.add_argument("--stages", default=None, help="comma-separated stage names; a named stage always runs")
+    p.add_argument("--engine", default="auto", choices=["rules", "llm", "auto", "both"])
+    p.add_argument("--dry-run", action="store_true", help="show the plan, tactics, diffs and prompts; run nothing")
+    p.add_argument("--resume", action="store_true", help="continue the latest run of this problem")
+    p.add_argument("--run-dir", default=None, help="run folder to use (default: RUNS_DIR/<problem>/<timestamp>)")
+    p.add_argument("--runs-dir", default=os.environ.get("XEFORGE_RUNS_DIR", "runs"))
+    p.add_argument("--budget", type=int, default=None, help="hardware evaluations per search tactic")
+    p.add_argument("--json", action="store_true", help="print the report (or plan) as JSON on stdout")
+    _add_llm_args(p)
+    p.set_defaults(func=cmd_port)
+
+    p = sub.add_parser("verify", help="run the verification cascade on one kernel and print the verdict per gate")
+    p.add_argument("problem")
+    p.add_argument("--candidate", default=None, help="kernel file to verify (default: the problem's starting kernel)")
+    _add_device_args(p)
+    p.add_argument("--runs-dir", default=os.environ.get("XEFORGE_RUNS_DIR", "runs"))
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("env", help="what xeforge found: devices, versions, KB device entry, LLM configuration")
+    _add_device_args(p)
+    _add_llm_args(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_env)
+
+    p = sub.add_parser("report", help="re-render report.md from a run folder's report.json")
+    p.add_argument("run_dir")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("aa", help="A/A timing test: the starting kernel against itself must never win (GPU only)")
+    p.add_argument("problem")
+    _add_device_args(p)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--runs-dir", default=os.environ.get("XEFORGE_RUNS_DIR", "runs"))
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_aa)
+
+    try:
+        from xeforge.kb.cli import register as register_kb
+    except ImportError:
+        register_kb = None
+    if register_kb is not None:
+        register_kb(sub)
+    try:
+        from xeforge.bench import register as register_bench
+    except ImportError:
+        register_bench = None
+    if register_bench is not None:
+        register_bench(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except XeforgeError as exc:
+        print(f"Error: {exc.render()}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("Interrupted: the run folder keeps every finished trial; re-run with --resume to continue.",
+              file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

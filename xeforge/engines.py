@@ -1,0 +1,75 @@
+"""Engines propose candidates for a stage; only the verifier accepts them.
+
+Owns: the engine registry (``rules``, ``llm``; ``auto`` and ``both`` are resolved by the pipeline) and the
+rules engine, which walks a stage's deterministic tactics. An engine receives an ``evaluate`` callback that
+runs a candidate through the verification cascade and the trial store and returns the verdict, so an engine
+that learns from feedback (the llm engine's CoVeR loop) can refine. ``dspy`` is imported only by
+``cover_agent``, and only when the llm engine is used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from stages.base import Candidate, Stage, StageContext
+from xeforge.errors import EngineError
+
+Evaluate = Callable[[Candidate], "TrialOutcome"]
+
+
+@dataclass
+class TrialOutcome:
+    trial: str  # trial folder name
+    candidate: Candidate
+    verdict: Any  # xeforge.verifier.Verdict
+    adopted: bool = False  # became the incumbent (set by the pipeline)
+    replayed: bool = False  # verdict replayed from the trial store (--resume)
+
+
+@dataclass
+class TacticRecord:
+    name: str
+    applies: bool
+    reason: str
+    engine: str = "rules"
+    outcomes: list[TrialOutcome] = field(default_factory=list)
+    best: TrialOutcome | None = None
+    note: str = ""
+
+
+class RulesEngine:
+    """Deterministic tactics from each stage. Offline, reproducible."""
+
+    name = "rules"
+
+    def run_stage(self, stage: Stage, ctx: StageContext, evaluate: Evaluate, choose: Callable) -> list[TacticRecord]:
+        records = []
+        for tactic in stage.tactics:
+            app = tactic.check(ctx)
+            rec = TacticRecord(tactic.name, app.applies, app.reason)
+            records.append(rec)
+            if not app.applies:
+                continue
+            candidates = tactic.propose(ctx)
+            if not candidates:
+                rec.note = "the tactic applied but produced no candidate"
+                continue
+            rec.outcomes = [evaluate(c) for c in candidates]
+            rec.best = choose(rec.outcomes)
+            if rec.best is not None:
+                ctx = ctx.with_source(rec.best.candidate.source)
+        return records
+
+
+def make_engine(name: str, options: Any) -> Any:
+    if name == "rules":
+        return RulesEngine()
+    if name == "llm":
+        try:
+            from cover_agent import make_llm_engine
+        except ImportError as exc:
+            raise EngineError("--engine llm", f"the llm engine is not available ({exc})",
+                              "pip install -e '.[llm]' (installs dspy and litellm)") from None
+        return make_llm_engine(options)
+    raise EngineError("--engine", f"unknown engine {name!r}", "use rules, llm, auto or both")

@@ -1,0 +1,193 @@
+"""The schema of every knowledge-base file kind (pydantic, strict, unknown keys rejected).
+
+Owns: one model per entry kind — :class:`SourceSpec` (``sources.yaml``), :class:`ConstraintSpec`
+(``constraints/``), :class:`PatternSpec` (``patterns/``), :class:`SpaceSpec` (``spaces/``); device entries
+live in :mod:`xeforge.kb.facts` — and one model per file (:data:`FILE_KINDS`): each file is a mapping
+with exactly one top-level key naming its kind (``device:``, ``constraints:``, ...), so a file can be
+linted on its own. Cross-references (device ids, source ids, fact names, template placeholders,
+duplicate ids) are checked by :mod:`xeforge.kb.loader`, which has the whole base in view.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator
+from pydantic_core import PydanticCustomError
+
+from xeforge.kb._base import ID_PATTERN, Backend, Confidence, Family, KBModel, Severity, Stage
+from xeforge.kb.checks import CheckSpec
+from xeforge.kb.facts import DeviceSpec
+from xeforge.kb.versions import VersionRange, VersionRangeError
+
+
+def _check_range(value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        VersionRange(value)
+    except VersionRangeError as exc:
+        raise PydanticCustomError("version_range", "{problem}", {"problem": str(exc)}) from None
+    return value
+
+
+class Gated(KBModel):
+    """Fields shared by every entry that applies to some devices and Triton versions."""
+
+    devices: list[str] = Field(default_factory=list)
+    backends: list[Backend] = Field(default_factory=list)
+    device_facts: dict[str, bool | int | str] = Field(default_factory=dict)
+    triton: str | None = None
+    triton_xpu: str | None = None
+
+    @field_validator("triton", "triton_xpu")
+    @classmethod
+    def check_version_range(cls, value: str | None) -> str | None:
+        return _check_range(value)
+
+    def range(self, which: str) -> VersionRange | None:
+        text = getattr(self, which)
+        return None if text is None else VersionRange(text)
+
+
+class SourceSpec(KBModel):
+    title: str
+    url: str | None = None
+    kind: str | None = None
+    note: str | None = None
+
+
+class ConstraintSpec(Gated):
+    id: str = Field(pattern=ID_PATTERN)
+    title: str
+    stages: list[Stage] = Field(default_factory=list)  # stages whose KB slice lists it; empty = all
+    severity: Severity = "error"
+    check: CheckSpec
+    message: str
+    fix: str
+    why: str | None = None
+    source: str | list[str]
+    confidence: Confidence
+
+
+class PatternSpec(Gated):
+    id: str = Field(pattern=ID_PATTERN)
+    stage: Stage | list[Stage]
+    title: str
+    when: str
+    before: str | None = None
+    after: str | None = None
+    effect: str
+    source: str | list[str]
+    confidence: Confidence
+    tags: list[str] = Field(default_factory=list)
+    tactic: str | None = None  # the rules-engine tactic that applies it, when one does
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        return (self.stage,) if isinstance(self.stage, str) else tuple(self.stage)
+
+
+class Seed(KBModel):
+    """A configuration worth trying first (keys: roles and options; missing options = backend default)."""
+
+    block_m: int | None = None
+    block_n: int | None = None
+    block_k: int | None = None
+    block_size: int | None = None
+    head_dim: int | None = None
+    group_size_m: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    grf_mode: str | None = None
+    warp_size: int | None = None
+
+
+#: tunable fields of a space, in the order configurations vary (last varies fastest)
+SPACE_FIELDS: tuple[str, ...] = (
+    "block_m",
+    "block_n",
+    "block_k",
+    "block_size",
+    "group_size_m",
+    "num_warps",
+    "num_stages",
+    "grf_mode",
+    "warp_size",
+)
+#: fields that are launch options (the rest are constexpr roles)
+OPTION_FIELDS: tuple[str, ...] = ("num_warps", "num_stages", "grf_mode", "warp_size")
+
+
+class SpaceValues(KBModel):
+    block_m: list[int] | None = None
+    block_n: list[int] | None = None
+    block_k: list[int] | None = None
+    block_size: list[int] | None = None
+    group_size_m: list[int] | None = None
+    num_warps: list[int] | None = None
+    num_stages: list[int] | None = None
+    grf_mode: list[str] | None = None
+    warp_size: list[int] | None = None
+
+
+class SpaceVariant(SpaceValues):
+    """Version-gated replacement of some fields (and seeds) of a space."""
+
+    triton: str | None = None
+    triton_xpu: str | None = None
+    seeds: list[Seed] | None = None
+    note: str | None = None
+
+    @field_validator("triton", "triton_xpu")
+    @classmethod
+    def check_version_range(cls, value: str | None) -> str | None:
+        return _check_range(value)
+
+
+class SpaceSpec(SpaceValues, Gated):
+    id: str = Field(pattern=ID_PATTERN)
+    family: Family
+    stages: list[Stage] = Field(default_factory=lambda: ["device_tuning", "autotuning"])
+    seeds: list[Seed] = Field(default_factory=list)
+    variants: list[SpaceVariant] = Field(default_factory=list)
+    source: str | list[str]
+    confidence: Confidence
+    note: str | None = None
+
+
+class SourcesFile(KBModel):
+    sources: dict[str, SourceSpec]
+
+
+class DeviceFile(KBModel):
+    device: DeviceSpec
+
+
+class ConstraintsFile(KBModel):
+    constraints: list[ConstraintSpec]
+
+
+class PatternsFile(KBModel):
+    patterns: list[PatternSpec]
+
+
+class SpacesFile(KBModel):
+    spaces: list[SpaceSpec]
+
+
+#: top-level key -> (file model, the folder it normally lives in)
+FILE_KINDS: dict[str, tuple[type[KBModel], str]] = {
+    "sources": (SourcesFile, ""),
+    "device": (DeviceFile, "devices"),
+    "constraints": (ConstraintsFile, "constraints"),
+    "patterns": (PatternsFile, "patterns"),
+    "spaces": (SpacesFile, "spaces"),
+}
+
+
+def sources_of(entry: Any) -> tuple[str, ...]:
+    src = getattr(entry, "source", None)
+    if src is None:
+        return ()
+    return (src,) if isinstance(src, str) else tuple(src)

@@ -1,0 +1,477 @@
+"""The port loop. One problem, one device, the nine stages in order, every candidate verified.
+
+The flow, and which module owns each step:
+
+1. Load the problem (:mod:`xeforge.problem`) and pick the device (:mod:`xeforge.devices`) and its knowledge-base
+   entry (:mod:`xeforge.kb`).
+2. Open the run folder (:mod:`xeforge.store`): a new one, or the latest one with ``--resume``.
+3. Baseline: verify the starting kernel (gates 0-2, :mod:`xeforge.verifier`); a broken start stops the run.
+4. Analysis: every stage's detectors read the source (:mod:`stages`) and report issues.
+5. Plan: the stages that have issues or applicable tactics, in order; ``--stages`` names stages that always run.
+6. For each planned stage, the engine (:mod:`xeforge.engines`, :mod:`cover_agent`) proposes candidates; each one
+   goes through the cascade and into the trial store before the next starts. On a GPU, the best candidate
+   faster than the incumbent beyond the A/A noise margin becomes the incumbent; on the CPU interpreter, a
+   correct rewrite is adopted *unmeasured* and search candidates are checked for correctness only.
+7. Final gate: the result is re-verified from scratch on every variant and ragged shape and timed against the
+   starting kernel; if it fails or is not faster, an earlier passing kernel (at worst the start) is returned.
+8. Write the final kernel, ``report.json`` and ``report.md`` (:mod:`xeforge.report`). The input is never modified.
+"""
+
+from __future__ import annotations
+
+import difflib
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import stages as stage_registry
+from stages.base import Candidate, Stage, StageContext
+from xeforge import devices
+from xeforge.engines import TacticRecord, TrialOutcome, make_engine
+from xeforge.errors import RunError, UsageError
+from xeforge.problem import Problem, source_hash
+from xeforge.settings import Settings
+from xeforge.static_checks import Finding
+from xeforge.store import RunStore, atomic_write, write_json
+from xeforge.verifier import Verdict, Verifier
+
+
+@dataclass
+class PortOptions:
+    device: str = "auto"
+    stages: list[str] | None = None
+    engine: str = "auto"
+    dry_run: bool = False
+    resume: bool = False
+    run_dir: Path | None = None
+    runs_dir: Path = Path("runs")
+    target: str | None = None  # KB device id to plan for (default: the entry matching the device)
+    triton: str | None = None  # Triton version to gate the KB on (default: installed)
+    settings: Settings = field(default_factory=Settings)
+    llm: Any = None  # cover_agent LM configuration, when the llm engine is used
+    argv: list[str] = field(default_factory=list)
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------ knowledge base
+@dataclass
+class KBContext:
+    kb: Any
+    triton: Any
+    device_id: str | None
+    entry: Any
+    note: str = ""
+
+
+def kb_context(device: devices.DeviceInfo, target: str | None = None, triton: str | None = None) -> KBContext:
+    """The knowledge base, the Triton it is gated on, and the device entry that applies."""
+    try:
+        from xeforge.kb import TritonInfo, installed_triton, load_kb
+    except ImportError as exc:  # the KB package is part of xeforge; a broken install says so
+        return KBContext(None, None, None, None, f"knowledge base unavailable: {exc}")
+    kb = load_kb()
+    tinfo = TritonInfo.parse(triton, is_xpu=device.kind == "xpu") if triton else installed_triton()
+    if target:
+        if target not in kb.devices:
+            raise UsageError("--target", f"unknown device id {target!r}", f"use one of {', '.join(sorted(kb.devices))}")
+        entry = kb.devices[target]
+    else:
+        entry = kb.match_device(device.props_for_kb())
+    return KBContext(kb, tinfo, entry.id if entry else None, entry,
+                     "" if entry else f"no knowledge-base device entry matches {device.name!r}")
+
+
+def constraint_hook(kbc: KBContext):
+    if kbc.kb is None or kbc.device_id is None:
+        return None
+
+    def hook(model):
+        return [Finding(v.rule_id, v.line or 0, v.message, v.fix) for v in kbc.kb.check(model, kbc.device_id, kbc.triton)]
+
+    return hook
+
+
+# ------------------------------------------------------------------------------------------------ records
+@dataclass
+class StageRecord:
+    name: str
+    order: int
+    goal: str
+    status: str = "planned"  # ran | skipped | no-tactic | not-planned
+    reason: str = ""
+    issues: list[str] = field(default_factory=list)
+    tactics: list[TacticRecord] = field(default_factory=list)
+    incumbent_before: str = ""
+    incumbent_after: str = ""
+    speedup: float | None = None  # measured speedup of this stage's adopted candidates (product)
+    adopted_unmeasured: bool = False
+    kb_entries: int | None = None
+
+
+class Pipeline:
+    def __init__(self, problem: Problem, options: PortOptions, progress: Callable[[str], None] = log) -> None:
+        self.problem = problem
+        self.opt = options
+        self.say = progress
+        self.settings = options.settings
+
+    # ------------------------------------------------------------------------------------------------ plan
+    def resolve_engine(self) -> tuple[str, str]:
+        """(engine, why). ``auto``: llm when a model is configured, rules otherwise."""
+        eng = self.opt.engine
+        if eng not in {"rules", "llm", "auto", "both"}:
+            raise UsageError("--engine", f"unknown engine {eng!r}", "use rules, llm, auto or both")
+        configured = self.opt.llm is not None and getattr(self.opt.llm, "configured", False)
+        if eng == "auto":
+            if configured:
+                return "llm", "a model is configured"
+            return "rules", "no LLM configured (set XEFORGE_MODEL or --model to use the llm engine)"
+        if eng in {"llm", "both"} and not configured:
+            from xeforge.errors import EngineError
+
+            raise EngineError("--engine " + eng, "no LLM is configured",
+                              "set XEFORGE_MODEL (a LiteLLM model string) or pass --model; or use --engine rules")
+        return eng, f"--engine {eng}"
+
+    def selected_stages(self) -> list[Stage]:
+        if self.opt.stages:
+            unknown = [s for s in self.opt.stages if s not in stage_registry.BY_NAME]
+            if unknown:
+                raise UsageError("--stages", f"unknown stage(s) {', '.join(unknown)}",
+                                 f"use names from: {', '.join(stage_registry.NAMES)}")
+            return [s for s in stage_registry.ALL if s.name in self.opt.stages]
+        return list(stage_registry.ALL)
+
+    def context(self, device: devices.DeviceInfo, kbc: KBContext, source: str, run_dir: Path | None = None) -> StageContext:
+        return StageContext(self.problem, source, self.problem.kernel_source, device, kbc.device_id, kbc.kb,
+                            kbc.triton, self.settings, run_dir=run_dir)
+
+    # ------------------------------------------------------------------------------------------------ dry run
+    def dry_run(self) -> dict[str, Any]:
+        """The plan: issues, stages, KB entries per stage, tactics with their diffs — nothing executed."""
+        kind = self.opt.device if self.opt.device != "auto" else _dry_device_kind()
+        device = devices.describe(kind) if devices.available(kind) else devices.DeviceInfo(kind, f"{kind} (not present)")
+        kbc = kb_context(device, self.opt.target, self.opt.triton)
+        engine, why = self.resolve_engine_for_dry_run()
+        ctx = self.context(device, kbc, self.problem.kernel_source)
+        plan = {"problem": self.problem.name, "device": device.as_dict(), "kb_device": kbc.device_id,
+                "triton": getattr(kbc.triton, "text", None), "engine": engine, "engine_reason": why, "stages": []}
+        for stage in self.selected_stages():
+            issues = stage.detect(ctx)
+            entry: dict[str, Any] = {"name": stage.name, "order": stage.order, "goal": stage.goal,
+                                     "issues": [i.render() for i in issues], "tactics": []}
+            if kbc.kb is not None and kbc.device_id:
+                sel = kbc.kb.select(stage.name, kbc.device_id, kbc.triton)
+                entry["kb"] = sel.render_text()
+            if not stage.tactics:
+                entry["tactics"].append({"name": None, "applies": False, "reason": stage.no_tactic_message()})
+            for tactic in stage.tactics:
+                app = tactic.check(ctx)
+                t: dict[str, Any] = {"name": tactic.name, "applies": app.applies, "reason": app.reason}
+                if app.applies:
+                    cands = tactic.propose(ctx)
+                    t["candidates"] = len(cands)
+                    if cands:
+                        t["description"] = cands[0].description
+                        t["diff"] = unified_diff(ctx.source, cands[0].source, "incumbent", cands[0].tactic)
+                entry["tactics"].append(t)
+            if engine in {"llm", "both"} or self.opt.engine == "llm":
+                entry["prompt"] = self._render_prompt(stage, ctx, issues, kbc)
+            plan["stages"].append(entry)
+        return plan
+
+    def resolve_engine_for_dry_run(self) -> tuple[str, str]:
+        if self.opt.engine in {"llm", "both"}:
+            return self.opt.engine, "dry run: prompts are rendered, no model is called"
+        return self.resolve_engine()
+
+    def _render_prompt(self, stage: Stage, ctx: StageContext, issues, kbc: KBContext) -> str:
+        try:
+            from cover_agent.prompts import render_stage_prompt
+        except ImportError as exc:
+            return f"(prompt rendering unavailable: {exc})"
+        return render_stage_prompt(stage, ctx, issues, kbc, feedback=[])
+
+    # ------------------------------------------------------------------------------------------------ run
+    def run(self) -> dict[str, Any]:
+        opt = self.opt
+        engine_name, engine_why = self.resolve_engine()
+        kind = devices.resolve(opt.device)
+        device = devices.describe(kind)
+        kbc = kb_context(device, opt.target, opt.triton)
+        store = self._open_store()
+        self.say(f"xeforge port {self.problem.name} on {device.kind} ({device.name}); run folder {store.root}")
+        if device.interpreter:
+            self.say("note: the CPU interpreter checks correctness only; no timing here means anything")
+        if kbc.note:
+            self.say(f"note: {kbc.note}")
+        self.say(f"engine: {engine_name} ({engine_why})")
+        run_meta = {"problem": self.problem.name, "problem_path": str(self.problem.root), "argv": opt.argv,
+                    "device": device.as_dict(), "kb_device": kbc.device_id,
+                    "triton_gate": getattr(kbc.triton, "text", None), "engine": engine_name,
+                    "engine_reason": engine_why, "stages": [s.name for s in self.selected_stages()],
+                    "settings": self.settings.__dict__, "status": "running",
+                    "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "start_hash": self.problem.source_hash}
+        if store.resumed:
+            prev = store.read_run()
+            if prev.get("start_hash") != self.problem.source_hash:
+                raise RunError(str(store.root), "the starting kernel changed since this run began",
+                               "start a new run (drop --resume)")
+            self.say(f"resuming: {len(store._memo)} recorded trial(s) will be replayed")
+            run_meta["started"] = prev.get("started", run_meta["started"])
+            run_meta["resumed_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+        store.write_run(run_meta)
+        hooks = [h for h in [constraint_hook(kbc)] if h]
+        with Verifier(self.problem, device, self.settings, store.root, hooks, kbc.entry) as verifier:
+            try:
+                report = self._run(store, verifier, device, kbc, engine_name)
+            except BaseException as exc:
+                store.update_run(status="interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
+                                 error=str(exc))
+                raise
+        store.update_run(status="done", finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        return report
+
+    def _open_store(self) -> RunStore:
+        opt = self.opt
+        if opt.run_dir is not None:
+            rd = Path(opt.run_dir)
+            if (rd / "run.json").exists():
+                if not opt.resume:
+                    raise RunError(str(rd), "this run folder already holds a run",
+                                   "pass --resume to continue it, or choose another --run-dir")
+                return RunStore.open(rd)
+            return _new_at(rd)
+        if opt.resume:
+            return RunStore.latest(opt.runs_dir, self.problem.name)
+        return RunStore.create(opt.runs_dir, self.problem.name)
+
+    def _run(self, store: RunStore, verifier: Verifier, device, kbc: KBContext, engine_name: str) -> dict[str, Any]:
+        start_path = store.root / "baseline" / self.problem.kernel_path.name
+        if not start_path.exists():
+            atomic_write(start_path, self.problem.kernel_source)
+        baseline = self._baseline(store, verifier, start_path)
+        incumbent_path, incumbent_src = start_path, self.problem.kernel_source
+        history: list[Path] = [start_path]
+        engine = make_engine(engine_name if engine_name != "both" else "rules", self.opt)
+        llm_engine = make_engine("llm", self.opt) if engine_name == "both" else None
+        records: list[StageRecord] = []
+        named = set(self.opt.stages or [])
+        for stage in self.selected_stages():
+            rec = StageRecord(stage.name, stage.order, stage.goal, incumbent_before=source_hash(incumbent_src))
+            records.append(rec)
+            ctx = self.context(device, kbc, incumbent_src, store.root)
+            issues = stage.detect(ctx)
+            rec.issues = [i.render() for i in issues]
+            if kbc.kb is not None and kbc.device_id:
+                rec.kb_entries = kbc.kb.select(stage.name, kbc.device_id, kbc.triton).count()
+            applicable = [t for t in stage.tactics if t.check(ctx).applies]
+            self.say(f"[stage {stage.order}/9 {stage.name}] {len(issues)} issue(s)")
+            if engine_name == "rules" and not stage.tactics:
+                rec.status, rec.reason = "no-tactic", stage.no_tactic_message()
+                self.say(f"  {rec.reason}")
+                rec.incumbent_after = rec.incumbent_before
+                continue
+            if stage.name not in named and not issues and not applicable and engine_name == "rules":
+                rec.status, rec.reason = "skipped", "analysis found nothing for this stage and no tactic applies"
+                for t in stage.tactics:
+                    rec.tactics.append(TacticRecord(t.name, False, t.check(ctx).reason))
+                self.say(f"  skipped: {rec.reason}")
+                rec.incumbent_after = rec.incumbent_before
+                continue
+            rec.status = "ran"
+            inc_holder = {"path": incumbent_path, "src": incumbent_src}
+
+            def evaluate(cand: Candidate, stage=stage) -> TrialOutcome:
+                return self._evaluate(store, verifier, stage, cand, inc_holder["path"], inc_holder["src"])
+
+            def choose(outcomes: list[TrialOutcome]) -> TrialOutcome | None:
+                best = self._choose(outcomes, device)
+                if best is not None:
+                    best.adopted = True
+                    path = store.root / "trials" / best.trial / "candidate.py"
+                    inc_holder["path"], inc_holder["src"] = path, best.candidate.source
+                return best
+
+            rec.tactics = engine.run_stage(stage, ctx, evaluate, choose)
+            if llm_engine is not None:
+                rec.tactics += llm_engine.run_stage(stage, ctx.with_source(inc_holder["src"]), evaluate, choose)
+            for t in rec.tactics:
+                if not t.applies:
+                    self.say(f"  tactic {t.name}: does not apply: {t.reason}")
+            adopted = [t.best for t in rec.tactics if t.best is not None]
+            if adopted:
+                incumbent_path, incumbent_src = inc_holder["path"], inc_holder["src"]
+                history.append(incumbent_path)
+                speedups = [o.verdict.speedup for o in adopted if o.verdict.timed and o.verdict.speedup]
+                rec.speedup = _product(speedups) if speedups else None
+                rec.adopted_unmeasured = any(not o.verdict.timed for o in adopted)
+            rec.incumbent_after = source_hash(incumbent_src)
+            if not stage.tactics and engine_name == "rules":
+                rec.reason = stage.no_tactic_message()
+        final = self._final(store, verifier, device, history, start_path)
+        report = self._report(store, device, kbc, engine_name, baseline, records, final)
+        from xeforge.report import write_reports
+
+        write_reports(store.root, report)
+        return report
+
+    # ------------------------------------------------------------------------------------------------ steps
+    def _baseline(self, store: RunStore, verifier: Verifier, start_path: Path) -> dict[str, Any]:
+        vpath = store.root / "baseline" / "verdict.json"
+        if vpath.exists():
+            v = Verdict.from_dict(__import__("json").loads(vpath.read_text()))
+            self.say("baseline: replayed from the run folder")
+        else:
+            self.say("baseline: verifying the starting kernel")
+            v = verifier.verify(start_path, None, source_hash=self.problem.source_hash)
+            write_json(vpath, v.as_dict())
+        for g in v.gates:
+            self.say(f"  gate {g.gate}: {g.status} — {g.summary}")
+        if not v.correct:
+            raise RunError(str(self.problem.kernel_path), "the starting kernel does not pass verification: "
+                           + v.feedback(), "fix the starting kernel (or its reference/spec) before porting it")
+        return v.as_dict()
+
+    def _evaluate(self, store: RunStore, verifier: Verifier, stage: Stage, cand: Candidate, inc_path: Path,
+                  inc_src: str) -> TrialOutcome:
+        h = source_hash(cand.source)
+        key = store.key(stage.name, cand.tactic, source_hash(inc_src), h)
+        rec = store.recorded(key)
+        if rec is not None:
+            folder, vd = rec
+            verdict = Verdict.from_dict(vd)
+            self.say(f"  trial {folder.name} (replayed): {verdict.feedback()}")
+            return TrialOutcome(folder.name, cand, verdict, replayed=True)
+        folder = store.new_trial(key, stage.name, cand.tactic, cand.source,
+                                 {"description": cand.description, "kind": cand.kind, "params": cand.params,
+                                  "incumbent": source_hash(inc_src), "candidate": h})
+        self.say(f"  trial {folder.name}: {cand.description}")
+        if cand.source == inc_src:
+            verdict = Verdict(h, note="identical to the incumbent")
+        else:
+            verdict = verifier.verify(folder / "candidate.py", inc_path, source_hash=h)
+        store.finish_trial(folder, key, verdict.as_dict())
+        self.say(f"    {verdict.feedback()[:400]}")
+        return TrialOutcome(folder.name, cand, verdict)
+
+    def _choose(self, outcomes: list[TrialOutcome], device) -> TrialOutcome | None:
+        correct = [o for o in outcomes if o.verdict.correct]
+        if device.can_time:
+            faster = [o for o in correct if o.verdict.accepted]
+            return max(faster, key=lambda o: o.verdict.speedup or 0.0) if faster else None
+        rewrites = [o for o in correct if o.candidate.kind == "rewrite"]
+        return rewrites[0] if rewrites else None
+
+    def _final(self, store: RunStore, verifier: Verifier, device, history: list[Path], start_path: Path) -> dict:
+        """Re-verify the result from scratch; fall back to earlier passing kernels; never return something worse."""
+        verifier.restart_worker()
+        chain = list(reversed(history))
+        for path in chain:
+            if path == start_path and len(chain) > 1:
+                break
+            self.say(f"final gate: re-verifying {path.relative_to(store.root)} from scratch on every variant")
+            v = verifier.verify(path, start_path if path != start_path else None, source_hash=source_hash(path.read_text()))
+            for g in v.gates:
+                self.say(f"  gate {g.gate}: {g.status} — {g.summary[:300]}")
+            if not v.correct:
+                self.say("  the final gate rejected it; falling back to the previous kernel")
+                continue
+            if v.timed and not v.accepted:
+                self.say("  not faster than the starting kernel beyond the noise margin; the starting kernel is returned")
+                return self._write_final(store, start_path, v, "no verified improvement over the starting kernel",
+                                         improved=False)
+            if path == start_path:
+                tried = len(store.trials())
+                why = ("no candidate was adopted" if device.can_time else
+                       f"starting kernel returned: {tried} candidate(s) verified for correctness, none adopted "
+                       "(search results need a GPU to rank; speed is not measured on the CPU interpreter)")
+                return self._write_final(store, start_path, v, why, improved=False)
+            claim = (f"verified speedup {v.speedup:.3f}x over the starting kernel" if v.timed else
+                     "correct on every variant; speed not measured on the CPU interpreter")
+            return self._write_final(store, path, v, claim, improved=v.timed)
+        v = Verdict(self.problem.source_hash, correct=True, note="the starting kernel (verified at baseline)")
+        return self._write_final(store, start_path, v, "no candidate passed the final gate; the starting kernel is returned",
+                                 improved=False)
+
+    def _write_final(self, store: RunStore, path: Path, verdict: Verdict, claim: str, improved: bool) -> dict:
+        dest = store.root / "final" / self.problem.kernel_path.name
+        atomic_write(dest, path.read_text())
+        write_json(store.root / "final" / "verdict.json", verdict.as_dict())
+        return {"path": str(dest), "from": str(path.relative_to(store.root)), "claim": claim, "improved": improved,
+                "verdict": verdict.as_dict(), "source_hash": source_hash(path.read_text()),
+                "is_start": path.parent.name == "baseline"}
+
+    def _report(self, store, device, kbc, engine_name, baseline, records, final) -> dict[str, Any]:
+        from xeforge.devices import versions
+
+        return {
+            "schema": 1,
+            "problem": self.problem.name,
+            "problem_path": str(self.problem.root),
+            "description": self.problem.spec.description,
+            "run_dir": str(store.root),
+            "device": device.as_dict(),
+            "kb_device": kbc.device_id,
+            "triton_gate": getattr(kbc.triton, "text", None),
+            "versions": versions(),
+            "engine": engine_name,
+            "timing_method": None if device.interpreter else
+            "device events, full sync, L2 flush, rotated inputs, interleaved A/B, median + IQR, A/A margin",
+            "oracle": "float64 PyTorch reference" if self.problem.has_reference else "starting kernel (no reference.py)",
+            "notes": self.problem.notes,
+            "baseline": baseline,
+            "stages": [_stage_dict(r) for r in records],
+            "final": final,
+            "summary": f"{self.problem.name} on {device.kind}: {final['claim']}",
+        }
+
+
+def _new_at(path: Path) -> RunStore:
+    Path(path).mkdir(parents=True, exist_ok=True)
+    return RunStore(Path(path))
+
+
+def _product(xs: list[float]) -> float:
+    out = 1.0
+    for x in xs:
+        out *= x
+    return out
+
+
+def _dry_device_kind() -> str:
+    try:
+        return devices.resolve("auto")
+    except Exception:  # no torch: plan for the CPU interpreter
+        return "cpu"
+
+
+def unified_diff(a: str, b: str, a_name: str, b_name: str) -> str:
+    return "".join(difflib.unified_diff(a.splitlines(True), b.splitlines(True), a_name, b_name, n=2))
+
+
+def _stage_dict(r: StageRecord) -> dict[str, Any]:
+    return {
+        "name": r.name, "order": r.order, "goal": r.goal, "status": r.status, "reason": r.reason,
+        "issues": r.issues, "kb_entries": r.kb_entries, "speedup": r.speedup,
+        "adopted_unmeasured": r.adopted_unmeasured, "incumbent_before": r.incumbent_before,
+        "incumbent_after": r.incumbent_after,
+        "tactics": [{
+            "name": t.name, "engine": t.engine, "applies": t.applies, "reason": t.reason, "note": t.note,
+            "best": t.best.trial if t.best else None,
+            "candidates": [{
+                "trial": o.trial, "description": o.candidate.description, "kind": o.candidate.kind,
+                "replayed": o.replayed, "adopted": o.adopted, "correct": o.verdict.correct,
+                "accepted": o.verdict.accepted, "timed": o.verdict.timed, "speedup": o.verdict.speedup,
+                "margin": o.verdict.margin, "feedback": o.verdict.feedback(),
+                "gates": [{"gate": g.gate, "status": g.status} for g in o.verdict.gates],
+                "timing": next((g.details for g in o.verdict.gates if g.gate == "3-performance"), None),
+            } for o in t.outcomes],
+        } for t in r.tactics],
+    }
