@@ -1,0 +1,63 @@
+"""Gate 3: the statistics on CPU (synthetic times), and the A/A test on a real GPU (skipped elsewhere, with why)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import FIXTURES, skip_without_gpu
+from xeforge.timing import Stats, decide, noise_margin, roofline_floor
+
+
+def test_stats_median_and_iqr():
+    s = Stats.of([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert s.median_ms == 3.0 and s.q1_ms == 2.0 and s.q3_ms == 4.0 and s.iqr_ms == 2.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.5, 2.0), min_size=6, max_size=60), st.floats(0.0, 0.05))
+def test_identical_distributions_are_never_a_win(times, jitter):
+    """A/A on synthetic data: shuffled copies of the same sample never clear the margin."""
+    rng = random.Random(len(times))
+    a = list(times)
+    b = [t * (1 + rng.uniform(-jitter, jitter)) for t in rng.sample(times, len(times))]
+    margin = noise_margin(a, b, 0.02)
+    assert margin >= 0.02
+    d = decide(a, b, margin, None, 10.0)
+    assert not d.accepted or d.speedup > 1 + margin  # accepted only beyond the margin
+    same = decide(a, list(a), noise_margin(a, list(a), 0.02), None, 10.0)
+    assert not same.accepted
+
+
+def test_clear_win_is_accepted_and_huge_win_flagged():
+    inc = [1.0 + 0.01 * (i % 3) for i in range(20)]
+    cand = [t / 1.5 for t in inc]
+    d = decide(inc, cand, 0.02, None, 10.0)
+    assert d.accepted and 1.45 < d.speedup < 1.55 and not d.flagged
+    big = decide(inc, [t / 20 for t in inc], 0.02, None, 10.0)
+    assert big.flagged
+
+
+def test_below_roofline_is_rejected():
+    floor = roofline_floor(flop=2e12, nbytes=None, peak_flops=1e15, bw=None)  # 2 ms at best
+    d = decide([5.0] * 10, [1.0] * 10, 0.02, floor, 10.0)
+    assert not d.accepted and d.implausible and "roofline" in d.implausible
+
+
+def test_aa_on_gpu_is_never_accepted(tmp_path):
+    """The same kernel timed against itself, interleaved, must never be accepted as faster (GPU only)."""
+    kind = skip_without_gpu()
+    from xeforge import devices
+    from xeforge.problem import load_problem
+    from xeforge.settings import Settings
+    from xeforge.verifier import Verifier
+
+    problem = load_problem(FIXTURES / "problems" / "vadd")
+    with Verifier(problem, devices.describe(kind), Settings(), tmp_path) as v:
+        for _ in range(5):
+            r = v.aa_test(problem.kernel_path)
+            assert r["margin"] >= 0.02
+            assert not r["accepted"], r
