@@ -1,1 +1,34 @@
-"""The LLM engine: DSPy signatures, LM configuration and the generate -> verify -> refine (CoVeR) loop."""
+"""The LLM engine: a DSPy CoVeR agent (generate -> verify -> refine) per stage.
+
+Map of the package, and what each module owns:
+
+1. :mod:`cover_agent.config`     :class:`LMConfig` — model string, endpoint, key source, sampling, timeout,
+                                 retries, budget, loop bounds; ``XEFORGE_LLM_*`` variables. No dspy import.
+2. :mod:`cover_agent.prompts`    the brief for one stage, rendered from ``stages/<stage>.md.j2`` (what the
+                                 dry run prints). No dspy import.
+3. :mod:`cover_agent.feedback`   verdict -> the words the model reads; attempts, ranking, trimming.
+4. :mod:`cover_agent.extract`    lenient extraction of the kernel file from an answer, strict validation.
+5. :mod:`cover_agent.signatures` the DSPy signatures: analysis, optimization, algorithmic, discovery.
+6. :mod:`cover_agent.client`     one model call: dspy.LM, timeout, retries with backoff, budget, usage.
+7. :mod:`cover_agent.engine`     :class:`~cover_agent.engine.LLMEngine` — the CoVeR loop behind
+                                 ``run_stage(stage, ctx, evaluate, choose)``, and its records in the run folder.
+8. :mod:`cover_agent.scripted`   a scripted model (a dspy engine) for tests and demos without a network.
+
+Only the verifier accepts: the engine proposes, ``evaluate`` verifies, ``choose`` adopts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def make_llm_engine(options: Any) -> Any:
+    """The llm engine for one run. ``options``: :class:`xeforge.pipeline.PortOptions` (``.llm`` is the
+    :class:`~cover_agent.config.LMConfig`). Raises :class:`xeforge.errors.EngineError` when no model is
+    configured, a hosted model has no key, or dspy is missing."""
+    from cover_agent.engine import LLMEngine
+
+    return LLMEngine.from_options(options)
+
+
+__all__ = ["make_llm_engine"]

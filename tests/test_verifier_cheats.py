@@ -118,3 +118,31 @@ def test_worker_environment_has_no_secrets(tmp_path, monkeypatch):
         names = {kv.split(b"=", 1)[0] for kv in live if kv}
         assert b"OPENAI_API_KEY" not in names and b"MY_SERVICE_TOKEN" not in names
         assert Path(f"/proc/{w.proc.pid}/cwd").resolve() == tmp_path.resolve()
+
+
+# knowledge-base constraints at gate 1: (fixture, target device, Triton version, rule id that must fire)
+KB_CASES = [
+    ("kb_warps_grf", "arc-b580", "3.6.0"),
+    ("kb_grf_large", "arc-b580", "3.6.0"),
+    ("kb_block_ptr", "h200", "3.9.0"),
+]
+
+
+@pytest.mark.parametrize("name,target,triton", KB_CASES, ids=[c[0] for c in KB_CASES])
+def test_kb_constraints_reject_at_gate_1_with_rule_id_and_fix(tmp_path, name, target, triton):
+    from xeforge.pipeline import constraint_hook, kb_context
+    from xeforge.settings import Settings
+
+    problem = load_problem(FIXTURES / "problems" / "vadd")
+    kbc = kb_context(describe("cpu"), target=target, triton=triton)
+    with Verifier(problem, describe("cpu"), Settings(), tmp_path, [constraint_hook(kbc)]) as v:
+        verdict = v.verify(CHEATS / f"{name}.py", problem.kernel_path)
+    failed = verdict.failed_gate
+    assert failed is not None and failed.gate == "1-static", verdict.feedback()
+    finding = failed.details["findings"][0]
+    assert finding["rule"] and finding["rule"] in failed.summary
+    assert finding["fix"] and finding["line"] > 0
+    # the same kernel under a Triton/device where the rule does not apply passes gate 1
+    ok = kb_context(describe("cpu"), target="h200", triton="3.8.0")
+    with Verifier(problem, describe("cpu"), Settings(), tmp_path / "ok", [constraint_hook(ok)]) as v:
+        assert v.static((CHEATS / f"{name}.py").read_text()).passed or name != "kb_block_ptr"

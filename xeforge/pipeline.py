@@ -76,13 +76,14 @@ def kb_context(device: devices.DeviceInfo, target: str | None = None, triton: st
     except ImportError as exc:  # the KB package is part of xeforge; a broken install says so
         return KBContext(None, None, None, None, f"knowledge base unavailable: {exc}")
     kb = load_kb()
-    tinfo = TritonInfo.parse(triton, is_xpu=device.kind == "xpu") if triton else installed_triton()
     if target:
         if target not in kb.devices:
             raise UsageError("--target", f"unknown device id {target!r}", f"use one of {', '.join(sorted(kb.devices))}")
         entry = kb.devices[target]
     else:
         entry = kb.match_device(device.props_for_kb())
+    is_xpu = (entry.backend == "xpu") if entry is not None else device.kind == "xpu"
+    tinfo = TritonInfo.parse(triton, is_xpu=is_xpu) if triton else installed_triton()
     return KBContext(kb, tinfo, entry.id if entry else None, entry,
                      "" if entry else f"no knowledge-base device entry matches {device.name!r}")
 
@@ -92,7 +93,9 @@ def constraint_hook(kbc: KBContext):
         return None
 
     def hook(model):
-        return [Finding(v.rule_id, v.line or 0, v.message, v.fix) for v in kbc.kb.check(model, kbc.device_id, kbc.triton)]
+        # errors reject the candidate; warnings (e.g. deprecated APIs) are not gate failures
+        return [Finding(v.rule_id, v.line or 0, v.message, v.fix)
+                for v in kbc.kb.check(model, kbc.device_id, kbc.triton) if v.is_error]
 
     return hook
 
@@ -270,7 +273,7 @@ class Pipeline:
             issues = stage.detect(ctx)
             rec.issues = [i.render() for i in issues]
             if kbc.kb is not None and kbc.device_id:
-                rec.kb_entries = kbc.kb.select(stage.name, kbc.device_id, kbc.triton).count()
+                rec.kb_entries = len(kbc.kb.select(stage.name, kbc.device_id, kbc.triton).ids())
             applicable = [t for t in stage.tactics if t.check(ctx).applies]
             self.say(f"[stage {stage.order}/9 {stage.name}] {len(issues)} issue(s)")
             if engine_name == "rules" and not stage.tactics:

@@ -122,7 +122,8 @@ def _describe_power_of_two(p: PowerOfTwo, device: DeviceEntry | None) -> str:
         parts.append("constexprs of roles " + "/".join(p.roles))
     if p.arange_bounds:
         parts.append("every tl.arange bound")
-    return " and ".join(parts) + " must be powers of two"
+    single = len(parts) == 1 and not p.roles and not p.arange_bounds
+    return " and ".join(parts) + (" must be a power of two" if single else " must be powers of two")
 
 
 _register(
@@ -222,7 +223,7 @@ _register(
         "allowed_values",
         AllowedValues,
         _allowed_values,
-        lambda p, d: f"{p.option} must be one of {_fmt_values(p.values)}",
+        lambda p, d: f"{p.option} must be {'one of ' if len(p.values) > 1 else ''}{_fmt_values(p.values)}",
         frozenset({"option", "value", "allowed"}),
         "config",
     )

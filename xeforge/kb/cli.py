@@ -101,6 +101,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         triton = resolve_triton(args.triton, args.xpu, device.backend)
         if args.triton is None:
             print(f"gating on the installed {triton}", file=sys.stderr)
+            if device.backend == "xpu" and not triton.is_xpu:
+                print(f"warning: the installed Triton is not Intel's triton-xpu, so entries for triton-xpu are "
+                      f"left out; pass --triton VERSION (e.g. 3.6.0) to see what {device.id} gets", file=sys.stderr)
         selection = kb.select(args.stage, device.id, triton)
     except XeforgeError as exc:
         return _fail(exc)

@@ -14,7 +14,7 @@ import difflib
 import itertools
 import string
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from xeforge.kb.facts import DeviceEntry
 from xeforge.kb.kernel_facts import LaunchConfig, config_for, launch_configs
 from xeforge.kb.roles import names_for
 from xeforge.kb.schema import OPTION_FIELDS, SPACE_FIELDS, ConstraintSpec, Gated, PatternSpec, SourceSpec, SpaceSpec
-from xeforge.kb.versions import TritonInfo, describe_versions, version_applies
+from xeforge.kb.versions import TritonInfo, version_applies
 from xeforge.kernel_model import JitFunction, KernelModel
 
 
@@ -223,17 +223,17 @@ class TuningSpace:
                 axes.append((keys, list(vals)))
         seen: set[tuple[tuple[str, Any], ...]] = set()
         count = 0
+        kb = self._kb
+        assert kb is not None
+        template = config_for({}, kernel, functions, self.family in ("gemm", "attention"))
 
         def accept(cfg: dict[str, Any]) -> bool:
             key = tuple(sorted(cfg.items()))
             if not cfg or key in seen:
                 return False
             seen.add(key)
-            assert self._kb is not None
-            probe = {**(fixed or {}), **cfg}
-            problems = self._kb.check_config(
-                probe, self.device_id, self.triton, kernel, family=self.family, functions=functions
-            )
+            probe = replace(template, values={**(fixed or {}), **cfg})
+            problems = kb.check_launch_config(probe, self.device_id, self.triton)
             return not any(v.is_error for v in problems)
 
         for seed in self.seeds:
@@ -342,6 +342,7 @@ class KnowledgeBase:
         self.constraints = constraints
         self.patterns = patterns
         self.space_entries = spaces
+        self._applicable: dict[tuple[str, TritonInfo], list[Constraint]] = {}
 
     def __repr__(self) -> str:
         return (
@@ -382,8 +383,10 @@ class KnowledgeBase:
         """The device entry that runtime properties describe, or None (unknown or ambiguous).
 
         ``props``: ``backend`` ("xpu"/"cuda"/"cpu"), ``name``, and optionally ``architecture``,
-        ``device_id`` (PCI id), ``cores`` and other properties the device files list under ``match``.
-        A CPU backend without a better match is the Triton interpreter.
+        ``device_id`` (PCI id), ``cores`` (Xe-cores = ``gpu_subslice_count`` on XPU, SMs =
+        ``multiprocessor_count`` on CUDA; not the XPU ``max_compute_units``, which counts EUs) and other
+        properties the device files list under ``match``. A CPU backend without a better match is the
+        Triton interpreter. Ambiguous evidence (e.g. only "BMG-G21", which is both B580 and B570) gives None.
         """
         scored: list[tuple[int, DeviceEntry]] = []
         for entry in self.devices.values():
@@ -401,8 +404,12 @@ class KnowledgeBase:
 
     # -- selection -----------------------------------------------------------------------------------
     def applicable_constraints(self, device_id: str, triton: TritonInfo) -> list[Constraint]:
-        device = self.device(device_id)
-        return [c for c in self.constraints if c.applies(device, triton)]
+        """Every constraint that applies to the device under this Triton (all stages), in file order."""
+        key = (device_id, triton)
+        if key not in self._applicable:
+            device = self.device(device_id)
+            self._applicable[key] = [c for c in self.constraints if c.applies(device, triton)]
+        return list(self._applicable[key])
 
     def select(self, stage: str, device_id: str, triton: TritonInfo) -> Selection:
         """Every constraint, pattern, device fact and tuning space for this stage, device and version."""
@@ -437,8 +444,8 @@ class KnowledgeBase:
         fields = {"device": device.id, "device_name": device.name, "triton": str(triton)}
         out: list[Violation] = []
         seen: set[tuple[str, int | None, str]] = set()
-        for c in self.constraints:
-            if c.scope not in scopes or not c.applies(device, triton):
+        for c in self.applicable_constraints(device.id, triton):
+            if c.scope not in scopes:
                 continue
             for finding in evaluate(c.spec.check, ctx):
                 values = {**fields, "rule": c.id, "kernel": finding.kernel or "", **finding.fields}
@@ -485,9 +492,16 @@ class KnowledgeBase:
         ``family`` (gemm/attention: yes; reduction/elementwise: no), else it is unknown and dot-dependent
         rules are skipped.
         """
-        device = self.device(device_id)
         assume_dot = None if family is None else family in ("gemm", "attention")
-        cfg = config_for(config, kernel, functions, assume_dot)
+        return self.check_launch_config(config_for(config, kernel, functions, assume_dot), device_id, triton,
+                                        dtype=dtype)
+
+    def check_launch_config(
+        self, cfg: LaunchConfig, device_id: str, triton: TritonInfo, *, dtype: str | None = None
+    ) -> list[Violation]:
+        """:meth:`check_config` for a prepared :class:`~xeforge.kb.kernel_facts.LaunchConfig` (the tuner's
+        inner loop: whether the kernel uses ``tl.dot`` is worked out once, not per configuration)."""
+        device = self.device(device_id)
         return self._run(device, triton, None, [cfg], self._elem_bytes(dtype), ("config",))
 
     # -- tuning spaces -------------------------------------------------------------------------------

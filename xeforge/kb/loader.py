@@ -67,6 +67,17 @@ def discover(root: Path) -> list[Path]:
     return files
 
 
+def stray_files(root: Path) -> list[KnowledgeBaseError]:
+    """YAML files under ``root`` that :func:`discover` would not load (a typo in a folder name, ...)."""
+    loaded = {p.resolve() for p in discover(root)}
+    out = []
+    for path in sorted(root.rglob("*")):
+        if path.suffix in (".yaml", ".yml") and path.is_file() and path.resolve() not in loaded:
+            out.append(_err(display_path(path), 1, "", "this file is not loaded: it is not in a knowledge-base folder",
+                            f"move it into one of {', '.join(f + '/' for f in KIND_FOLDERS)} (or sources.yaml)"))
+    return out
+
+
 # -- one file ----------------------------------------------------------------------------------------
 @dataclass
 class LoadedFile:
@@ -132,7 +143,8 @@ def _short(value: Any) -> str:
 
 def _type_fix(expected: list[str], value: Any) -> str:
     if "a string" in expected and isinstance(value, (int, float, bool)):
-        return f"quote the value, e.g. '{value}' (YAML reads {value!r} as a {type(value).__name__})"
+        reads = "true/false" if isinstance(value, bool) else "a number"
+        return f"quote the value, e.g. '{value}' (YAML reads {value} as {reads})"
     if expected == ["a whole number"]:
         return "write a whole number without quotes"
     if expected == ["a number"]:
@@ -201,7 +213,7 @@ def _schema_errors(display: str, data: Any, exc: ValidationError) -> list[Knowle
             what = f"{_field_word(parts, e['loc'])} {_short(value)} is not a valid id"
             fix = "ids use lowercase letters, digits, '.', '_' and '-', starting with a letter or digit"
         elif etype == "too_short":
-            what = f"{key or 'value'} must not be empty"
+            what = "must not be empty"
             fix = "give at least one item"
         elif etype in ("value_error", "assertion_error"):
             what = e["msg"].removeprefix("Value error, ")
@@ -212,23 +224,36 @@ def _schema_errors(display: str, data: Any, exc: ValidationError) -> list[Knowle
                 word = _TYPE_WORDS.get(other["type"])
                 if word and word not in expected:
                     expected.append(word)
-            what = f"{key or 'value'} should be {' or '.join(expected)}, not {_short(value)}"
+            what = f"should be {' or '.join(expected)}, not {_short(value)}"
             fix = _type_fix(expected, value)
         else:
-            what = f"{key or 'value'}: {e['msg']}"
+            what = e["msg"]
             fix = README_HINT
         out.append(_err(display, line, key, what, fix))
     return out
 
 
+_FILE_CACHE: dict[tuple[str, str, int, int], tuple[LoadedFile | None, list[KnowledgeBaseError]]] = {}
+
+
 def load_file(path: Path) -> tuple[LoadedFile | None, list[KnowledgeBaseError]]:
-    """Parse and schema-check one file (no cross-references)."""
+    """Parse and schema-check one file (no cross-references); cached until the file changes."""
+    try:
+        st = path.stat()
+        key = (str(path.resolve()), os.getcwd(), st.st_mtime_ns, st.st_size)
+    except OSError:
+        return _load_file(path)
+    if key not in _FILE_CACHE:
+        _FILE_CACHE[key] = _load_file(path)
+    return _FILE_CACHE[key]
+
+
+def _load_file(path: Path) -> tuple[LoadedFile | None, list[KnowledgeBaseError]]:
     display = display_path(path)
     try:
         data = load_yaml(path)
     except YamlSyntaxError as exc:
-        return None, [_err(display, exc.line, "", exc.what, "fix the YAML near that line: indentation, a missing "
-                           "':' or an unclosed quote/bracket")]
+        return None, [_err(display, exc.line, "", exc.what, exc.fix)]
     except (OSError, UnicodeDecodeError) as exc:
         return None, [_err(display, 1, "", f"cannot read the file ({exc})", "check the path and that it is UTF-8")]
     kinds = ", ".join(f"{k}:" for k in FILE_KINDS)
@@ -456,6 +481,7 @@ def load_kb(root: Path | None = None) -> KnowledgeBase:
     if cached is not None and cached[0] == sig:
         return cached[1]
     kb, errors = load_paths(files, root)
+    errors += stray_files(root)
     if errors:
         first = errors[0]
         more = f" (and {len(errors) - 1} more; run `xeforge kb lint`)" if len(errors) > 1 else ""
@@ -484,6 +510,7 @@ def lint_with_base(paths: list[Path] | None = None) -> tuple[KnowledgeBase, list
         if is_kb_root(p):
             base_root = p.resolve()
             given += discover(p)
+            errors += stray_files(p)
         elif p.is_dir():
             given += sorted(x for x in p.rglob("*") if x.suffix in (".yaml", ".yml") and x.is_file())
         elif p.is_file():

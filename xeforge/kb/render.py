@@ -32,7 +32,7 @@ def _plain(value: Any) -> Any:
 
 def _compact(value: Any) -> str:
     value = _plain(value)
-    if isinstance(value, (dict, list)):
+    if isinstance(value, (dict, list, bool)):
         return json.dumps(value, separators=(", ", ": "))
     return str(value)
 

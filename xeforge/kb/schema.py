@@ -10,6 +10,7 @@ duplicate ids) are checked by :mod:`xeforge.kb.loader`, which has the whole base
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from pydantic import Field, field_validator
@@ -19,6 +20,11 @@ from xeforge.kb._base import ID_PATTERN, Backend, Confidence, Family, KBModel, S
 from xeforge.kb.checks import CheckSpec
 from xeforge.kb.facts import DeviceSpec
 from xeforge.kb.versions import VersionRange, VersionRangeError
+
+
+@functools.lru_cache(maxsize=None)
+def parsed_range(text: str) -> VersionRange:
+    return VersionRange(text)
 
 
 def _check_range(value: str | None) -> str | None:
@@ -31,12 +37,9 @@ def _check_range(value: str | None) -> str | None:
     return value
 
 
-class Gated(KBModel):
-    """Fields shared by every entry that applies to some devices and Triton versions."""
+class Ranged(KBModel):
+    """Triton-version gating: ``triton`` (upstream) and ``triton_xpu`` (Intel's fork) PEP 440 ranges."""
 
-    devices: list[str] = Field(default_factory=list)
-    backends: list[Backend] = Field(default_factory=list)
-    device_facts: dict[str, bool | int | str] = Field(default_factory=dict)
     triton: str | None = None
     triton_xpu: str | None = None
 
@@ -47,7 +50,15 @@ class Gated(KBModel):
 
     def range(self, which: str) -> VersionRange | None:
         text = getattr(self, which)
-        return None if text is None else VersionRange(text)
+        return None if text is None else parsed_range(text)
+
+
+class Gated(Ranged):
+    """Fields shared by every entry that applies to some devices and Triton versions."""
+
+    devices: list[str] = Field(default_factory=list)
+    backends: list[Backend] = Field(default_factory=list)
+    device_facts: dict[str, bool | int | str] = Field(default_factory=dict)
 
 
 class SourceSpec(KBModel):
@@ -131,18 +142,11 @@ class SpaceValues(KBModel):
     warp_size: list[int] | None = None
 
 
-class SpaceVariant(SpaceValues):
+class SpaceVariant(SpaceValues, Ranged):
     """Version-gated replacement of some fields (and seeds) of a space."""
 
-    triton: str | None = None
-    triton_xpu: str | None = None
     seeds: list[Seed] | None = None
     note: str | None = None
-
-    @field_validator("triton", "triton_xpu")
-    @classmethod
-    def check_version_range(cls, value: str | None) -> str | None:
-        return _check_range(value)
 
 
 class SpaceSpec(SpaceValues, Gated):

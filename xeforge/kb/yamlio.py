@@ -39,14 +39,21 @@ class LineList(list):
 class YamlSyntaxError(Exception):
     """The file is not valid YAML (or writes a key twice); ``line`` is 1-based."""
 
-    def __init__(self, line: int, what: str) -> None:
+    def __init__(self, line: int, what: str, fix: str = "") -> None:
         super().__init__(what)
         self.line = line
         self.what = what
+        self.fix = fix or (
+            "fix the YAML near that line: indentation, a missing ':' or an unclosed quote/bracket"
+        )
 
 
-class _LineLoader(yaml.SafeLoader):
-    """SafeLoader that annotates mappings and sequences with line numbers (1-based)."""
+#: libyaml's parser when PyYAML was built with it (same marks, much faster), else the pure-Python one
+_BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _LineLoader(_BaseLoader):  # type: ignore[misc, valid-type]
+    """Safe loader that annotates mappings and sequences with line numbers (1-based)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> LineDict:  # type: ignore[override]
         self.flatten_mapping(node)
@@ -62,6 +69,7 @@ class _LineLoader(yaml.SafeLoader):
                 raise YamlSyntaxError(
                     key_node.start_mark.line + 1,
                     f"key {key!r} is written twice in the same mapping (first at line {out.key_lines[key]})",
+                    "keep one of the two (YAML would silently use the last one)",
                 )
             out[key] = self.construct_object(value_node, deep=True)
             out.key_lines[key] = key_node.start_mark.line + 1
@@ -93,6 +101,9 @@ def parse_yaml(text: str) -> Any:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else 1
         what = " ".join(str(part) for part in (exc.context, exc.problem) if part)
+        ctx = exc.context_mark
+        if ctx is not None and exc.problem_mark is not None and ctx.line != exc.problem_mark.line:
+            what += f" (the construct starts at line {ctx.line + 1})"
         raise YamlSyntaxError(line, f"YAML syntax error: {what}") from None
     except yaml.YAMLError as exc:
         raise YamlSyntaxError(1, f"YAML error: {exc}") from None

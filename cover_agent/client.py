@@ -1,0 +1,314 @@
+"""One call to the model: build the ``dspy.LM``, run a signature, bound it in time, retry, count, record.
+
+Owns: :func:`build_lm` (a ``dspy.LM`` from an :class:`~cover_agent.config.LMConfig`: LiteLLM model string,
+base URL, key, temperature, output tokens, timeout; DSPy's own cache and retries off, because this module
+retries and every answer must be fresh), :class:`LMClient` (per-call timeout on a guard thread, retries with
+exponential backoff on rate limits, timeouts, server and network errors — honouring ``retry_after`` —, the
+per-run budget in calls, tokens and dollars, and a :class:`CallRecord` per attempt with the messages sent,
+the answer, token counts and cost), and the failures the engine reacts to: :class:`ModelUnavailable`,
+:class:`BudgetExhausted`, :class:`ContextOverflow`. A model answer that does not follow the signature's field
+format is not a failure here: it comes back with ``parse_error`` set and its raw text, for lenient extraction.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+# LiteLLM fetches a model price list from the network when first imported; use its bundled copy instead.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import dspy  # noqa: E402
+from dspy.utils.exceptions import (AdapterParseError, ContextWindowExceededError, LMAuthError,  # noqa: E402
+                                   LMBillingError, LMError, LMRateLimitError, LMServerError, LMTimeoutError,
+                                   LMTransportError, LMUnexpectedError, LMUnsupportedModelError,
+                                   is_retryable_lm_error)
+
+from cover_agent.config import LMConfig  # noqa: E402
+from cover_agent.prompts import CHARS_PER_TOKEN  # noqa: E402
+from cover_agent.signatures import SIGNATURES  # noqa: E402
+
+
+class ModelUnavailable(Exception):
+    """The model did not answer (after retries): unreachable, refused, timed out, or failed."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        self.kind = kind  # transport | timeout | rate-limit | server | auth | billing | model | request | unexpected
+        self.message = message
+        super().__init__(f"{kind}: {message}")
+
+
+class BudgetExhausted(Exception):
+    """The run's budget of calls, tokens or dollars is spent."""
+
+
+class ContextOverflow(Exception):
+    """The provider says the prompt does not fit the model's context window."""
+
+
+class CallTimeout(Exception):
+    pass
+
+
+@dataclass
+class CallRecord:
+    """One attempt at one call, as written to the run folder (never the key)."""
+
+    purpose: str
+    signature: str
+    attempt: int
+    started: str
+    elapsed_s: float
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    response: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    tokens_estimated: bool = False
+    cost_usd: float | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    error_kind: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class CallResult:
+    fields: dict[str, Any] | None  # the signature's output fields; None when the answer could not be parsed
+    raw: str  # the answer's text
+    parse_error: str | None
+    records: list[CallRecord]
+
+    @property
+    def truncated(self) -> bool:
+        return any(r.finish_reason in ("length", "max_tokens") for r in self.records)
+
+
+@dataclass
+class Usage:
+    calls: int = 0
+    answered: int = 0
+    failed: int = 0
+    retries: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    tokens_estimated: bool = False
+    cost_usd: float = 0.0
+    cost_known: bool = False
+
+    def add(self, rec: CallRecord) -> None:
+        self.prompt_tokens += rec.prompt_tokens
+        self.completion_tokens += rec.completion_tokens
+        self.total_tokens += rec.total_tokens
+        self.tokens_estimated |= rec.tokens_estimated
+        if rec.cost_usd is not None:
+            self.cost_usd += rec.cost_usd
+            self.cost_known = True
+
+    def describe(self) -> str:
+        tokens = f"{self.total_tokens:,} tokens" + (" (some estimated)" if self.tokens_estimated else "")
+        cost = f", ${self.cost_usd:.4f}" if self.cost_known else ""
+        return f"{self.calls} call(s) ({self.answered} answered, {self.failed} failed, {self.retries} retried), {tokens}{cost}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def build_lm(config: LMConfig) -> Any:
+    """The ``dspy.LM`` for a configuration (or the injected one). Raises ValueError/TypeError from DSPy for
+    settings it refuses (the engine turns them into an EngineError)."""
+    if config.lm is not None:
+        return config.lm
+    kwargs: dict[str, Any] = {"temperature": config.temperature, "max_tokens": config.max_tokens, "cache": False,
+                              "num_retries": 0, "timeout": config.timeout_s}
+    if config.api_base:
+        kwargs["api_base"] = config.api_base
+    key = config.key_for_client()
+    if key:
+        kwargs["api_key"] = key
+    return dspy.LM(config.model, **kwargs)
+
+
+def classify(exc: BaseException) -> str:
+    if isinstance(exc, CallTimeout) or isinstance(exc, LMTimeoutError):
+        return "timeout"
+    for cls, kind in ((LMRateLimitError, "rate-limit"), (LMServerError, "server"), (LMTransportError, "transport"),
+                      (LMAuthError, "auth"), (LMBillingError, "billing"), (LMUnsupportedModelError, "model"),
+                      (ContextWindowExceededError, "context"), (LMUnexpectedError, "unexpected"),
+                      (LMError, "request")):
+        if isinstance(exc, cls):
+            return kind
+    return "unexpected"
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, CallTimeout) or is_retryable_lm_error(exc)
+
+
+def _message(exc: BaseException) -> str:
+    text = str(exc).strip().split("\n\n  To fix:")[0]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _run_with_timeout(fn: Callable[[], Any], seconds: float) -> Any:
+    """Run ``fn`` on a daemon thread; raise :class:`CallTimeout` when it has not returned after ``seconds``.
+    A call that overruns is abandoned (its late answer is ignored; the HTTP client's own timeout ends it)."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the caller's thread, re-raised there
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="xeforge-llm-call", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise CallTimeout(f"no answer within {seconds:g} s (XEFORGE_LLM_TIMEOUT)")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _text(output: Any) -> str:
+    if isinstance(output, str):
+        return output
+    if isinstance(output, dict):
+        return str(output.get("text") or output.get("content") or "")
+    return str(output)
+
+
+def _finish_reason(response: Any) -> str | None:
+    reason = getattr(response, "finish_reason", None)
+    if reason is None:
+        choices = getattr(response, "choices", None)
+        if choices:
+            reason = getattr(choices[0], "finish_reason", None)
+    return str(reason) if reason is not None else None
+
+
+class LMClient:
+    """Calls the model for the llm engine; one per run, so the budget is per run."""
+
+    def __init__(self, config: LMConfig, *, sleep: Callable[[float], None] = time.sleep,
+                 progress: Callable[[str], None] | None = None) -> None:
+        self.config = config
+        self.lm = build_lm(config)
+        self.adapter = dspy.ChatAdapter(use_json_adapter_fallback=False)
+        self.usage = Usage()
+        self.sleep = sleep
+        self.say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+
+    @property
+    def answered(self) -> bool:
+        """The model has answered at least once in this run."""
+        return self.usage.answered > 0
+
+    def budget_problem(self) -> str | None:
+        """Why no further call may be made, or None."""
+        c, u = self.config, self.usage
+        if u.calls >= c.max_calls:
+            return f"the budget of {c.max_calls} model calls per run is spent (XEFORGE_LLM_MAX_CALLS)"
+        if c.max_total_tokens and u.total_tokens >= c.max_total_tokens:
+            return (f"the budget of {c.max_total_tokens:,} tokens per run is spent ({u.total_tokens:,} used; "
+                    "XEFORGE_LLM_MAX_TOTAL_TOKENS)")
+        if c.max_cost_usd and u.cost_known and u.cost_usd >= c.max_cost_usd:
+            return f"the budget of ${c.max_cost_usd:g} per run is spent (${u.cost_usd:.4f} used; XEFORGE_LLM_MAX_COST)"
+        return None
+
+    def call(self, kind: str, brief: str, purpose: str) -> CallResult:
+        """Run signature ``kind`` on ``brief``. Raises :class:`BudgetExhausted`, :class:`ContextOverflow` or
+        :class:`ModelUnavailable` (after the configured retries); every attempt is in the returned (or the
+        exception's ``records``) list."""
+        signature = SIGNATURES[kind][0]
+        records: list[CallRecord] = []
+        for attempt in range(self.config.retries + 1):
+            problem = self.budget_problem()
+            if problem:
+                exc = BudgetExhausted(problem)
+                exc.records = records  # type: ignore[attr-defined]
+                raise exc
+            lm = self.lm.copy()
+            self.usage.calls += 1
+            started = time.strftime("%Y-%m-%dT%H:%M:%S")
+            t0 = time.monotonic()
+            try:
+                pred = _run_with_timeout(lambda: self._predict(lm, signature, brief), self.config.timeout_s)
+                rec = self._record(lm, purpose, kind, attempt, started, time.monotonic() - t0, brief)
+                records.append(rec)
+                self.usage.answered += 1
+                return CallResult({k: pred.get(k) for k in signature.output_fields}, rec.response or "", None, records)
+            except AdapterParseError as exc:
+                rec = self._record(lm, purpose, kind, attempt, started, time.monotonic() - t0, brief,
+                                   fallback_response=exc.lm_response)
+                records.append(rec)
+                self.usage.answered += 1
+                expected = ", ".join(signature.output_fields)
+                return CallResult(None, _text(exc.lm_response), f"the answer did not follow the field format "
+                                  f"(expected [[ ## field ## ]] sections for: {expected})", records)
+            except Exception as exc:  # classified below: retry, overflow, or give up with the reason
+                elapsed = time.monotonic() - t0
+                kind_of = classify(exc)
+                rec = CallRecord(purpose, kind, attempt, started, round(elapsed, 3),
+                                 messages=[{"role": "user", "content": brief}], error=_message(exc), error_kind=kind_of)
+                records.append(rec)
+                self.usage.failed += 1
+                if kind_of == "context":
+                    err = ContextOverflow(_message(exc))
+                    err.records = records  # type: ignore[attr-defined]
+                    raise err from None
+                if _retryable(exc) and attempt < self.config.retries:
+                    delay = min(self.config.backoff_max_s, self.config.backoff_s * (2 ** attempt))
+                    hint = getattr(exc, "retry_after", None)
+                    if isinstance(hint, (int, float)) and hint > 0:
+                        delay = min(self.config.backoff_max_s, max(delay, float(hint)))
+                    self.usage.retries += 1
+                    self.say(f"  llm: {purpose} call failed ({kind_of}: {rec.error}); retry "
+                             f"{attempt + 1}/{self.config.retries} in {delay:g} s")
+                    self.sleep(delay)
+                    continue
+                err = ModelUnavailable(kind_of, rec.error or kind_of)
+                err.records = records  # type: ignore[attr-defined]
+                raise err from None
+        raise AssertionError("unreachable: the retry loop returns or raises")
+
+    def _predict(self, lm: Any, signature: Any, brief: str) -> Any:
+        with dspy.context(lm=lm, adapter=self.adapter):
+            return dspy.Predict(signature)(brief=brief)
+
+    def _record(self, lm: Any, purpose: str, kind: str, attempt: int, started: str, elapsed: float, brief: str,
+                fallback_response: Any = None) -> CallRecord:
+        history = list(getattr(lm, "history", []) or [])
+        rec = CallRecord(purpose, kind, attempt, started, round(elapsed, 3))
+        if history:
+            entry = history[-1]
+            rec.messages = [dict(m) for m in (entry.get("messages") or [])]
+            outputs = entry.get("outputs") or []
+            rec.response = _text(outputs[0]) if outputs else None
+            usage = entry.get("usage") or {}
+            rec.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+            rec.completion_tokens = int(usage.get("completion_tokens") or 0)
+            rec.total_tokens = int(usage.get("total_tokens") or 0) or rec.prompt_tokens + rec.completion_tokens
+            cost = entry.get("cost")
+            rec.cost_usd = float(cost) if isinstance(cost, (int, float)) else None
+            rec.finish_reason = _finish_reason(entry.get("response"))
+        if rec.response is None and fallback_response is not None:
+            rec.response = _text(fallback_response)
+        if not rec.messages:
+            rec.messages = [{"role": "user", "content": brief}]
+        if rec.total_tokens == 0:  # the server reported no usage (some local servers): estimate, and say so
+            sent = sum(len(str(m.get("content", ""))) for m in rec.messages)
+            rec.prompt_tokens = int(sent / CHARS_PER_TOKEN) + 1
+            rec.completion_tokens = int(len(rec.response or "") / CHARS_PER_TOKEN) + 1
+            rec.total_tokens = rec.prompt_tokens + rec.completion_tokens
+            rec.tokens_estimated = True
+        self.usage.add(rec)
+        return rec

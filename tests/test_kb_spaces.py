@@ -1,0 +1,109 @@
+"""Tuning spaces: the tuner draws only configurations the constraints allow, for every device and family."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from xeforge.errors import KnowledgeBaseError
+from xeforge.kb import FAMILIES, TritonInfo, TuningSpace, load_kb
+from xeforge.kernel_model import parse_kernel
+
+KERNELS = Path(__file__).parent / "fixtures" / "kb" / "kernels"
+
+NAMES = {
+    "gemm": ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_SIZE_M"],
+    "attention": ["BLOCK_M", "BLOCK_N", "HEAD_DIM"],
+    "reduction": ["BLOCK_SIZE"],
+    "elementwise": ["BLOCK_SIZE"],
+}
+FIXED = {"attention": {"HEAD_DIM": 64}}
+
+
+def _versions(backend: str) -> list[TritonInfo]:
+    if backend == "xpu":
+        return [TritonInfo.parse(v, is_xpu=True) for v in ("3.5.0", "3.6.0", "3.7.2", "3.8.0")]
+    return [TritonInfo.parse(v) for v in ("3.7.0", "3.8.0", "3.9.0")]
+
+
+def _cases() -> list[tuple[str, str, TritonInfo]]:
+    kb = load_kb()
+    return [(d.id, fam, t) for d in kb.devices.values() for fam in FAMILIES for t in _versions(d.backend)]
+
+
+@pytest.mark.parametrize("device, family, triton", _cases(), ids=lambda x: str(x).replace(" ", "-"))
+def test_every_generated_configuration_passes_check_config(device: str, family: str, triton: TritonInfo) -> None:
+    kb = load_kb()
+    space = kb.space(device, family, triton)
+    assert isinstance(space, TuningSpace) and space.family == family and space.device_id == device
+    configs = list(space.configs(NAMES[family], fixed=FIXED.get(family)))
+    assert configs, f"{space.id} yields nothing for {device} under {triton}"
+    assert len({tuple(sorted(c.items())) for c in configs}) == len(configs)  # no duplicates
+    for cfg in configs:
+        probe = {**FIXED.get(family, {}), **cfg}
+        bad = [v for v in kb.check_config(probe, device, triton, family=family) if v.is_error]
+        assert not bad, (cfg, [v.message for v in bad])
+        assert set(cfg) <= set(NAMES[family]) | {"num_warps", "num_stages", "grf_mode", "warp_size",
+                                                   "threads_per_warp"}
+
+
+@pytest.mark.parametrize("device", ["arc-b580", "max-1550", "arc-a770", "h200", "cpu-interpreter"])
+def test_gemm_configs_pass_gate_1_against_a_real_kernel(device: str) -> None:
+    kb = load_kb()
+    source = (KERNELS / "xpu-grf-mode-values" / "pass.py").read_text()
+    model = parse_kernel(source)
+    kernel = model.functions["matmul_kernel"]
+    triton = _versions(kb.devices[device].backend)[1]
+    space = kb.space(device, "gemm", triton)
+    configs = list(space.configs(kernel.constexpr_params, kernel=kernel, functions=model.functions))
+    assert configs
+    for cfg in configs:
+        assert not [v for v in kb.check_config(cfg, device, triton, kernel, functions=model.functions) if v.is_error]
+
+
+def test_space_filters_forbidden_combinations() -> None:
+    kb = load_kb()
+    triton = TritonInfo.parse("3.6.0", is_xpu=True)
+    space = kb.space("arc-b580", "gemm", triton)
+    assert 64 in space.num_warps and "256" in space.grf_mode  # listed values ...
+    configs = list(space.configs(NAMES["gemm"]))
+    assert not [c for c in configs if c.get("num_warps") == 64 and c.get("grf_mode") == "256"]  # ... never combined
+    assert [c for c in configs if c.get("num_warps") == 64 and c.get("grf_mode") == "128"]
+    nvidia = list(kb.space("h200", "gemm", TritonInfo.parse("3.8.0")).configs(NAMES["gemm"]))
+    assert not [c for c in nvidia if c["BLOCK_N"] == 256 and c["BLOCK_K"] == 128 and c.get("num_stages") == 4]
+
+
+def test_seeds_come_first_and_follow_the_version() -> None:
+    kb = load_kb()
+    first36 = next(kb.space("arc-b580", "gemm", TritonInfo.parse("3.6.0", is_xpu=True)).configs(NAMES["gemm"]))
+    assert first36 == {"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 32, "GROUP_SIZE_M": 4, "num_warps": 32,
+                       "num_stages": 2, "grf_mode": "256"}
+    first35 = next(kb.space("arc-b580", "gemm", TritonInfo.parse("3.5.0", is_xpu=True)).configs(NAMES["gemm"]))
+    assert first35["grf_mode"] == "large"
+
+
+def test_configs_use_the_kernels_names_and_the_versions_option_spelling() -> None:
+    kb = load_kb()
+    names = ["BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "ACTIVATION"]
+    cfg = next(kb.space("max-1550", "gemm", TritonInfo.parse("3.6.0", is_xpu=True)).configs(names, limit=1))
+    assert {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M"} <= set(cfg)
+    assert "ACTIVATION" not in cfg
+    r35 = list(kb.space("arc-b580", "reduction", TritonInfo.parse("3.5.0", is_xpu=True)).configs(["BLOCK_SIZE"]))
+    assert all("threads_per_warp" in c and "warp_size" not in c for c in r35)
+    r36 = list(kb.space("arc-b580", "reduction", TritonInfo.parse("3.6.0", is_xpu=True)).configs(["BLOCK_SIZE"]))
+    assert all("warp_size" in c and "threads_per_warp" not in c for c in r36)
+
+
+def test_limit_and_unknown_family() -> None:
+    kb = load_kb()
+    triton = TritonInfo.parse("3.8.0")
+    assert len(list(kb.space("h200", "gemm", triton).configs(NAMES["gemm"], limit=3))) == 3
+    with pytest.raises(KnowledgeBaseError):
+        kb.space("h200", "gemv", triton)
+
+
+def test_space_to_dict_names_its_source() -> None:
+    d = load_kb().space("arc-b580", "gemm", TritonInfo.parse("3.6.0", is_xpu=True)).to_dict()
+    assert d["id"] == "xpu-dpas-gemm" and d["source"] == ["ixb-gemm-benchmark"]
+    assert d["values"]["grf_mode"] == ["256", "128"] and "spaces/xpu-dpas.yaml:" in d["where"]

@@ -1,0 +1,24 @@
+"""Source rewrites behind the rules engine's dtype and fusion tactics.
+
+Owns the analysis and the libcst edits those tactics share; the tactics themselves (applicability,
+candidates, issue detectors) live in ``stages/dtype.py`` and ``stages/fusion.py``.
+
+- :mod:`xeforge.rewrite.cst_tools` — libcst plumbing: parse with positions, edit statements by line, add
+  kernel parameters and launch arguments, rename names, remove functions. Formatting and comments survive.
+- :mod:`xeforge.rewrite.forward_env` — what ``Model.forward`` holds: the symbolic shape (spec dim names) and
+  element dtype of each tensor it passes to a launch, per variant; the Model's parameters and scalars.
+- :mod:`xeforge.rewrite.tl_ops` — the table of elementwise torch ops that translate to ``tl`` code.
+- :mod:`xeforge.rewrite.fusion_tile` — the shapes fusion recognises: a kernel's final tile store and an
+  elementwise consumer kernel.
+- :mod:`xeforge.rewrite.fusion_rewrites` — the three fusions (consumer kernel into the producer's store,
+  trailing torch ops into the epilogue, row reductions when one tile covers the row).
+- :mod:`xeforge.rewrite.dtype_rewrites` — the precision-contract rewrites around ``tl.dot`` and fp64.
+
+Every rewrite either returns new source or raises :class:`NotApplicable` with the reason.
+"""
+
+from __future__ import annotations
+
+
+class NotApplicable(Exception):
+    """A rewrite does not apply to this source; ``str(exc)`` says why (shown to the user as is)."""

@@ -1,0 +1,421 @@
+"""Block I/O rewrite: the tile loads of a GEMM's K loop (and its tile store) become tensor descriptors.
+
+Owns: planning and applying the block_io stage's codemod. Recognised accesses (see
+:mod:`xeforge.rewrite.tiling`): a rank-2 pointer tile ``base + rows[:, None] * s0 + cols[None, :] * s1`` with a
+bounds mask on both dimensions and ``other`` absent or zero, or a block pointer; loads inside a loop that calls
+``tl.dot``, and rank-2 stores of the result after it. Each becomes
+
+- ``desc = tl.make_tensor_descriptor(base, shape=[R, C], strides=[s0, 1], block_shape=[BR, BC])`` and
+  ``desc.load([r0, c0])`` / ``desc.store([r0, c0], value)`` (out-of-bounds reads are zero, writes are
+  dropped, so the masks' boundary handling is kept), or
+- the block-pointer spelling (``tl.make_block_ptr`` + ``tl.advance`` + ``boundary_check``) where the target
+  Triton has no descriptors but still has block pointers.
+
+Descriptors need the contiguous dimension last with a literal stride of 1, 16-byte aligned bases and
+16-byte multiples for the other strides. When the contiguous dimension of an operand is its first (a weight
+used as ``W^T``), the descriptor describes the transposed view and the loaded tile is transposed back with
+``.T``. The conditions are checked at run time in ``forward``: the kernel gets a ``USE_BLOCK_IO`` constexpr and
+keeps its original loop for inputs that do not qualify (ragged, unaligned or non-contiguous strides), so
+every shape stays correct. On CUDA, device-side descriptors need a scratch allocator, set in ``forward``
+(``triton.set_allocator``); Intel GPUs and the interpreter do not.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+import libcst as cst
+
+from xeforge.kernel_model import KernelModel, LaunchSite, parse_kernel
+from xeforge.rewrite.tiling import (Access, BlockPtr, KernelAnalysis, LoopInfo, Mask, NotApplicable, Poly, Ptr,
+                                    fresh_name, gemm_kernels, launch_bindings, single_launch)
+from xeforge.rewrite.tiling_edit import FunctionEdit, LaunchEdit, edit_function, edit_launch, expr, if_else, stmts
+
+FLAG = "USE_BLOCK_IO"
+DESCRIPTOR = "descriptor"
+BLOCK_PTR = "block_ptr"
+#: host expressions the run-time guard may evaluate twice (no calls other than .stride(i))
+_PLAIN_TENSOR = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_STRIDE_ARG = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*)\.stride\((-?\d+)\)$")
+
+
+@dataclass
+class TileDim:
+    shape: Poly
+    stride: Poly
+    block: Poly
+    start: Poly
+
+
+@dataclass
+class DescSpec:
+    name: str
+    base: str
+    dims: list[TileDim]  # in descriptor order: the contiguous dimension last
+    transposed: bool  # descriptor order is the tile's order reversed
+
+    def key(self) -> tuple:
+        return (self.base, self.transposed, tuple((d.shape, d.stride, d.block) for d in self.dims))
+
+
+@dataclass
+class AccessPlan:
+    access: Access
+    desc: DescSpec
+    coords: list[Poly]  # descriptor order
+
+
+@dataclass
+class BlockIOPlan:
+    kernel: str
+    site: LaunchSite
+    mode: str  # descriptor | block_ptr
+    descs: list[DescSpec]
+    accesses: list[AccessPlan]
+    skipped: list[str]  # accesses left as they were, with the reason
+    guards: list[str]  # host conditions for the fast path
+    remove_lines: set[int] = field(default_factory=set)
+
+    def describe(self) -> str:
+        what = "tensor descriptors" if self.mode == DESCRIPTOR else "block pointers"
+        ops = ", ".join(f"{p.access.kind} of {p.desc.base}" + (" (transposed view)" if p.desc.transposed else "")
+                        for p in self.accesses)
+        text = f"{self.kernel}: {ops} through {what}"
+        if self.skipped:
+            text += f"; left as pointers: {'; '.join(self.skipped)}"
+        return text
+
+
+def _contiguous_dim(strides: list[Poly], bind: dict[str, str]) -> int:
+    """The tile dimension with unit stride: a literal 1, else the one bound to the highest ``t.stride(i)``."""
+    for d, s in enumerate(strides):
+        if s.const_value == 1:
+            return d
+    best, best_idx = len(strides) - 1, None
+    for d, s in enumerate(strides):
+        name = s.single_symbol()
+        m = _STRIDE_ARG.match(bind.get(name, "").replace(" ", "")) if name else None
+        if m:
+            idx = int(m.group(2))
+            idx = 10**6 if idx < 0 else idx
+            if best_idx is None or idx > best_idx:
+                best, best_idx = d, idx
+    return best
+
+
+def _tile_dims(an: KernelAnalysis, acc: Access, loop_names: set[str]) -> list[TileDim]:
+    """The shape, stride, block and start of each dimension of a recognised rank-2 access, or NotApplicable."""
+    params = set(an.params)
+    ptr = acc.ptr
+    dims: list[TileDim] = []
+    if isinstance(ptr, BlockPtr):
+        if len(ptr.shape) != 2:
+            raise NotApplicable(f"block pointer of rank {len(ptr.shape)}")
+        if acc.padding not in (None, "zero"):
+            raise NotApplicable(f"padding_option={acc.padding!r} (descriptors pad with zeros)")
+        for shape, stride, block, start in zip(ptr.shape, ptr.strides, ptr.block, ptr.offsets):
+            dims.append(TileDim(shape, stride, block, start))
+    elif isinstance(ptr, Ptr):
+        if ptr.rank != 2 or len(ptr.offs.terms) != 2:
+            raise NotApplicable("not a rank-2 tile of pointers")
+        if not ptr.offs.scalar.is_zero:
+            raise NotApplicable(f"the base pointer {ptr.base} is offset by {ptr.offs.scalar.code()}")
+        if acc.has_other and acc.other not in (0, 0.0):
+            raise NotApplicable(f"other={acc.other!r} (descriptors pad out-of-bounds reads with zeros)")
+        if not isinstance(acc.mask, Mask):
+            raise NotApplicable("no bounds mask on both dimensions (descriptors need the tensor's shape)")
+        for d in (0, 1):
+            term = ptr.term(d)
+            bounds = [b for b in acc.mask.bounds if b.dim == d]
+            if term is None or len(bounds) != 1:
+                raise NotApplicable(f"dimension {d} has {len(bounds)} bound(s) in the mask (one expected)")
+            b = bounds[0]
+            if b.vec.size != term.vec.size:
+                raise NotApplicable(f"dimension {d}'s mask uses a different arange than its pointers")
+            shape = b.limit - b.vec.start + term.vec.start
+            dims.append(TileDim(shape, term.stride, term.vec.size, term.vec.start))
+        if len(acc.mask.bounds) != 2:
+            raise NotApplicable("the mask has conditions beyond the two bounds")
+    else:
+        raise NotApplicable("pointer expression not recognised")
+    for d, td in enumerate(dims):
+        if td.shape.symbols() - params or td.shape.symbols() & loop_names:
+            raise NotApplicable(f"dimension {d}'s extent {td.shape.code()} is not a kernel argument")
+        if td.stride.symbols() - params:
+            raise NotApplicable(f"dimension {d}'s stride {td.stride.code()} is not a kernel argument")
+        blk = td.block.single_symbol()
+        if not (td.block.is_const or (blk and blk in an.constexprs)):
+            raise NotApplicable(f"dimension {d}'s block {td.block.code()} is not a constexpr")
+    return dims
+
+
+def _base_of(acc: Access) -> str:
+    return acc.ptr.base if isinstance(acc.ptr, (Ptr, BlockPtr)) else "?"
+
+
+def plan_block_io(model: KernelModel, kernel: str, mode: str = DESCRIPTOR) -> BlockIOPlan:
+    fn = model.functions[kernel]
+    if fn.is_autotuned or fn.has_heuristics:
+        raise NotApplicable(f"{kernel} is @triton.autotune'd / @triton.heuristics'd (rewrite it before tuning)")
+    if FLAG in fn.params:
+        raise NotApplicable(f"{kernel} already has structured loads ({FLAG})")
+    an = KernelAnalysis(fn)
+    if an.has_call("make_tensor_descriptor") or an.has_call("_experimental_make_tensor_descriptor"):
+        raise NotApplicable(f"{kernel} already uses tensor descriptors")
+    if mode == BLOCK_PTR and an.has_call("make_block_ptr"):
+        raise NotApplicable(f"{kernel} already uses block pointers")
+    site = single_launch(model, kernel)
+    bind = launch_bindings(site, fn, model.source)
+    dot_loops = an.dot_loops()
+    if not dot_loops:
+        raise NotApplicable(f"{kernel} has no loop that calls tl.dot")
+    dot_loop_ids = {id(lp.node) for lp in dot_loops}
+    loop_names: set[str] = set()
+    for lp in dot_loops:
+        loop_names |= lp.assigned
+    candidates: list[Access] = []
+    for acc in an.accesses:
+        in_dot_loop = any(id(lp.node) in dot_loop_ids for lp in acc.loops)
+        if acc.kind == "load" and in_dot_loop:
+            candidates.append(acc)
+        elif acc.kind == "store" and not acc.loops:
+            candidates.append(acc)
+    descs: dict[tuple, DescSpec] = {}
+    plans: list[AccessPlan] = []
+    skipped: list[str] = []
+    taken = {n.id for n in ast.walk(fn.node) if isinstance(n, ast.Name)} | set(fn.params)
+    for acc in candidates:
+        try:
+            dims = _tile_dims(an, acc, loop_names if acc.kind == "load" else set())
+            cont = _contiguous_dim([d.stride for d in dims], bind)
+            transposed = cont == 0
+            if transposed and acc.kind == "store":
+                raise NotApplicable("the store's contiguous dimension is its first")
+            order = [1, 0] if transposed else [0, 1]
+            ddims = [dims[i] for i in order]
+            if ddims[-1].stride.const_value != 1 and ddims[-1].stride.single_symbol() is None:
+                raise NotApplicable(f"the contiguous stride {ddims[-1].stride.code()} is not one argument")
+            for td in ddims[:-1]:
+                if not (td.stride.single_symbol() or td.stride.is_const):
+                    raise NotApplicable(f"stride {td.stride.code()} is not one argument")
+            _check_host_args(acc, ddims, bind)
+            spec = DescSpec("", _base_of(acc), ddims, transposed)
+            if spec.key() not in descs:
+                stem = re.sub(r"_ptrs?$", "", spec.base) or spec.base
+                spec.name = fresh_name(taken, f"{stem}_desc" if mode == DESCRIPTOR else f"{stem}_bp")
+                taken.add(spec.name)
+                descs[spec.key()] = spec
+            spec = descs[spec.key()]
+            plans.append(AccessPlan(acc, spec, [d.start for d in ddims]))
+        except NotApplicable as exc:
+            skipped.append(f"{acc.kind} of {_base_of(acc)} at line {acc.line}: {exc}")
+    loads = [p for p in plans if p.access.kind == "load"]
+    if not loads:
+        raise NotApplicable(f"no tile load of {kernel}'s K loop can become a descriptor ("
+                            + ("; ".join(skipped) or "no loads in the loop") + ")")
+    # a store is converted only when it writes the GEMM result (values computed after the loop)
+    plans = [p for p in plans if p.access.kind == "load" or _stores_result(an, p.access, dot_loops)]
+    remove = _dead_increments(an, plans)
+    guards = _guards(list(descs.values()), bind, plans)
+    return BlockIOPlan(kernel, site, mode, [d for d in descs.values() if any(p.desc is d for p in plans)], plans,
+                       skipped, guards, remove)
+
+
+def _check_host_args(acc: Access, ddims: list[TileDim], bind: dict[str, str]) -> None:
+    base = _base_of(acc)
+    if not _PLAIN_TENSOR.match(bind.get(base, "").strip()):
+        raise NotApplicable(f"the launch passes {bind.get(base, '?')!r} for {base}, not a plain tensor expression")
+    for td in ddims:
+        s = td.stride.single_symbol()
+        if s is None:
+            continue
+        arg = bind.get(s, "").replace(" ", "")
+        if not (_STRIDE_ARG.match(arg) or _PLAIN_TENSOR.match(arg) or arg.isdigit()):
+            raise NotApplicable(f"the launch passes {bind.get(s)!r} for {s}")
+
+
+def _stores_result(an: KernelAnalysis, acc: Access, dot_loops: list[LoopInfo]) -> bool:
+    if acc.value_node is None:
+        return False
+    used = {n.id for n in ast.walk(acc.value_node) if isinstance(n, ast.Name)}
+    after: set[str] = set()
+    seen_loop = False
+    loop_ids = {id(lp.node) for lp in dot_loops}
+    for st in an.node.body:
+        if any(id(n) in loop_ids for n in ast.walk(st)):
+            seen_loop = True
+            for lp in dot_loops:
+                after |= lp.assigned
+            continue
+        if seen_loop:
+            for n in ast.walk(st):
+                if isinstance(n, ast.Assign):
+                    for t in n.targets:
+                        after |= {x.id for x in ast.walk(t) if isinstance(x, ast.Name)}
+    return bool(used & after)
+
+
+def _dead_increments(an: KernelAnalysis, plans: list[AccessPlan]) -> set[int]:
+    """Lines of loop-carried pointer increments whose pointer only feeds converted accesses."""
+    converted = {id(p.access.call) for p in plans}
+    out: set[int] = set()
+    for lp in an.loops:
+        for name in lp.carried:
+            users = [a for a in an.accesses if a.call.args and isinstance(a.call.args[0], ast.Name)
+                     and a.call.args[0].id == name]
+            if not users or any(id(a.call) not in converted for a in users):
+                continue
+            for st in lp.node.body:
+                targets = [st.target] if isinstance(st, ast.AugAssign) else (
+                    st.targets if isinstance(st, ast.Assign) else [])
+                if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                    out.add(st.lineno)
+    return out
+
+
+def _guards(descs: list[DescSpec], bind: dict[str, str], plans: list[AccessPlan]) -> list[str]:
+    out: list[str] = []
+    for d in descs:
+        if not any(p.desc is d for p in plans):
+            continue
+        t = bind[d.base].strip()
+        conds = [f"{t}.data_ptr() % 16 == 0"]
+        last = d.dims[-1].stride.single_symbol()
+        if last is not None:
+            conds.append(f"{bind[last].strip()} == 1")
+        for td in d.dims[:-1]:
+            s = td.stride.single_symbol()
+            arg = bind[s].strip() if s else td.stride.code()
+            conds.append(f"({arg} * {t}.element_size()) % 16 == 0")
+        for c in conds:
+            if c not in out:
+                out.append(c)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ apply
+def _list(polys: list[Poly]) -> str:
+    return "[" + ", ".join(p.code() for p in polys) + "]"
+
+
+def _creation(d: DescSpec, mode: str) -> str:
+    shape = ", ".join(td.shape.code() for td in d.dims)
+    strides = ", ".join(td.stride.code() for td in d.dims[:-1]) + ", 1"
+    block = ", ".join(td.block.code() for td in d.dims)
+    if mode == DESCRIPTOR:
+        return (f"{d.name} = tl.make_tensor_descriptor({d.base}, shape=[{shape}], strides=[{strides}], "
+                f"block_shape=[{block}])")
+    zeros = ", ".join("0" for _ in d.dims)
+    return (f"{d.name} = tl.make_block_ptr({d.base}, shape=({shape}), strides=({strides}), offsets=({zeros}), "
+            f"block_shape=({block}), order=(1, 0))")
+
+
+def _load_expr(p: AccessPlan, mode: str) -> str:
+    if mode == DESCRIPTOR:
+        code = f"{p.desc.name}.load({_list(p.coords)})"
+    else:
+        dims = ", ".join(str(i) for i in range(len(p.coords)))
+        code = f'tl.load(tl.advance({p.desc.name}, {_list(p.coords)}), boundary_check=({dims}), padding_option="zero")'
+    return code + ".T" if p.desc.transposed else code
+
+
+def _store_builder(p: AccessPlan, mode: str):
+    def build(call: cst.Call) -> cst.BaseExpression:
+        value = None
+        for i, arg in enumerate(call.args):
+            if (arg.keyword is not None and arg.keyword.value == "value") or (arg.keyword is None and i == 1):
+                value = arg.value
+        if value is None:
+            raise NotApplicable("store without a value")
+        if mode == DESCRIPTOR:
+            new = expr(f"{p.desc.name}.store({_list(p.coords)}, __value__)")
+        else:
+            dims = ", ".join(str(i) for i in range(len(p.coords)))
+            new = expr(f"tl.store(tl.advance({p.desc.name}, {_list(p.coords)}), __value__, boundary_check=({dims}))")
+        return new.with_changes(args=[a if not (isinstance(a.value, cst.Name) and a.value.value == "__value__")
+                                      else a.with_changes(value=value) for a in new.args])
+    return build
+
+
+def _bare(node: cst.BaseStatement) -> cst.BaseStatement:
+    return node.with_changes(leading_lines=[]) if hasattr(node, "leading_lines") else node
+
+
+def apply_block_io(source: str, plan: BlockIOPlan, allocator: bool) -> str:
+    """The kernel file with ``plan`` applied (kernel body, signature, launch site)."""
+    model = parse_kernel(source)
+    fn = model.functions[plan.kernel]
+    wrap_lines = {p.access.stmt.lineno for p in plan.accesses}
+    calls: dict = {}
+    for p in plan.accesses:
+        c = p.access.call
+        key = (c.lineno, c.col_offset, "tl.load" if p.access.kind == "load" else "tl.store")
+        if p.access.kind == "load":
+            calls[key] = (lambda code: (lambda _call: expr(code)))(_load_expr(p, plan.mode))
+        else:
+            calls[key] = _store_builder(p, plan.mode)
+    creations = [_creation(d, plan.mode) for d in plan.descs]
+
+    def body(original, updated, line_of):
+        out = []
+        placed = False
+        for o, u in zip(original, updated):
+            if line_of(o) not in wrap_lines:
+                out.append(u)
+                continue
+            lead = list(getattr(o, "leading_lines", []))
+            if not placed:
+                note = ("tensor descriptors (2D block I/O, TMA) when the operands qualify, else the original code"
+                        if plan.mode == DESCRIPTOR else
+                        "block pointers when the operands qualify, else the original code")
+                out.append(if_else(FLAG, [s for c in creations for s in stmts(c)], None).with_changes(
+                    leading_lines=[*lead, cst.EmptyLine(comment=cst.Comment(f"# {note}"))]))
+                lead = []
+                placed = True
+            out.append(if_else(FLAG, [_bare(u)], [_bare(o)]).with_changes(leading_lines=lead))
+        return out
+
+    edit = FunctionEdit(plan.kernel, calls=calls, remove_lines=set(plan.remove_lines), body=body,
+                        new_params=[f"{FLAG}: tl.constexpr"])
+    source = edit_function(source, edit)
+    model = parse_kernel(source)
+    site = single_launch(model, plan.kernel)
+    fwd_names = {n.id for n in ast.walk(model.tree) if isinstance(n, ast.Name)}
+    var = fresh_name(fwd_names, "use_block_io")
+    cond = " and ".join(plan.guards) or "True"
+    before = [f"{var} = bool({cond})" if len(cond) < 60 else
+              f"{var} = all((\n    " + ",\n    ".join(plan.guards) + ",\n))"]
+    if allocator and plan.mode == DESCRIPTOR:
+        t = launch_bindings(site, model.functions[plan.kernel], source)[plan.descs[0].base].strip()
+        before.append(
+            f'if {var} and {t}.device.type == "cuda":\n'
+            f"    # device-side tensor descriptors (TMA) need a scratch allocation on NVIDIA GPUs\n"
+            f"    triton.set_allocator(lambda size, align, stream, dev={t}.device: "
+            f"torch.empty(size, dtype=torch.int8, device=dev))")
+    return edit_launch(source, LaunchEdit(plan.kernel, site.line, set_kwargs={FLAG: var}, before=before))
+
+
+def choose_kernel(model: KernelModel) -> str:
+    kernels = gemm_kernels(model)
+    if not kernels:
+        raise NotApplicable("no launched kernel calls tl.dot (block_io rewrites the tile loops of GEMM-like kernels)")
+    return kernels[0]
+
+
+def rewrite(source: str, mode: str = DESCRIPTOR, allocator: bool = True, kernel: str | None = None
+            ) -> tuple[str, BlockIOPlan]:
+    model = parse_kernel(source)
+    errors = []
+    for name in ([kernel] if kernel else gemm_kernels(model)):
+        try:
+            plan = plan_block_io(model, name, mode)
+        except NotApplicable as exc:
+            errors.append(f"{name}: {exc}")
+            continue
+        return apply_block_io(source, plan, allocator), plan
+    if not errors:
+        raise NotApplicable("no launched kernel calls tl.dot (block_io rewrites the tile loops of GEMM-like kernels)")
+    raise NotApplicable("; ".join(errors))
+
+

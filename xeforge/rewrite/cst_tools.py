@@ -1,0 +1,334 @@
+"""libcst plumbing for the dtype and fusion rewrites: edits addressed by line, formatting and comments kept.
+
+Owns: parsing with positions, statement replacement/deletion/insertion by the statement's first line,
+launch-call edits by line, adding parameters to a ``@triton.jit`` function, removing a function, renaming
+plain names (never attributes, keywords or parameters), and small expression helpers.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+_EMPTY = cst.Module(body=[])
+
+
+def code(node: cst.CSTNode) -> str:
+    """Source text of ``node``."""
+    return _EMPTY.code_for_node(node)
+
+
+def expr(text: str) -> cst.BaseExpression:
+    return cst.parse_expression(text)
+
+
+def statements(text: str) -> list[cst.BaseStatement]:
+    """Statements parsed from ``text`` (dedented); ready to drop into any indented block."""
+    return list(cst.parse_module(textwrap.dedent(text).strip("\n") + "\n").body)
+
+
+def dotted(node: cst.CSTNode | None) -> str | None:
+    """``tl.load`` for the expression ``tl.load``; None for anything that is not a dotted name."""
+    parts: list[str] = []
+    while isinstance(node, cst.Attribute):
+        parts.append(node.attr.value)
+        node = node.value
+    if isinstance(node, cst.Name):
+        parts.append(node.value)
+        return ".".join(reversed(parts))
+    return None
+
+
+def call_name(node: cst.CSTNode) -> str | None:
+    return dotted(node.func) if isinstance(node, cst.Call) else None
+
+
+def is_tl(name: str | None, *attrs: str) -> bool:
+    """``tl.<attr>`` or ``triton.language.<attr>`` for one of ``attrs``."""
+    if not name:
+        return False
+    for a in attrs:
+        if name in (f"tl.{a}", f"triton.language.{a}"):
+            return True
+    return False
+
+
+def arg(call: cst.Call, pos: int, kw: str | None = None) -> cst.BaseExpression | None:
+    """The argument at position ``pos`` or keyword ``kw``."""
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    if kw is not None:
+        for a in call.args:
+            if a.keyword is not None and a.keyword.value == kw:
+                return a.value
+    if 0 <= pos < len(positional):
+        return positional[pos].value
+    return None
+
+
+def names_in(node: cst.CSTNode) -> set[str]:
+    """Plain names read or written in ``node`` (attribute names and keywords excluded)."""
+    found: set[str] = set()
+
+    class V(cst.CSTVisitor):
+        def visit_Attribute(self, n: cst.Attribute) -> bool:
+            n.value.visit(self)
+            return False
+
+        def visit_Arg(self, n: cst.Arg) -> bool:
+            n.value.visit(self)
+            return False
+
+        def visit_Name(self, n: cst.Name) -> None:
+            found.add(n.value)
+
+    node.visit(V())
+    return found
+
+
+class Renamer(cst.CSTTransformer):
+    """Rename plain names; attribute names, call keywords and parameters keep their spelling."""
+
+    def __init__(self, mapping: dict[str, str]) -> None:
+        super().__init__()
+        self.mapping = mapping
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.Name:
+        new = self.mapping.get(updated.value)
+        return updated.with_changes(value=new) if new else updated
+
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.Attribute:
+        return updated.with_changes(attr=original.attr)
+
+    def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
+        return updated.with_changes(keyword=original.keyword)
+
+    def leave_Param(self, original: cst.Param, updated: cst.Param) -> cst.Param:
+        return updated.with_changes(name=original.name)
+
+
+def rename(node: cst.CSTNode, mapping: dict[str, str]) -> cst.CSTNode:
+    return node.visit(Renamer(mapping)) if mapping else node
+
+
+class Substitute(cst.CSTTransformer):
+    """Replace every sub-expression for which ``fn`` returns a node (checked bottom-up on the original)."""
+
+    def __init__(self, fn: Callable[[cst.CSTNode], cst.BaseExpression | None]) -> None:
+        super().__init__()
+        self.fn = fn
+        self.hits = 0
+
+    def on_leave(self, original, updated):  # type: ignore[override]
+        if isinstance(original, cst.BaseExpression):
+            new = self.fn(original)
+            if new is not None:
+                self.hits += 1
+                return new
+        return updated
+
+
+# ------------------------------------------------------------------------------------------------ parsing
+@dataclass
+class Parsed:
+    """A module with the start line of each node."""
+
+    module: cst.Module
+    lines: dict[cst.CSTNode, int]
+
+    @classmethod
+    def of(cls, source: str) -> "Parsed":
+        wrapper = MetadataWrapper(cst.parse_module(source))
+        pos = wrapper.resolve(PositionProvider)
+        return cls(wrapper.module, {n: p.start.line for n, p in pos.items()})
+
+    def line(self, node: cst.CSTNode) -> int:
+        return self.lines.get(node, -1)
+
+    def function(self, name: str) -> cst.FunctionDef | None:
+        for node in self.module.body:
+            if isinstance(node, cst.FunctionDef) and node.name.value == name:
+                return node
+        return None
+
+    def method(self, cls: str, name: str) -> cst.FunctionDef | None:
+        for node in self.module.body:
+            if isinstance(node, cst.ClassDef) and node.name.value == cls:
+                for item in node.body.body:
+                    if isinstance(item, cst.FunctionDef) and item.name.value == name:
+                        return item
+        return None
+
+
+def body_statements(fn: cst.FunctionDef) -> Sequence[cst.BaseStatement]:
+    return fn.body.body if isinstance(fn.body, cst.IndentedBlock) else ()
+
+
+def small(stmt: cst.CSTNode) -> cst.BaseSmallStatement | None:
+    """The single small statement of a simple statement line (None for compound or multi-statement lines)."""
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+        return stmt.body[0]
+    return None
+
+
+def walk(node: cst.CSTNode) -> Iterable[cst.CSTNode]:
+    """Every node under ``node`` (pre-order)."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        stack.extend(reversed(list(n.children)))
+
+
+# ------------------------------------------------------------------------------------------------ edits
+@dataclass
+class Edits:
+    """Edits addressed by the first line of a statement or call in the *original* source; applied in one pass.
+
+    ``replace[line]``: statements that replace the statement starting at ``line`` (an empty list deletes it;
+    its comment lines move to the next statement). ``insert_after[line]``: statements added after it.
+    ``calls[line]``: a function that rewrites the launch call ``kernel[grid](...)`` on that line.
+    ``params[fn]``: parameters added to function ``fn`` before its first ``tl.constexpr`` parameter.
+    ``remove_functions``: top-level functions deleted. ``call_exprs``: expression-level rewrites by line.
+    """
+
+    replace: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
+    insert_after: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
+    calls: dict[int, Callable[[cst.Call], cst.Call]] = field(default_factory=dict)
+    params: dict[str, list[str]] = field(default_factory=dict)
+    remove_functions: set[str] = field(default_factory=set)
+
+    def empty(self) -> bool:
+        return not (self.replace or self.insert_after or self.calls or self.params or self.remove_functions)
+
+
+class _Apply(cst.CSTTransformer):
+    def __init__(self, parsed: Parsed, edits: Edits) -> None:
+        super().__init__()
+        self.p = parsed
+        self.e = edits
+        self.done: set[str] = set()
+
+    def _block(self, original_body, updated_body):
+        out: list = []
+        carry = None  # leading comment lines of a deleted statement
+        for orig, upd in zip(original_body, updated_body):
+            line = self.p.line(orig)
+            if line in self.e.replace:
+                self.done.add(f"replace:{line}")
+                new = list(self.e.replace[line])
+                lead = list(getattr(upd, "leading_lines", ()))
+                if new:
+                    first = new[0]
+                    new[0] = first.with_changes(leading_lines=[*lead, *getattr(first, "leading_lines", ())])
+                    out.extend(new)
+                else:
+                    carry = [*(carry or []), *[ln for ln in lead if ln.comment is not None]]
+                    if not carry:
+                        carry = None
+            else:
+                if carry and hasattr(upd, "leading_lines"):
+                    upd = upd.with_changes(leading_lines=[*carry, *upd.leading_lines])
+                    carry = None
+                out.append(upd)
+            if line in self.e.insert_after:
+                self.done.add(f"insert:{line}")
+                out.extend(self.e.insert_after[line])
+        return out
+
+    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.IndentedBlock:
+        body = self._block(original.body, updated.body)
+        if not body:
+            body = [cst.SimpleStatementLine([cst.Pass()])]
+        return updated.with_changes(body=body)
+
+    def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
+        origs, upds = [], []
+        for orig, upd in zip(original.body, updated.body):
+            if isinstance(orig, cst.FunctionDef) and orig.name.value in self.e.remove_functions:
+                self.done.add(f"remove:{orig.name.value}")
+                continue
+            origs.append(orig)
+            upds.append(upd)
+        return updated.with_changes(body=self._block(origs, upds))
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        line = self.p.line(original)
+        fn = self.e.calls.get(line)
+        if fn is not None and isinstance(original.func, cst.Subscript):
+            self.done.add(f"call:{line}")
+            return fn(updated)
+        return updated
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        new = self.e.params.get(original.name.value)
+        if not new:
+            return updated
+        self.done.add(f"params:{original.name.value}")
+        return updated.with_changes(params=add_params(updated.params, new))
+
+
+def apply_edits(source: str, edits: Edits, parsed: Parsed | None = None) -> str:
+    """Apply ``edits`` to ``source``. Raises LookupError when an edit's target was not found."""
+    parsed = parsed or Parsed.of(source)
+    tr = _Apply(parsed, edits)
+    new = parsed.module.visit(tr)
+    wanted = ({f"replace:{k}" for k in edits.replace} | {f"insert:{k}" for k in edits.insert_after}
+              | {f"call:{k}" for k in edits.calls} | {f"params:{k}" for k in edits.params if edits.params[k]}
+              | {f"remove:{k}" for k in edits.remove_functions})
+    missing = wanted - tr.done
+    if missing:
+        raise LookupError(f"rewrite targets not found: {', '.join(sorted(missing))}")
+    return new.code
+
+
+def _is_constexpr(p: cst.Param) -> bool:
+    return p.annotation is not None and (dotted(p.annotation.annotation) or "").endswith("constexpr")
+
+
+def add_params(params: cst.Parameters, names: list[str]) -> cst.Parameters:
+    """``params`` with ``names`` added before the first constexpr parameter (or at the end)."""
+    items = list(params.params)
+    at = next((i for i, p in enumerate(items) if _is_constexpr(p)), len(items))
+    ws = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    new = [cst.Param(cst.Name(n), comma=ws) for n in names]
+    if at == len(items):
+        if items and items[-1].comma is cst.MaybeSentinel.DEFAULT:
+            items[-1] = items[-1].with_changes(comma=ws)
+        if new:
+            new[-1] = new[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    items[at:at] = new
+    return params.with_changes(params=items)
+
+
+def set_call_kwargs(call: cst.Call, kwargs: dict[str, str]) -> cst.Call:
+    """``call`` with keyword arguments set to the given expression sources (replaced or appended)."""
+    remaining = dict(kwargs)
+    args = []
+    for a in call.args:
+        if a.keyword is not None and a.keyword.value in remaining:
+            a = a.with_changes(value=expr(remaining.pop(a.keyword.value)))
+        args.append(a)
+    # new keywords go before the launch options so kernel arguments stay together
+    options = ("num_warps", "num_stages", "num_ctas", "grf_mode", "warp_size", "threads_per_warp", "maxnreg")
+    at = next((i for i, a in enumerate(args) if a.keyword is not None and a.keyword.value in options), len(args))
+    new = [cst.Arg(keyword=cst.Name(k), value=expr(v),
+                   equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                         whitespace_after=cst.SimpleWhitespace("")),
+                   comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+           for k, v in remaining.items()]
+    if new:
+        if at == len(args):
+            if args and args[-1].comma is cst.MaybeSentinel.DEFAULT:
+                args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+            new[-1] = new[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        args[at:at] = new
+    return call.with_changes(args=args)
+
+
+def rename_in_call_args(call: cst.Call, mapping: dict[str, str]) -> cst.Call:
+    """``call`` with plain names in its arguments renamed (the kernel and grid are left alone)."""
+    return call.with_changes(args=[a.with_changes(value=rename(a.value, mapping)) for a in call.args])

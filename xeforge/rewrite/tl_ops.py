@@ -1,0 +1,311 @@
+"""Elementwise torch ops that translate to ``tl`` code: the table behind epilogue fusion.
+
+Owns: :data:`TORCH_OPS` (op name -> translation) and :class:`EpilogueBuilder`, which turns statements of
+``Model.forward`` such as ``y = F.gelu(y * self.scale)`` into ``tl`` statements applied to a kernel's tile
+value, collecting the extra kernel inputs they need (Python scalars, per-column vectors, one-element
+tensors). Anything outside the table raises :class:`Unsupported` with the reason.
+
+Numerics follow torch's definitions in fp32: ``tanh(z) = 2*sigmoid(2z) - 1`` (no ``tl.tanh`` in core Triton),
+``gelu`` erf form ``0.5*z*(1 + erf(z/sqrt(2)))`` and tanh form, ``softplus`` with torch's threshold 20,
+``mish(z) = z*tanh(softplus(z))``, inference ``batch_norm`` as ``(z - mean) / sqrt(var + eps) * w + b``.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from xeforge.kernel_model import dotted_name, is_literal, literal
+
+TORCH_PREFIXES = ("torch.", "F.", "torch.nn.functional.", "nn.functional.")
+
+
+class Unsupported(Exception):
+    """The expression cannot be translated; ``str(exc)`` names the op and why."""
+
+
+@dataclass
+class Operand:
+    """An extra kernel input an epilogue needs."""
+
+    kind: str  # scalar | column | element
+    src: str  # the forward expression passed at the launch
+    param: str  # the kernel parameter that receives it
+
+
+def op_key(call: ast.Call, value_names: set[str]) -> tuple[str | None, list[ast.expr]]:
+    """(``relu``, [args]) for ``torch.relu(y)``, ``F.relu(y)`` or ``y.relu()``; (None, []) otherwise."""
+    name = dotted_name(call.func)
+    if name:
+        for pre in TORCH_PREFIXES:
+            if name.startswith(pre) and "." not in name[len(pre):]:
+                return name[len(pre):], list(call.args)
+    if isinstance(call.func, ast.Attribute):
+        return call.func.attr, [call.func.value, *call.args]
+    return None, []
+
+
+def _kw(call: ast.Call, args: list[ast.expr], pos: int, name: str, default: Any = None) -> ast.expr | Any:
+    for k in call.keywords:
+        if k.arg == name:
+            return k.value
+    return args[pos] if pos < len(args) else default
+
+
+@dataclass
+class EpilogueBuilder:
+    """Translate forward statements into ``tl`` statements that update ``var`` (the tile value, fp32).
+
+    ``resolve(node)`` classifies a non-value operand (a ``self.*`` attribute, a forward local) as an
+    :class:`Operand` (or None: unsupported). ``column`` is ``(offs_n, N)`` of the tile when per-column
+    vectors may be loaded (2D tile), None for a 1D value (after a row reduction).
+    """
+
+    var: str
+    value_names: set[str]
+    resolve: Callable[[ast.expr], Operand | None]
+    fresh: Callable[[str], str]
+    column: tuple[str, str] | None = None
+    lines: list[str] = field(default_factory=list)
+    operands: dict[str, Operand] = field(default_factory=dict)
+    loaded: dict[str, str] = field(default_factory=dict)  # operand param -> tl variable holding it
+    ops: list[str] = field(default_factory=list)  # names of the torch ops translated (for descriptions)
+
+    # -- statements ------------------------------------------------------------------------------------
+    def assign(self, value: ast.expr) -> None:
+        code = self.expr(value)
+        self.lines.append(f"{self.var} = {code}")
+
+    # -- expressions -----------------------------------------------------------------------------------
+    def temp(self, code: str) -> str:
+        """``code`` as a simple name (binding it to a fresh variable unless it already is one)."""
+        if code.isidentifier():
+            return code
+        t = self.fresh("t")
+        self.lines.append(f"{t} = {code}")
+        return t
+
+    def expr(self, node: ast.expr) -> str:
+        if isinstance(node, ast.Name) and node.id in self.value_names:
+            return self.var
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+            return repr(float(node.value)) if isinstance(node.value, float) else repr(node.value)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return f"(-{self.expr(node.operand)})"
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.UAdd):
+            return self.expr(node.operand)
+        if isinstance(node, ast.BinOp):
+            ops = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
+            sym = ops.get(type(node.op))
+            if sym is not None:
+                self.ops.append({"+": "add", "-": "sub", "*": "mul", "/": "div"}[sym])
+                return f"({self.expr(node.left)} {sym} {self.expr(node.right)})"
+            if isinstance(node.op, ast.Pow) and literal(node.right) == 2:
+                t = self.temp(self.expr(node.left))
+                self.ops.append("square")
+                return f"({t} * {t})"
+            raise Unsupported(f"operator {type(node.op).__name__} is not in the fusion table")
+        if isinstance(node, ast.Call):
+            key, args = op_key(node, self.value_names)
+            if key in ("float",) and len(args) == 1 and not node.keywords:
+                return self.expr(args[0])
+            if key == "to" and len(args) == 2 and dotted_name(args[1]) in ("torch.float32", "torch.float"):
+                return self.expr(args[0])
+            if key in TORCH_OPS and self._mentions_value(node):
+                self.ops.append(key)
+                return TORCH_OPS[key](self, node, args)
+            if not self._mentions_value(node):
+                return self.operand(node)
+            raise Unsupported(f"{ast.unparse(node.func)}() is not an elementwise op the fusion table supports "
+                              f"(supported: {', '.join(sorted(TORCH_OPS))})")
+        if isinstance(node, (ast.Attribute, ast.Name, ast.Subscript)):
+            return self.operand(node)
+        raise Unsupported(f"{ast.unparse(node)} is not an elementwise expression the fusion table supports")
+
+    def _mentions_value(self, node: ast.AST) -> bool:
+        return any(isinstance(n, ast.Name) and n.id in self.value_names for n in ast.walk(node))
+
+    def operand(self, node: ast.expr) -> str:
+        val = literal(node)
+        if is_literal(val) and isinstance(val, (int, float)) and not isinstance(val, bool):
+            return repr(val)
+        op = self.resolve(node)
+        if op is None:
+            raise Unsupported(f"{ast.unparse(node)} is neither a scalar nor a per-column vector of the output")
+        known = self.operands.setdefault(op.src, op)
+        if known.kind == "scalar":
+            return known.param
+        if known.param in self.loaded:
+            return self.loaded[known.param]
+        if known.kind == "element":
+            name = self.fresh(known.param.removesuffix("_ptr"))
+            self.lines.append(f"{name} = tl.load({known.param}).to(tl.float32)")
+        else:
+            if self.column is None:
+                raise Unsupported(f"{ast.unparse(node)} is a per-column vector, which does not broadcast over a "
+                                  "reduced row")
+            offs_n, n = self.column
+            name = self.fresh(known.param.removesuffix("_ptr"))
+            self.lines.append(f"{name} = tl.load({known.param} + {offs_n}, mask={offs_n} < {n}, "
+                              f"other=0.0).to(tl.float32)[None, :]")
+        self.loaded[known.param] = name
+        return name
+
+    def scalar_arg(self, node: ast.expr | Any, default: float) -> str:
+        if node is None:
+            return repr(float(default))
+        if not isinstance(node, ast.AST):
+            return repr(node)
+        return self.expr(node)
+
+
+# ------------------------------------------------------------------------------------------------ the table
+def _unary(fmt: str) -> Callable[[EpilogueBuilder, ast.Call, list[ast.expr]], str]:
+    def build(b: EpilogueBuilder, call: ast.Call, args: list[ast.expr]) -> str:
+        if len(args) != 1 or call.keywords:
+            raise Unsupported(f"{ast.unparse(call)}: only the one-argument form is supported")
+        z = b.expr(args[0])
+        if fmt.count("{z}") > 1:
+            z = b.temp(z)
+        return fmt.format(z=z)
+
+    return build
+
+
+def _tanh_code(z: str) -> str:
+    return f"(2.0 * tl.sigmoid(2.0 * {z}) - 1.0)"
+
+
+def _binary(sym: str) -> Callable[[EpilogueBuilder, ast.Call, list[ast.expr]], str]:
+    def build(b: EpilogueBuilder, call: ast.Call, args: list[ast.expr]) -> str:
+        if len(args) != 2 or call.keywords:
+            raise Unsupported(f"{ast.unparse(call)}: only the two-operand form is supported")
+        return f"({b.expr(args[0])} {sym} {b.expr(args[1])})"
+
+    return build
+
+
+def _minmax(fn: str) -> Callable[[EpilogueBuilder, ast.Call, list[ast.expr]], str]:
+    def build(b: EpilogueBuilder, call: ast.Call, args: list[ast.expr]) -> str:
+        if len(args) != 2 or call.keywords:
+            raise Unsupported(f"{ast.unparse(call)}: only the two-operand form is supported")
+        return f"tl.{fn}({b.expr(args[0])}, {b.expr(args[1])})"
+
+    return build
+
+
+def _relu(b, call, args):
+    if len(args) != 1:
+        raise Unsupported(f"{ast.unparse(call)}: unexpected arguments")
+    return f"tl.maximum({b.expr(args[0])}, 0.0)"
+
+
+def _leaky_relu(b, call, args):
+    z = b.temp(b.expr(args[0]))
+    s = b.scalar_arg(_kw(call, args, 1, "negative_slope"), 0.01)
+    return f"tl.where({z} >= 0, {z}, {z} * {s})"
+
+
+def _silu(b, call, args):
+    z = b.temp(b.expr(args[0]))
+    return f"({z} * tl.sigmoid({z}))"
+
+
+def _tanh(b, call, args):
+    return _tanh_code(b.expr(args[0]))
+
+
+def _gelu(b, call, args):
+    approx = _kw(call, args, 1, "approximate", "none")
+    approx = literal(approx) if isinstance(approx, ast.AST) else approx
+    z = b.temp(b.expr(args[0]))
+    if approx == "tanh":
+        inner = b.temp(f"0.7978845608028654 * ({z} + 0.044715 * {z} * {z} * {z})")
+        return f"(0.5 * {z} * (1.0 + {_tanh_code(inner)}))"
+    if approx != "none":
+        raise Unsupported(f"{ast.unparse(call)}: approximate={approx!r} is not a literal 'none' or 'tanh'")
+    return f"(0.5 * {z} * (1.0 + tl.erf({z} * 0.7071067811865476)))"
+
+
+def _hardtanh(b, call, args):
+    lo = b.scalar_arg(_kw(call, args, 1, "min_val"), -1.0)
+    hi = b.scalar_arg(_kw(call, args, 2, "max_val"), 1.0)
+    return f"tl.minimum(tl.maximum({b.expr(args[0])}, {lo}), {hi})"
+
+
+def _clamp(b, call, args):
+    lo = _kw(call, args, 1, "min")
+    hi = _kw(call, args, 2, "max")
+    if isinstance(lo, ast.Constant) and lo.value is None:
+        lo = None
+    if isinstance(hi, ast.Constant) and hi.value is None:
+        hi = None
+    if lo is None and hi is None:
+        raise Unsupported(f"{ast.unparse(call)}: clamp without bounds")
+    out = b.expr(args[0])
+    if lo is not None:
+        out = f"tl.maximum({out}, {b.expr(lo)})"
+    if hi is not None:
+        out = f"tl.minimum({out}, {b.expr(hi)})"
+    return out
+
+
+def _clamp_min(b, call, args):
+    return f"tl.maximum({b.expr(args[0])}, {b.expr(_kw(call, args, 1, 'min'))})"
+
+
+def _clamp_max(b, call, args):
+    return f"tl.minimum({b.expr(args[0])}, {b.expr(_kw(call, args, 1, 'max'))})"
+
+
+def _softplus_code(b: EpilogueBuilder, z: str, beta: str = "1.0", threshold: str = "20.0") -> str:
+    z = b.temp(z)
+    if beta in ("1.0", "1"):
+        return f"tl.where({z} > {threshold}, {z}, tl.log(1.0 + tl.exp({z})))"
+    bz = b.temp(f"{beta} * {z}")
+    return f"tl.where({bz} > {threshold}, {z}, tl.log(1.0 + tl.exp({bz})) / {beta})"
+
+
+def _softplus(b, call, args):
+    beta = b.scalar_arg(_kw(call, args, 1, "beta"), 1.0)
+    threshold = b.scalar_arg(_kw(call, args, 2, "threshold"), 20.0)
+    return _softplus_code(b, b.expr(args[0]), beta, threshold)
+
+
+def _mish(b, call, args):
+    z = b.temp(b.expr(args[0]))
+    sp = b.temp(_softplus_code(b, z))
+    return f"({z} * {_tanh_code(sp)})"
+
+
+def _batch_norm(b, call, args):
+    training = _kw(call, args, 5, "training", None)
+    if training is not None and literal(training) is not False:
+        raise Unsupported("F.batch_norm with training=True normalises over the batch (a column reduction)")
+    mean, var = _kw(call, args, 1, "running_mean"), _kw(call, args, 2, "running_var")
+    if mean is None or var is None:
+        raise Unsupported("F.batch_norm without running statistics")
+    weight, bias = _kw(call, args, 3, "weight"), _kw(call, args, 4, "bias")
+    eps = b.scalar_arg(_kw(call, args, 7, "eps"), 1e-5)
+    z = b.expr(args[0])
+    out = f"({z} - {b.expr(mean)}) / tl.sqrt({b.expr(var)} + {eps})"
+    if weight is not None and not (isinstance(weight, ast.Constant) and weight.value is None):
+        out = f"({out} * {b.expr(weight)})"
+    if bias is not None and not (isinstance(bias, ast.Constant) and bias.value is None):
+        out = f"({out} + {b.expr(bias)})"
+    return out
+
+
+#: torch op (as ``torch.X`` / ``F.X`` / ``tensor.X()``) -> translation into tl code
+TORCH_OPS: dict[str, Callable[[EpilogueBuilder, ast.Call, list[ast.expr]], str]] = {
+    "add": _binary("+"), "sub": _binary("-"), "subtract": _binary("-"), "mul": _binary("*"),
+    "multiply": _binary("*"), "div": _binary("/"), "divide": _binary("/"), "true_divide": _binary("/"),
+    "relu": _relu, "leaky_relu": _leaky_relu, "sigmoid": _unary("tl.sigmoid({z})"), "silu": _silu,
+    "tanh": _tanh, "gelu": _gelu, "hardtanh": _hardtanh, "clamp": _clamp, "clip": _clamp,
+    "clamp_min": _clamp_min, "clamp_max": _clamp_max, "mish": _mish, "softplus": _softplus,
+    "exp": _unary("tl.exp({z})"), "log": _unary("tl.log({z})"), "abs": _unary("tl.abs({z})"),
+    "sqrt": _unary("tl.sqrt({z})"), "rsqrt": _unary("tl.rsqrt({z})"), "neg": _unary("(-{z})"),
+    "negative": _unary("(-{z})"), "square": _unary("({z} * {z})"), "reciprocal": _unary("(1.0 / {z})"),
+    "maximum": _minmax("maximum"), "minimum": _minmax("minimum"), "batch_norm": _batch_norm,
+}
