@@ -33,6 +33,10 @@ from cover_agent.prompts import CHARS_PER_TOKEN  # noqa: E402
 from cover_agent.signatures import SIGNATURES  # noqa: E402
 
 
+#: extra seconds the guard thread waits beyond XEFORGE_LLM_TIMEOUT before abandoning a call
+GUARD_GRACE_S = 5.0
+
+
 class ModelUnavailable(Exception):
     """The model did not answer (after retries): unreachable, refused, timed out, or failed."""
 
@@ -172,7 +176,7 @@ def _run_with_timeout(fn: Callable[[], Any], seconds: float) -> Any:
     thread.start()
     thread.join(seconds)
     if thread.is_alive():
-        raise CallTimeout(f"no answer within {seconds:g} s (XEFORGE_LLM_TIMEOUT)")
+        raise CallTimeout(f"no answer within {seconds:.3g} s (XEFORGE_LLM_TIMEOUT)")
     if "error" in box:
         raise box["error"]
     return box["value"]
@@ -208,6 +212,11 @@ class LMClient:
         self.say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
 
     @property
+    def _guard_s(self) -> float:
+        """The guard thread's limit: a little over the HTTP client's own timeout, so its (more precise) error wins."""
+        return self.config.timeout_s + min(GUARD_GRACE_S, 0.1 * self.config.timeout_s)
+
+    @property
     def answered(self) -> bool:
         """The model has answered at least once in this run."""
         return self.usage.answered > 0
@@ -241,7 +250,7 @@ class LMClient:
             started = time.strftime("%Y-%m-%dT%H:%M:%S")
             t0 = time.monotonic()
             try:
-                pred = _run_with_timeout(lambda: self._predict(lm, signature, brief), self.config.timeout_s)
+                pred = _run_with_timeout(lambda: self._predict(lm, signature, brief), self._guard_s)
                 rec = self._record(lm, purpose, kind, attempt, started, time.monotonic() - t0, brief)
                 records.append(rec)
                 self.usage.answered += 1

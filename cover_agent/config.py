@@ -26,14 +26,16 @@ ENV_VARS: dict[str, tuple[str, type, str]] = {
     "XEFORGE_LLM_API_KEY": ("api_key", str, "API key; overrides the provider's own variable"),
     "XEFORGE_LLM_TEMPERATURE": ("temperature", float, "sampling temperature, 0 to 2"),
     "XEFORGE_LLM_MAX_TOKENS": ("max_tokens", int, "output tokens per call (a whole kernel file must fit)"),
-    "XEFORGE_LLM_CONTEXT_TOKENS": ("context_tokens", int, "the model's context window; older attempts are trimmed to fit"),
+    "XEFORGE_LLM_CONTEXT_TOKENS": ("context_tokens", int,
+                                   "the model's context window; older attempts are trimmed to fit"),
     "XEFORGE_LLM_TIMEOUT": ("timeout_s", float, "seconds one call may take before it counts as failed"),
     "XEFORGE_LLM_RETRIES": ("retries", int, "retries of a call after a rate limit, timeout or server/network error"),
     "XEFORGE_LLM_BACKOFF": ("backoff_s", float, "first retry delay in seconds; doubles per retry"),
     "XEFORGE_LLM_BACKOFF_MAX": ("backoff_max_s", float, "longest retry delay in seconds"),
     "XEFORGE_LLM_MAX_CALLS": ("max_calls", int, "budget: model calls per run (retries count)"),
     "XEFORGE_LLM_MAX_TOTAL_TOKENS": ("max_total_tokens", int, "budget: prompt + completion tokens per run"),
-    "XEFORGE_LLM_MAX_COST": ("max_cost_usd", float, "budget: US dollars per run, where the provider reports a cost (0: no limit)"),
+    "XEFORGE_LLM_MAX_COST": ("max_cost_usd", float,
+                             "budget: US dollars per run, where the provider reports a cost (0: no limit)"),
     "XEFORGE_LLM_MAX_ITERS": ("max_iters", int, "CoVeR rounds per candidate (same as --max-iters)"),
     "XEFORGE_LLM_BEST_K": ("best_k", int, "independent candidates per stage (same as --best-k)"),
     "XEFORGE_LLM_ANALYZE": ("analyze", bool, "1: one analysis call per stage before proposing; 0: propose directly"),
@@ -173,8 +175,9 @@ class LMConfig:
         """The variable to set when a hosted provider needs a key and none was found; None when fine."""
         if self.lm is not None or not self.model or self.api_key or self.is_local or self.api_base:
             return None
-        key_var, _ = PROVIDER_VARS.get(self.provider, (f"{self.provider.upper()}_API_KEY", None))
-        return key_var
+        # only providers known to need a key are checked here; others (cloud credentials, custom routes) are
+        # left to the first call, whose failure names the cause
+        return PROVIDER_VARS.get(self.provider, (None, None))[0]
 
     def key_for_client(self) -> str | None:
         """The key to hand to the client: the configured one, or a placeholder for a keyless server at a base URL."""
@@ -188,8 +191,8 @@ class LMConfig:
         """One line for ``xeforge env``. Never contains the key."""
         if not self.configured:
             return "no model configured (set XEFORGE_MODEL or pass --model, e.g. openai/gpt-4o; see docs/llm.md)"
-        if self.lm is not None and self.model and self.lm.__class__.__name__ != "LM":
-            where = f"injected {self.lm.__class__.__name__}"
+        if self.lm is not None:
+            where = f"(an injected {self.lm.__class__.__name__})"
         elif self.api_base:
             where = f"at {self.api_base} (from {self.base_source})"
         else:
@@ -200,8 +203,10 @@ class LMConfig:
             key = f"key from {self.key_source}"
         elif self.missing_key():
             key = f"NO API KEY: set {self.missing_key()}"
-        else:
+        elif self.is_local or self.api_base:
             key = "no key (local server)"
+        else:
+            key = "no key variable found (the provider's own credentials apply)"
         budget = f"{self.max_calls} calls, {self.max_total_tokens:,} tokens" + (
             f", ${self.max_cost_usd:g}" if self.max_cost_usd else "")
         return (f"model {self.model} {where}; {key}; temperature {self.temperature:g}, max tokens {self.max_tokens}, "

@@ -140,7 +140,11 @@ class LLMEngine:
             return None
         rendered = render_stage(stage, ctx, issues, kbc, [], purpose="analysis", budget_chars=budget)
         self.say(f"  llm: analysing {stage.name} with {self.config.model} (~{rendered.approx_tokens:,} tokens)")
-        result = self._call("analysis", rendered, f"{stage.name} analysis", log_dir, "analysis")
+        try:
+            result = self._call("analysis", rendered, f"{stage.name} analysis", log_dir, "analysis")
+        except ContextOverflow as exc:
+            self.say(f"  llm: the analysis brief does not fit the model's context ({exc}); proposing without a plan")
+            return None
         fields = result.fields
         record = {"stage": stage.name, "purpose": "analysis", "model": self.config.model,
                   "prompt": _prompt_meta(rendered), "calls": [r.as_dict() for r in result.records],
@@ -176,9 +180,6 @@ class LLMEngine:
                 label = f"candidate {chain} round {rnd}"
                 rendered, result = self._ask(stage, ctx, issues, kbc, budget, attempts, plan, label, log_dir,
                                              f"c{chain}-r{rnd}")
-                if rendered is None:  # the brief cannot be made to fit the context window
-                    notes.append(f"candidate {chain}: {result}")
-                    break
                 attempt, outcome = self._attempt(stage, ctx, rendered, result, chain, rnd, seen, evaluate, log_dir)
                 attempts.append(attempt)
                 self.say(f"  llm: {label}: {attempt.headline}")
@@ -195,7 +196,7 @@ class LLMEngine:
             notes.append("no answer produced a kernel that reached the verifier")
 
     def _ask(self, stage, ctx, issues, kbc, budget, attempts, plan, label, log_dir, tag):
-        """Render and call; on a context overflow, trim harder (twice) before giving up on this candidate."""
+        """Render and call; on a context overflow, trim harder (twice) before giving up on the stage."""
         previous = None
         for shrink in (1, 2, 4):
             rendered = render_stage(stage, ctx, issues, kbc, attempts, plan=plan, budget_chars=budget // shrink)
@@ -208,9 +209,9 @@ class LLMEngine:
                 return rendered, self._call(rendered.signature, rendered, f"{stage.name} {label}", log_dir, tag)
             except ContextOverflow as exc:
                 self.say(f"  llm: {label}: the prompt does not fit the model's context ({exc}); trimming")
-        return None, (f"the brief (~{rendered.approx_tokens:,} tokens) does not fit the model's context window even "
-                      "with earlier attempts trimmed: set XEFORGE_LLM_CONTEXT_TOKENS to the model's real window, or "
-                      "use a model with a larger one")
+        raise _StopStage(f"stopped: the brief (~{rendered.approx_tokens:,} tokens) does not fit the model's context "
+                         "window even with earlier attempts trimmed: set XEFORGE_LLM_CONTEXT_TOKENS to the model's real "
+                         "window, or use a model with a larger one")
 
     def _call(self, kind: str, rendered: RenderedPrompt, purpose: str, log_dir: Path | None, tag: str) -> CallResult:
         try:
@@ -219,6 +220,10 @@ class LLMEngine:
             _write(log_dir, f"{tag}-budget.json", {"purpose": purpose, "stopped": str(exc),
                                                     "calls": [r.as_dict() for r in getattr(exc, "records", [])]})
             raise _StopStage(f"stopped: {exc}") from None
+        except ContextOverflow as exc:
+            _write(log_dir, f"{tag}-overflow.json", {"purpose": purpose, "error": str(exc), "prompt": _prompt_meta(rendered),
+                                                      "calls": [r.as_dict() for r in getattr(exc, "records", [])]})
+            raise
         except ModelUnavailable as exc:
             _write(log_dir, f"{tag}-failed.json", {"purpose": purpose, "error": str(exc), "model": self.config.model,
                                                     "calls": [r.as_dict() for r in getattr(exc, "records", [])]})

@@ -29,14 +29,14 @@ CHARS_PER_TOKEN = 3.5
 SIGNATURE_KINDS = ("optimization", "algorithmic", "discovery")
 
 PRECISION_MEANING = {
-    "strict": "keep the inputs' precision. Accumulate in fp32; fp32 data must not be computed in TF32 or 16-bit "
+    "strict": "Keep the inputs' precision. Accumulate in fp32; fp32 data must not be computed in TF32 or 16-bit "
               "(a tl.dot on fp32 operands needs input_precision=\"ieee\"); 16-bit inputs may feed tl.dot directly "
               "with an fp32 accumulator. The output keeps the reference's dtype.",
-    "tf32": "a tl.dot on fp32 operands may use TF32 (input_precision=\"tf32\"); everything else keeps the inputs' "
+    "tf32": "A tl.dot on fp32 operands may use TF32 (input_precision=\"tf32\"); everything else keeps the inputs' "
             "precision, with fp32 accumulation. The output keeps the reference's dtype.",
-    "bf16": "fp32 operands may be rounded to bfloat16 for tl.dot, with an fp32 accumulator; elementwise math and "
+    "bf16": "Operands in fp32 may be rounded to bfloat16 for tl.dot, with an fp32 accumulator; elementwise math and "
             "reductions stay fp32. The output keeps the reference's dtype.",
-    "fp16": "fp32 operands may be rounded to float16 for tl.dot, with an fp32 accumulator; elementwise math and "
+    "fp16": "Operands in fp32 may be rounded to float16 for tl.dot, with an fp32 accumulator; elementwise math and "
             "reductions stay fp32. The output keeps the reference's dtype.",
 }
 

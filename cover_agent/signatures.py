@@ -26,8 +26,10 @@ class AnalyzeStage(dspy.Signature):
     and the knowledge-base entries (cite their ids). Say so plainly when this stage has nothing worth trying."""
 
     brief: str = dspy.InputField(desc=_BRIEF)
-    bottlenecks: list[str] = dspy.OutputField(desc="what limits the current kernel that this stage can address, most important first")
-    plan: str = dspy.OutputField(desc="the concrete changes to try, in order, each with the knowledge-base id it relies on where one applies")
+    bottlenecks: list[str] = dspy.OutputField(
+        desc="what limits the current kernel that this stage can address, most important first")
+    plan: str = dspy.OutputField(
+        desc="the concrete changes to try, in order, each with the knowledge-base id it relies on where one applies")
     worth_trying: bool = dspy.OutputField(desc="false only when this stage cannot improve this kernel")
     reason: str = dspy.OutputField(desc="one sentence: why this stage is, or is not, worth trying")
 
@@ -39,7 +41,8 @@ class OptimizeKernel(dspy.Signature):
     Only the verifier decides whether your kernel is correct and faster."""
 
     brief: str = dspy.InputField(desc=_BRIEF)
-    changes: str = dspy.OutputField(desc="what you changed and why it should be faster on this device, in a few lines")
+    changes: str = dspy.OutputField(
+        desc="what you changed and why it should be faster on this device, in a few lines")
     kernel_code: str = dspy.OutputField(desc=_CODE)
 
 
@@ -50,7 +53,8 @@ class RewriteAlgorithm(dspy.Signature):
     precision contract, and fix whatever the verifier reported on earlier attempts."""
 
     brief: str = dspy.InputField(desc=_BRIEF + "; for this stage also the PyTorch reference")
-    identity: str = dspy.OutputField(desc="the algebraic identity or simplification you used, and why it is exact (or within the precision contract) for every input")
+    identity: str = dspy.OutputField(desc="the algebraic identity or simplification you used, and why it is exact "
+                                          "(or within the precision contract) for every input")
     kernel_code: str = dspy.OutputField(desc=_CODE)
 
 
@@ -61,7 +65,8 @@ class DiscoverIdea(dspy.Signature):
     the verifier reported on earlier attempts."""
 
     brief: str = dspy.InputField(desc=_BRIEF)
-    idea: str = dspy.OutputField(desc="the idea, why no earlier stage covers it, and why it should pay off on this device")
+    idea: str = dspy.OutputField(
+        desc="the idea, why no earlier stage covers it, and why it should pay off on this device")
     kernel_code: str = dspy.OutputField(desc=_CODE)
 
 

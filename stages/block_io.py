@@ -1,16 +1,133 @@
 """Stage 5, block_io: structured memory access: tensor descriptors, or block pointers where the target's Triton still has them and they are faster.
 
-Owns: this stage's goal, issue detectors and deterministic tactics. Tactics are added here as they are
-implemented; until then the pipeline reports 'no tactic implemented for block_io'.
+Owns: this stage's goal, its detector (GEMM tile loops that load through pointer arithmetic and masks) and
+its tactic, which rewrites those loops with :mod:`xeforge.rewrite.blockio`. Which form the rewrite takes
+depends on the device, the Triton version and the knowledge base:
+
+- a KB pattern for the device whose tactic is ``keep-pointers`` (Arc A770: no 2D block I/O) stops it;
+- tensor descriptors by default; block pointers when a KB pattern prefers them (tactic ``block-pointer``)
+  or when the KB's constraints reject descriptors for this Triton (before 3.4) but not block pointers;
+- on NVIDIA the rewritten ``forward`` sets Triton's allocator for device-side descriptors (TMA); on Intel
+  GPUs it does not (KB ``bio-no-set-allocator-on-xpu``).
+
+On a GPU the rewrite is also proposed with the top KB tile configurations, because descriptors pay off most
+with larger tiles; the verifier times each candidate.
 """
 
 from __future__ import annotations
 
-from stages.base import Stage
+from typing import Any
+
+from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic
+from xeforge.rewrite import blockio
+from xeforge.rewrite.tiling import NotApplicable, gemm_kernels
+from xeforge.rewrite.tiling_configs import describe, kb_errors, with_configs
+
+#: how many KB tile configurations to try the rewrite with on a GPU
+RETILE_CONFIGS = 2
+
+
+def _kb_patterns(ctx: StageContext) -> list[Any]:
+    if ctx.kb is None or not ctx.device_id:
+        return []
+    try:
+        return list(ctx.kb.select("block_io", ctx.device_id, ctx.triton).patterns)
+    except Exception:  # an unknown device id or stage: no patterns to consult
+        return []
+
+
+def _has_descriptors() -> bool:
+    try:
+        import triton.language as tl
+    except ImportError:  # pragma: no cover - triton is a dependency
+        return False
+    return hasattr(tl, "make_tensor_descriptor")
+
+
+def preferred_modes(ctx: StageContext) -> tuple[list[str], str]:
+    """The forms to try, in order, and why; [] when the KB says to keep plain pointers on this device."""
+    pats = _kb_patterns(ctx)
+    for p in pats:
+        if p.spec.tactic == "keep-pointers" or p.id.startswith("bio-keep-pointers"):
+            return [], f"KB {p.id}: {p.spec.effect}"
+    if any(p.spec.tactic == "block-pointer" for p in pats):
+        ids = [p.id for p in pats if p.spec.tactic == "block-pointer"]
+        return [blockio.BLOCK_PTR, blockio.DESCRIPTOR], f"KB {', '.join(ids)} prefers block pointers"
+    desc = [p.id for p in pats if p.spec.tactic == "tensor-descriptor"]
+    if desc:
+        return [blockio.DESCRIPTOR, blockio.BLOCK_PTR], f"KB {', '.join(desc)}"
+    if ctx.kb is None and not _has_descriptors():
+        return [blockio.BLOCK_PTR], "the installed Triton has no tl.make_tensor_descriptor"
+    return [blockio.DESCRIPTOR, blockio.BLOCK_PTR], "tensor descriptors are Triton's structured-load API"
+
+
+class TensorDescriptorTiles(Tactic):
+    name = "tensor-descriptor"
+    summary = ("load the K-loop tiles of a GEMM through tensor descriptors (or block pointers), keeping the "
+               "pointer code for inputs that do not qualify")
+
+    def _rewrite(self, ctx: StageContext) -> tuple[str, blockio.BlockIOPlan, str]:
+        modes, why = preferred_modes(ctx)
+        if not modes:
+            raise NotApplicable(why)
+        allocator = getattr(ctx.device, "kind", "cpu") != "xpu"
+        errors: list[str] = []
+        for mode in modes:
+            try:
+                src, plan = blockio.rewrite(ctx.source, mode=mode, allocator=allocator)
+            except NotApplicable as exc:
+                errors.append(str(exc))
+                break  # the shape is the problem, not the spelling
+            bad = kb_errors(ctx, src)
+            if bad:
+                errors.append(f"{mode}: rejected by the KB for {ctx.device_id}: {'; '.join(bad)}")
+                continue
+            return src, plan, why
+        raise NotApplicable("; ".join(errors) or "no form of structured loads is available")
+
+    def check(self, ctx: StageContext) -> Applicability:
+        try:
+            _, plan, why = self._rewrite(ctx)
+        except NotApplicable as exc:
+            return Applicability(False, str(exc))
+        return Applicability(True, f"{plan.describe()} ({why})")
+
+    def propose(self, ctx: StageContext) -> list[Candidate]:
+        try:
+            src, plan, why = self._rewrite(ctx)
+        except NotApplicable:
+            return []
+        params = {"mode": plan.mode, "kernel": plan.kernel}
+        out = [Candidate(src, self.name, plan.describe(), params=params)]
+        for cfg, tiled in with_configs(ctx, src, plan.kernel, RETILE_CONFIGS):
+            out.append(Candidate(tiled, self.name, f"{plan.describe()}; with {describe(cfg)}",
+                                 params={**params, **cfg}))
+        return out
+
+
+def _detect_pointer_tiles(ctx: StageContext) -> list[Issue]:
+    out = []
+    try:
+        model = ctx.model
+    except Exception:  # an unparsable incumbent is reported by gate 1, not here
+        return out
+    for name in gemm_kernels(model):
+        try:
+            plan = blockio.plan_block_io(model, name)
+        except NotApplicable:
+            continue
+        bases = ", ".join(sorted({p.desc.base for p in plan.accesses if p.access.kind == "load"}))
+        out.append(Issue("block_io", "pointer-tiles",
+                         f"{name} loads its K-loop tiles ({bases}) with pointer arithmetic and masks; 2D block "
+                         "loads (Intel) and TMA (Hopper) need tensor descriptors", model.functions[name].line))
+    return out
+
 
 STAGE = Stage(
     name='block_io',
     order=5,
     goal="structured memory access: tensor descriptors, or block pointers where the target's Triton still has them and they are faster",
     kb_topics=('block_io', 'tensor_descriptor', 'block_pointer'),
+    tactics=[TensorDescriptorTiles()],
+    detectors=[_detect_pointer_tiles],
 )

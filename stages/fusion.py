@@ -1,16 +1,134 @@
 """Stage 3, fusion: fewer launches and round trips: epilogues into the GEMM, elementwise chains, torch ops in forward into the kernel.
 
-Owns: this stage's goal, issue detectors and deterministic tactics. Tactics are added here as they are
-implemented; until then the pipeline reports 'no tactic implemented for fusion'.
+Owns: this stage's goal, its issue detectors and three deterministic tactics, codemods from
+:mod:`xeforge.rewrite.fusion_rewrites`, tried in this order:
+
+- ``fuse-epilogue``: trailing elementwise torch ops in ``Model.forward`` (add, sub, mul, div, relu,
+  leaky_relu, sigmoid, silu, tanh, gelu, hardtanh, clamp, mish, softplus, exp, log, min/max with scalars,
+  bias and per-column vectors, inference batch_norm; see :mod:`xeforge.rewrite.tl_ops`) run in the
+  kernel's epilogue; a final ``.to(dtype)`` becomes the output buffer's dtype.
+- ``fuse-elementwise-chain``: an elementwise Triton kernel (or a chain of them) that reads exactly the tile
+  another kernel wrote runs inside the producer, before its one store.
+- ``fuse-row-reduction``: a row reduction after a 2D-tiled kernel (sum/mean/max/min/logsumexp over the
+  last dim, with elementwise ops around it) when one tile can cover the row at the spec's shapes.
+
+Each tactic's candidate is its rewrite followed by whatever other fusion then applies (torch ops fused
+first can make a consumer kernel adjacent to its producer); the single-step rewrite is proposed as a
+fallback. Shapes none of them covers are reported as "no fusion tactic applies: <reason>".
 """
 
 from __future__ import annotations
 
-from stages.base import Stage
+import ast
+
+from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic
+from xeforge.rewrite import NotApplicable
+from xeforge.rewrite import fusion_rewrites as fr
+from xeforge.rewrite.context import Ctx
+from xeforge.rewrite.fusion_tile import tile_store
+from xeforge.static_checks import torch_compute_calls
+
+NOT_APPLICABLE = "no fusion tactic applies: "
+
+
+class FusionTactic(Tactic):
+    """One fusion rewrite (``first``) and its follow-ups."""
+
+    first = ""
+
+    def __init__(self) -> None:
+        self._memo: dict[tuple[str, int], tuple[list[tuple[str, str]], str] | str] = {}
+
+    def results(self, ctx: StageContext) -> list[tuple[str, str]] | str:
+        """[(source, description)] — the fused-as-far-as-possible result first — or why nothing applies."""
+        key = (ctx.source, id(ctx.problem))
+        if key not in self._memo:
+            try:
+                single, desc = fr.REWRITES[self.first](ctx.source, ctx.problem)
+                out = [(single, desc)]
+                full, steps = fr.fuse_all(ctx.source, ctx.problem, self.first)
+                if full != single:
+                    out.insert(0, (full, "; then ".join(steps)))
+                self._memo[key] = out
+            except NotApplicable as exc:
+                self._memo[key] = str(exc)
+            if len(self._memo) > 32:
+                self._memo.pop(next(iter(self._memo)))
+        return self._memo[key]
+
+    def check(self, ctx: StageContext) -> Applicability:
+        r = self.results(ctx)
+        if isinstance(r, str):
+            return Applicability(False, NOT_APPLICABLE + r)
+        return Applicability(True, r[-1][1])
+
+    def propose(self, ctx: StageContext) -> list[Candidate]:
+        r = self.results(ctx)
+        if isinstance(r, str):
+            return []
+        return [Candidate(src, self.name, desc, kind="rewrite") for src, desc in r]
+
+
+class FuseEpilogue(FusionTactic):
+    name = "fuse-epilogue"
+    summary = "translate elementwise torch ops after a launch into tl code in the kernel's epilogue"
+    first = "forward-ops"
+
+
+class FuseElementwiseChain(FusionTactic):
+    name = "fuse-elementwise-chain"
+    summary = "fold an elementwise kernel that reads exactly another kernel's tile into the producer's store"
+    first = "consumer-kernel"
+
+
+class FuseRowReduction(FusionTactic):
+    name = "fuse-row-reduction"
+    summary = "fold a row reduction after a GEMM into it when one tile covers the row"
+    first = "row-reduction"
+
+
+# ------------------------------------------------------------------------------------------------ detectors
+def _detect_consumer_kernels(ctx: StageContext) -> list[Issue]:
+    try:
+        c = Ctx(ctx.source, ctx.problem)
+    except NotApplicable:
+        return []
+    out = []
+    written: dict[str, str] = {}  # tensor variable -> kernel that wrote it
+    for site in c.model.launches:
+        bind = c.env.binding(site)
+        for a in bind.values():
+            if isinstance(a, ast.Name) and a.id in written and written[a.id] != site.kernel:
+                out.append(Issue("fusion", "separate-kernel", f"{site.kernel} re-reads {a.id}, which "
+                                 f"{written[a.id]} wrote: one more launch and a round trip through memory", site.line))
+                break
+        try:
+            ts = tile_store(c.parsed, site.kernel)
+        except NotApplicable:
+            continue
+        a = bind.get(ts.ptr_param)
+        if isinstance(a, ast.Name):
+            written[a.id] = site.kernel
+    return out
+
+
+def _detect_torch_ops(ctx: StageContext) -> list[Issue]:
+    m = ctx.model
+    if not m.launches:
+        return []
+    ops = torch_compute_calls(m)
+    if not ops:
+        return []
+    shown = ", ".join(f"{k} x{v}" if v > 1 else k for k, v in sorted(ops.items()))
+    return [Issue("fusion", "torch-ops-in-forward", f"forward computes with torch around its kernels ({shown}): each op "
+                  "is another pass over memory", m.forward().lineno if m.forward() else None)]
+
 
 STAGE = Stage(
     name='fusion',
     order=3,
     goal='fewer launches and round trips: epilogues into the GEMM, elementwise chains, torch ops in forward into the kernel',
     kb_topics=('fusion',),
+    tactics=[FuseEpilogue(), FuseElementwiseChain(), FuseRowReduction()],
+    detectors=[_detect_consumer_kernels, _detect_torch_ops],
 )

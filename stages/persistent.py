@@ -1,16 +1,81 @@
 """Stage 6, persistent: a persistent kernel over tiles, sized from the device's core count.
 
-Owns: this stage's goal, issue detectors and deterministic tactics. Tactics are added here as they are
-implemented; until then the pipeline reports 'no tactic implemented for persistent'.
+Owns: this stage's goal, its detector (a launch that starts many more programs than the device has cores)
+and its tactic ``persistent-loop`` (KB ``persistent-grid-from-cores``), which rewrites a tiled 1D or 2D grid
+into a loop over tiles with :mod:`xeforge.rewrite.persistent`: ``min(#tiles, cores)`` programs, the core
+count read from the device at run time (SMs on NVIDIA, Xe-cores on Intel). On a GPU the rewrite is also
+proposed with the top KB tile configurations; the verifier times each one.
 """
 
 from __future__ import annotations
 
-from stages.base import Stage
+from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic
+from xeforge.rewrite import persistent
+from xeforge.rewrite.tiling import NotApplicable
+from xeforge.rewrite.tiling_configs import describe, kb_errors, with_configs
+
+#: how many KB tile configurations to try the rewrite with on a GPU
+RETILE_CONFIGS = 2
+#: a launch with more programs than this many per core is reported
+PROGRAMS_PER_CORE_REPORTED = 4
+
+
+class PersistentTileLoop(Tactic):
+    name = "persistent-loop"
+    summary = "one program per core walks the tiles (grid = min(#tiles, cores), cores read at run time)"
+
+    def _rewrite(self, ctx: StageContext) -> tuple[str, persistent.PersistentPlan]:
+        src, plan = persistent.rewrite(ctx.source)
+        bad = kb_errors(ctx, src)
+        if bad:
+            raise NotApplicable(f"the persistent kernel breaks KB constraints for {ctx.device_id}: {'; '.join(bad)}")
+        return src, plan
+
+    def check(self, ctx: StageContext) -> Applicability:
+        try:
+            _, plan = self._rewrite(ctx)
+        except NotApplicable as exc:
+            return Applicability(False, str(exc))
+        return Applicability(True, plan.describe())
+
+    def propose(self, ctx: StageContext) -> list[Candidate]:
+        try:
+            src, plan = self._rewrite(ctx)
+        except NotApplicable:
+            return []
+        out = [Candidate(src, self.name, plan.describe(), params={"kernel": plan.kernel})]
+        for cfg, tiled in with_configs(ctx, src, plan.kernel, RETILE_CONFIGS):
+            out.append(Candidate(tiled, self.name, f"{plan.describe()}; with {describe(cfg)}",
+                                 params={"kernel": plan.kernel, **cfg}))
+        return out
+
+
+def _detect_many_programs(ctx: StageContext) -> list[Issue]:
+    cores = getattr(ctx.device, "cores", None)
+    if not cores or getattr(ctx.device, "interpreter", False):
+        return []
+    try:
+        model = ctx.model
+        variant = ctx.problem.timing_variant(ctx.device.kind)
+    except Exception:  # an unparsable incumbent or a spec without variants: nothing to size
+        return []
+    out = []
+    for kernel in dict.fromkeys(s.kernel for s in model.launches):
+        fn = model.functions[kernel]
+        if persistent.is_persistent(fn.node):
+            continue
+        n = persistent.launched_programs(model, kernel, ctx.problem, variant)
+        if n and n > PROGRAMS_PER_CORE_REPORTED * cores:
+            out.append(Issue("persistent", "one-program-per-tile",
+                             f"{kernel} launches {n:,} programs at {variant.name} for {cores} cores", fn.line))
+    return out
+
 
 STAGE = Stage(
     name='persistent',
     order=6,
     goal="a persistent kernel over tiles, sized from the device's core count",
     kb_topics=('persistent',),
+    tactics=[PersistentTileLoop()],
+    detectors=[_detect_many_programs],
 )

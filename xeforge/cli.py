@@ -37,6 +37,7 @@ def cmd_port(args: argparse.Namespace) -> int:
     pipe = Pipeline(problem, opts)
     if args.dry_run:
         plan = pipe.dry_run()
+        print(f"plan and prompts written to {plan['run_dir']}", file=sys.stderr)
         if args.json:
             _print_json(plan)
         else:
@@ -81,7 +82,7 @@ def _print_plan(plan: dict) -> None:
                 print(f"    {t['candidates']} candidate(s); first: {t.get('description', '')}")
             if t.get("diff"):
                 print("    " + t["diff"].rstrip().replace("\n", "\n    "))
-        if "kb" in st:
+        if "kb" in st and "prompt" not in st:  # the prompt already carries the KB entries
             print("  knowledge base entries for this stage:")
             print("    " + st["kb"].rstrip().replace("\n", "\n    "))
         if "prompt" in st:

@@ -15,7 +15,7 @@ from typing import Any, Callable
 from stages.base import Candidate, Stage, StageContext
 from xeforge.errors import EngineError
 
-Evaluate = Callable[[Candidate], "TrialOutcome"]
+Evaluate = Callable[[Candidate], "TrialOutcome"]  # may also have .prepare(list[Candidate]) (parallel compile)
 
 
 @dataclass
@@ -55,6 +55,9 @@ class RulesEngine:
             if not candidates:
                 rec.note = "the tactic applied but produced no candidate"
                 continue
+            prepare = getattr(evaluate, "prepare", None)
+            if prepare is not None and len(candidates) > 1:
+                prepare(candidates)  # e.g. compile them in parallel on the host before the one-by-one cascade
             rec.outcomes = [evaluate(c) for c in candidates]
             rec.best = choose(rec.outcomes)
             if rec.best is not None:

@@ -31,7 +31,7 @@ import stages as stage_registry
 from stages.base import Candidate, Stage, StageContext
 from xeforge import devices
 from xeforge.engines import TacticRecord, TrialOutcome, make_engine
-from xeforge.errors import RunError, UsageError
+from xeforge.errors import EngineError, RunError, UsageError
 from xeforge.problem import Problem, source_hash
 from xeforge.settings import Settings
 from xeforge.static_checks import Finding
@@ -123,6 +123,7 @@ class Pipeline:
         self.opt = options
         self.say = progress
         self.settings = options.settings
+        self.fallback: str | None = None
 
     # ------------------------------------------------------------------------------------------------ plan
     def resolve_engine(self) -> tuple[str, str]:
@@ -187,7 +188,24 @@ class Pipeline:
             if engine in {"llm", "both"} or self.opt.engine == "llm":
                 entry["prompt"] = self._render_prompt(stage, ctx, issues, kbc)
             plan["stages"].append(entry)
+        folder = self._dry_run_folder()
+        write_json(folder / "plan.json", plan)
+        for st in plan["stages"]:
+            if "prompt" in st:
+                atomic_write(folder / "prompts" / f"{st['order']}-{st['name']}.md", st["prompt"])
+        plan["run_dir"] = str(folder)
         return plan
+
+    def _dry_run_folder(self) -> Path:
+        if self.opt.run_dir is not None:
+            return Path(self.opt.run_dir)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        folder = Path(self.opt.runs_dir) / self.problem.name / f"{stamp}-dry-run"
+        n = 1
+        while folder.exists():
+            n += 1
+            folder = Path(self.opt.runs_dir) / self.problem.name / f"{stamp}-dry-run-{n}"
+        return folder
 
     def resolve_engine_for_dry_run(self) -> tuple[str, str]:
         if self.opt.engine in {"llm", "both"}:
@@ -259,11 +277,12 @@ class Pipeline:
         start_path = store.root / "baseline" / self.problem.kernel_path.name
         if not start_path.exists():
             atomic_write(start_path, self.problem.kernel_source)
+        # engines first: a missing key or a dead server is reported before any device time is spent
+        engine = make_engine(engine_name if engine_name != "both" else "rules", self.opt)
+        llm_engine = make_engine("llm", self.opt) if engine_name == "both" else None
         baseline = self._baseline(store, verifier, start_path)
         incumbent_path, incumbent_src = start_path, self.problem.kernel_source
         history: list[Path] = [start_path]
-        engine = make_engine(engine_name if engine_name != "both" else "rules", self.opt)
-        llm_engine = make_engine("llm", self.opt) if engine_name == "both" else None
         records: list[StageRecord] = []
         named = set(self.opt.stages or [])
         for stage in self.selected_stages():
@@ -294,6 +313,15 @@ class Pipeline:
             def evaluate(cand: Candidate, stage=stage) -> TrialOutcome:
                 return self._evaluate(store, verifier, stage, cand, inc_holder["path"], inc_holder["src"])
 
+            def prepare(cands: list[Candidate]) -> None:
+                todo = [c.source for c in cands if store.recorded(store.key(
+                    stage.name, c.tactic, source_hash(inc_holder["src"]), source_hash(c.source))) is None]
+                n = verifier.prewarm(todo)
+                if n:
+                    self.say(f"  compiled {n} candidate(s) in parallel on the host")
+
+            evaluate.prepare = prepare  # type: ignore[attr-defined]
+
             def choose(outcomes: list[TrialOutcome]) -> TrialOutcome | None:
                 best = self._choose(outcomes, device)
                 if best is not None:
@@ -302,7 +330,15 @@ class Pipeline:
                     inc_holder["path"], inc_holder["src"] = path, best.candidate.source
                 return best
 
-            rec.tactics = engine.run_stage(stage, ctx, evaluate, choose)
+            try:
+                rec.tactics = engine.run_stage(stage, ctx, evaluate, choose)
+            except EngineError as exc:
+                if self.opt.engine != "auto" or engine.name != "llm":
+                    raise
+                self.say(f"  the llm engine failed ({exc.what}); --engine auto falls back to the rules engine")
+                engine_name, engine = "rules", make_engine("rules", self.opt)
+                self.fallback = f"llm engine failed at stage {stage.name}: {exc.what}; rules engine used from there"
+                rec.tactics = engine.run_stage(stage, ctx, evaluate, choose)
             if llm_engine is not None:
                 rec.tactics += llm_engine.run_stage(stage, ctx.with_source(inc_holder["src"]), evaluate, choose)
             for t in rec.tactics:
@@ -425,6 +461,7 @@ class Pipeline:
             "triton_gate": getattr(kbc.triton, "text", None),
             "versions": versions(),
             "engine": engine_name,
+            "engine_fallback": self.fallback,
             "timing_method": None if device.interpreter else
             "device events, full sync, L2 flush, rotated inputs, interleaved A/B, median + IQR, A/A margin",
             "oracle": "float64 PyTorch reference" if self.problem.has_reference else "starting kernel (no reference.py)",

@@ -62,6 +62,8 @@ class Verdict:
         failed = self.failed_gate
         if failed is not None:
             return f"rejected at gate {failed.gate}: {failed.summary}"
+        if not self.gates:
+            return f"not verified: {self.note}" if self.note else "not verified"
         perf = next((g for g in self.gates if g.gate == "3-performance"), None)
         if perf is not None and perf.status == "pass":
             return f"accepted: {perf.summary}"
@@ -439,11 +441,60 @@ class Verifier:
             return None
         return roofline_floor(variant.flop, variant.bytes, peak, bw)
 
+    # ------------------------------------------------------------------------------------------ prewarm
+    def prewarm(self, sources: list[str], jobs: int | None = None) -> int:
+        """Compile candidates in parallel on the host before the cascade runs them one by one.
+
+        Each source runs once on the timing variant in a throw-away worker; Triton's on-disk cache then makes
+        the verifier's own first call fast. Failures are ignored here: the cascade reports them. Interpreter: no-op.
+        """
+        import concurrent.futures
+        import os
+
+        if self.device.interpreter or not sources:
+            return 0
+        variant = self.problem.timing_variant(self.device.kind)
+        jobs = jobs or max(1, min(len(sources), (os.cpu_count() or 2) // 2, 8))
+        folder = self.workdir / "io" / "prewarm"
+        folder.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for src in sources:
+            path = folder / f"c{source_hash_of(src)}.py"
+            path.write_text(src)
+            paths.append(path)
+        weights = self._weights_file(variant)
+        plan = plan_inputs(self.problem, variant)
+
+        def one(path: Path) -> bool:
+            w = Worker(self.device.kind, self.workdir, self.workdir / "prewarm.log")
+            try:
+                w.request("load", self.settings.compile_timeout_s, slot="p", path=str(path),
+                          init_args=self.problem.init_args(variant), weights_file=str(weights) if weights else None,
+                          dtype=variant.dtype)
+                out = self.workdir / "io" / f"prewarm-{path.stem}.pt"
+                w.request("run", self.settings.compile_timeout_s, slot="p", plan=plan, seed=0, distribution="normal",
+                          out_file=str(out), rerun=False)
+                out.unlink(missing_ok=True)
+                return True
+            except WorkerFailure:
+                return False
+            finally:
+                w.close()
+
+        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+            return sum(pool.map(one, paths))
+
     # ------------------------------------------------------------------------------------------ final
     def restart_worker(self) -> None:
         """Start from scratch: a fresh worker and no cached slots (used by the final gate)."""
         self.worker.close()
         self._slots.clear()
+
+
+def source_hash_of(text: str) -> str:
+    from xeforge.problem import source_hash
+
+    return source_hash(text)
 
 
 def _double_copy(model):

@@ -1,10 +1,11 @@
-"""Source rewrites behind the rules engine's dtype and fusion tactics.
+"""Source rewrites behind the rules engine's tactics (the tactics themselves live in ``stages/``).
 
-Owns the analysis and the libcst edits those tactics share; the tactics themselves (applicability,
-candidates, issue detectors) live in ``stages/dtype.py`` and ``stages/fusion.py``.
+This package holds the analysis and libcst edits of several stages; each module says which. The dtype and
+fusion stages (``stages/dtype.py``, ``stages/fusion.py``) use:
 
 - :mod:`xeforge.rewrite.cst_tools` — libcst plumbing: parse with positions, edit statements by line, add
   kernel parameters and launch arguments, rename names, remove functions. Formatting and comments survive.
+- :mod:`xeforge.rewrite.context` — one parse of the kernel file shared by a rewrite (ast, libcst, forward).
 - :mod:`xeforge.rewrite.forward_env` — what ``Model.forward`` holds: the symbolic shape (spec dim names) and
   element dtype of each tensor it passes to a launch, per variant; the Model's parameters and scalars.
 - :mod:`xeforge.rewrite.tl_ops` — the table of elementwise torch ops that translate to ``tl`` code.
@@ -14,7 +15,7 @@ candidates, issue detectors) live in ``stages/dtype.py`` and ``stages/fusion.py`
   trailing torch ops into the epilogue, row reductions when one tile covers the row).
 - :mod:`xeforge.rewrite.dtype_rewrites` — the precision-contract rewrites around ``tl.dot`` and fp64.
 
-Every rewrite either returns new source or raises :class:`NotApplicable` with the reason.
+Each of these rewrites either returns new source or raises :class:`NotApplicable` with the reason.
 """
 
 from __future__ import annotations

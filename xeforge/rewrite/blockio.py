@@ -138,7 +138,8 @@ def _tile_dims(an: KernelAnalysis, acc: Access, loop_names: set[str]) -> list[Ti
         if len(acc.mask.bounds) != 2:
             raise NotApplicable("the mask has conditions beyond the two bounds")
     else:
-        raise NotApplicable("pointer expression not recognised")
+        raise NotApplicable("the pointers are not base + start + tl.arange(0, BLOCK) tiles (wrapped with %, "
+                            "gathered or computed another way)")
     for d, td in enumerate(dims):
         if td.shape.symbols() - params or td.shape.symbols() & loop_names:
             raise NotApplicable(f"dimension {d}'s extent {td.shape.code()} is not a kernel argument")
@@ -150,8 +151,14 @@ def _tile_dims(an: KernelAnalysis, acc: Access, loop_names: set[str]) -> list[Ti
     return dims
 
 
-def _base_of(acc: Access) -> str:
-    return acc.ptr.base if isinstance(acc.ptr, (Ptr, BlockPtr)) else "?"
+def _base_of(acc: Access, params: list[str] | None = None) -> str:
+    if isinstance(acc.ptr, (Ptr, BlockPtr)):
+        return acc.ptr.base
+    if acc.call.args and params:
+        names = [n.id for n in ast.walk(acc.call.args[0]) if isinstance(n, ast.Name) and n.id in params]
+        if names:
+            return names[0]
+    return "?"
 
 
 def plan_block_io(model: KernelModel, kernel: str, mode: str = DESCRIPTOR) -> BlockIOPlan:
@@ -209,7 +216,7 @@ def plan_block_io(model: KernelModel, kernel: str, mode: str = DESCRIPTOR) -> Bl
             spec = descs[spec.key()]
             plans.append(AccessPlan(acc, spec, [d.start for d in ddims]))
         except NotApplicable as exc:
-            skipped.append(f"{acc.kind} of {_base_of(acc)} at line {acc.line}: {exc}")
+            skipped.append(f"{acc.kind} of {_base_of(acc, an.params)} at line {acc.line}: {exc}")
     loads = [p for p in plans if p.access.kind == "load"]
     if not loads:
         raise NotApplicable(f"no tile load of {kernel}'s K loop can become a descriptor ("
@@ -217,7 +224,7 @@ def plan_block_io(model: KernelModel, kernel: str, mode: str = DESCRIPTOR) -> Bl
     # a store is converted only when it writes the GEMM result (values computed after the loop)
     plans = [p for p in plans if p.access.kind == "load" or _stores_result(an, p.access, dot_loops)]
     remove = _dead_increments(an, plans)
-    guards = _guards(list(descs.values()), bind, plans)
+    guards = _guards(list(descs.values()), bind, plans, mode)
     return BlockIOPlan(kernel, site, mode, [d for d in descs.values() if any(p.desc is d for p in plans)], plans,
                        skipped, guards, remove)
 
@@ -274,17 +281,19 @@ def _dead_increments(an: KernelAnalysis, plans: list[AccessPlan]) -> set[int]:
     return out
 
 
-def _guards(descs: list[DescSpec], bind: dict[str, str], plans: list[AccessPlan]) -> list[str]:
+def _guards(descs: list[DescSpec], bind: dict[str, str], plans: list[AccessPlan], mode: str) -> list[str]:
+    """Host conditions for the fast path: the contiguous stride is 1 (both forms); descriptors also need a
+    16-byte aligned base and 16-byte multiples for the other strides."""
     out: list[str] = []
     for d in descs:
         if not any(p.desc is d for p in plans):
             continue
         t = bind[d.base].strip()
-        conds = [f"{t}.data_ptr() % 16 == 0"]
+        conds = [f"{t}.data_ptr() % 16 == 0"] if mode == DESCRIPTOR else []
         last = d.dims[-1].stride.single_symbol()
         if last is not None:
             conds.append(f"{bind[last].strip()} == 1")
-        for td in d.dims[:-1]:
+        for td in (d.dims[:-1] if mode == DESCRIPTOR else []):
             s = td.stride.single_symbol()
             arg = bind[s].strip() if s else td.stride.code()
             conds.append(f"({arg} * {t}.element_size()) % 16 == 0")

@@ -27,8 +27,15 @@ def expr(text: str) -> cst.BaseExpression:
 
 
 def statements(text: str) -> list[cst.BaseStatement]:
-    """Statements parsed from ``text`` (dedented); ready to drop into any indented block."""
-    return list(cst.parse_module(textwrap.dedent(text).strip("\n") + "\n").body)
+    """Statements parsed from ``text`` (dedented); ready to drop into any indented block.
+
+    Leading comment lines stay attached to the first statement (libcst would make them a module header).
+    """
+    module = cst.parse_module(textwrap.dedent(text).strip("\n") + "\n")
+    body = list(module.body)
+    if body and module.header:
+        body[0] = body[0].with_changes(leading_lines=[*module.header, *body[0].leading_lines])
+    return body
 
 
 def dotted(node: cst.CSTNode | None) -> str | None:
@@ -191,18 +198,23 @@ class Edits:
     ``replace[line]``: statements that replace the statement starting at ``line`` (an empty list deletes it;
     its comment lines move to the next statement). ``insert_after[line]``: statements added after it.
     ``calls[line]``: a function that rewrites the launch call ``kernel[grid](...)`` on that line.
+    ``plain_calls[line]``: the same for a ``torch.*`` call (an allocation) on that line.
+    ``tuples[line]``: rewrites a tuple display (a launch grid) on that line.
     ``params[fn]``: parameters added to function ``fn`` before its first ``tl.constexpr`` parameter.
-    ``remove_functions``: top-level functions deleted. ``call_exprs``: expression-level rewrites by line.
+    ``remove_functions``: top-level functions deleted.
     """
 
     replace: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
     insert_after: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
     calls: dict[int, Callable[[cst.Call], cst.Call]] = field(default_factory=dict)
+    plain_calls: dict[int, Callable[[cst.Call], cst.Call]] = field(default_factory=dict)
+    tuples: dict[int, Callable[[cst.Tuple], cst.Tuple | None]] = field(default_factory=dict)
     params: dict[str, list[str]] = field(default_factory=dict)
     remove_functions: set[str] = field(default_factory=set)
 
     def empty(self) -> bool:
-        return not (self.replace or self.insert_after or self.calls or self.params or self.remove_functions)
+        return not (self.replace or self.insert_after or self.calls or self.plain_calls or self.tuples
+                    or self.params or self.remove_functions)
 
 
 class _Apply(cst.CSTTransformer):
@@ -261,6 +273,20 @@ class _Apply(cst.CSTTransformer):
         if fn is not None and isinstance(original.func, cst.Subscript):
             self.done.add(f"call:{line}")
             return fn(updated)
+        fn = self.e.plain_calls.get(line)
+        if fn is not None and (dotted(original.func) or "").startswith("torch."):
+            self.done.add(f"plain:{line}")
+            return fn(updated)
+        return updated
+
+    def leave_Tuple(self, original: cst.Tuple, updated: cst.Tuple) -> cst.BaseExpression:
+        line = self.p.line(original)
+        fn = self.e.tuples.get(line)
+        if fn is not None and f"tuple:{line}" not in self.done:
+            new = fn(updated)  # None: not the tuple meant
+            if new is not None:
+                self.done.add(f"tuple:{line}")
+                return new
         return updated
 
     def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
@@ -277,7 +303,8 @@ def apply_edits(source: str, edits: Edits, parsed: Parsed | None = None) -> str:
     tr = _Apply(parsed, edits)
     new = parsed.module.visit(tr)
     wanted = ({f"replace:{k}" for k in edits.replace} | {f"insert:{k}" for k in edits.insert_after}
-              | {f"call:{k}" for k in edits.calls} | {f"params:{k}" for k in edits.params if edits.params[k]}
+              | {f"call:{k}" for k in edits.calls} | {f"plain:{k}" for k in edits.plain_calls}
+              | {f"tuple:{k}" for k in edits.tuples} | {f"params:{k}" for k in edits.params if edits.params[k]}
               | {f"remove:{k}" for k in edits.remove_functions})
     missing = wanted - tr.done
     if missing:
@@ -290,17 +317,21 @@ def _is_constexpr(p: cst.Param) -> bool:
 
 
 def add_params(params: cst.Parameters, names: list[str]) -> cst.Parameters:
-    """``params`` with ``names`` added before the first constexpr parameter (or at the end)."""
+    """``params`` with ``names`` added after the last runtime parameter (before the first constexpr one)."""
     items = list(params.params)
     at = next((i for i, p in enumerate(items) if _is_constexpr(p)), len(items))
     ws = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
     new = [cst.Param(cst.Name(n), comma=ws) for n in names]
-    if at == len(items):
-        if items and items[-1].comma is cst.MaybeSentinel.DEFAULT:
-            items[-1] = items[-1].with_changes(comma=ws)
-        if new:
-            new[-1] = new[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-    items[at:at] = new
+    if not new:
+        return params
+    if at == 0:
+        items[0:0] = new
+    else:
+        prev = items[at - 1]
+        # the new parameters go right after prev and take over its comma (and the line break after it)
+        new[-1] = new[-1].with_changes(comma=prev.comma)
+        items[at - 1] = prev.with_changes(comma=ws)
+        items[at:at] = new
     return params.with_changes(params=items)
 
 

@@ -111,6 +111,7 @@ class TileStore:
     names: set[str] = field(default_factory=set)  # every name in the function
     params: list[str] = field(default_factory=list)
     constexprs: list[str] = field(default_factory=list)
+    stmt_node: cst.SimpleStatementLine | None = None
 
     @property
     def two_d(self) -> bool:
@@ -214,7 +215,7 @@ def tile_store(parsed: Parsed, fn_name: str) -> TileStore:
         fn=fn_name, line=parsed.line(stmt), ptr_param=base, ptr_src=ptr_src, offset_src=offset_src,
         mask_src=mask_src, value_src=code(pre), value_is_name=isinstance(pre, cst.Name), cast_src=cast,
         cast_line=cast_line, rows=rows if rows and rows[1] else None, cols=cols if cols and cols[1] else None,
-        row_stride=row_stride, names=names_in(fn), params=params, constexprs=consts,
+        row_stride=row_stride, names=names_in(fn), params=params, constexprs=consts, stmt_node=stmt,
     )
 
 
@@ -234,6 +235,7 @@ class ElementwiseKernel:
     drop_lines: set[int]  # the pid / offs / mask statements (replaced by the producer's tile)
     store_line: int
     store_value: cst.BaseExpression
+    store_stmt: cst.BaseStatement
     body: list[cst.BaseStatement]  # the statements kept (in order), store excluded
     params: list[str] = field(default_factory=list)
     constexprs: list[str] = field(default_factory=list)
@@ -300,14 +302,22 @@ def elementwise_kernel(parsed: Parsed, fn_name: str) -> ElementwiseKernel:
     drop = {parsed.line(offs_stmt)}
     # statements feeding offs (pid = tl.program_id(0), block_start = pid * BLOCK) are dropped too
     feeders = names_in(sm.value) - set(params)
-    for s in body_statements(fn):
-        si = small(s)
-        if isinstance(si, cst.Assign) and len(si.targets) == 1 and isinstance(si.targets[0].target, cst.Name) \
-                and si.targets[0].target.value in feeders:
-            if _uses(fn, si.targets[0].target.value) != 2:
-                raise NotApplicable(f"{fn_name} uses {si.targets[0].target.value} beyond computing {offs}")
-            drop.add(parsed.line(s))
-            feeders |= names_in(si.value) - set(params)
+    changed = True
+    while changed:
+        changed = False
+        for s in body_statements(fn):
+            si = small(s)
+            line = parsed.line(s)
+            if line in drop or not (isinstance(si, cst.Assign) and len(si.targets) == 1
+                                    and isinstance(si.targets[0].target, cst.Name)):
+                continue
+            target = si.targets[0].target.value
+            if target in feeders:
+                if _uses(fn, target) != 2:
+                    raise NotApplicable(f"{fn_name} uses {target} beyond computing {offs}")
+                drop.add(line)
+                feeders |= names_in(si.value) - set(params)
+                changed = True
     # mask = offs < n
     mask = n_param = None
     for s in body_statements(fn):
@@ -351,4 +361,4 @@ def elementwise_kernel(parsed: Parsed, fn_name: str) -> ElementwiseKernel:
         body.append(s)
     value = arg(st, 1, "value")
     return ElementwiseKernel(fn_name, offs, mask, n_param, block_param, flat, flat_nodes, out, drop,
-                             parsed.line(store_stmt), value, body, params, consts)
+                             parsed.line(store_stmt), value, store_stmt, body, params, consts)

@@ -24,10 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, dotted_name, is_literal, literal
-
-
-class NotApplicable(Exception):
-    """A rewrite does not apply; the message is the reason shown to the user."""
+from xeforge.rewrite import NotApplicable  # the package's one "does not apply" exception, re-exported
 
 
 # ------------------------------------------------------------------------------------------------ polynomials
@@ -256,6 +253,7 @@ class LoopInfo:
     var: str | None
     start: Poly | None
     step: Poly | None
+    stop: Poly | None
     assigned: set[str]  # names assigned anywhere inside the loop (the loop variable included)
     carried: dict[str, Any] = field(default_factory=dict)  # pointer name -> per-iteration increment
 
@@ -428,16 +426,20 @@ class KernelAnalysis:
         elif isinstance(st, ast.Return) and st.value is not None:
             self.eval(st.value)
 
-    def _range_args(self, it: ast.AST) -> tuple[Poly | None, Poly | None]:
+    def _range_args(self, it: ast.AST) -> tuple[Poly | None, Poly | None, Poly | None]:
+        """(start, step, stop) of ``range``/``tl.range`` as polynomials (None where not one)."""
         if not isinstance(it, ast.Call):
-            return None, None
+            return None, None, None
         name = dotted_name(it.func) or ""
         if name not in ("range", "tl.range", "tl.static_range", "triton.language.range"):
-            return None, None
+            return None, None, None
         args = [self.eval(a) for a in it.args]
+        if not args:
+            return None, None, None
         if len(args) == 1:
-            return ZERO, ONE
+            return ZERO, ONE, args[0] if isinstance(args[0], Poly) else None
         start = args[0] if isinstance(args[0], Poly) else None
+        stop = args[1] if isinstance(args[1], Poly) else None
         step = ONE
         if len(args) >= 3:
             step = args[2] if isinstance(args[2], Poly) else None
@@ -445,13 +447,13 @@ class KernelAnalysis:
             if kw.arg == "step":
                 v = self.eval(kw.value)
                 step = v if isinstance(v, Poly) else None
-        return start, step
+        return start, step, stop
 
     def _for(self, st: ast.For) -> None:
         var = st.target.id if isinstance(st.target, ast.Name) else None
-        start, step = self._range_args(st.iter)
+        start, step, stop = self._range_args(st.iter)
         inner = assigned_names(st.body) | ({var} if var else set())
-        info = LoopInfo(st, var, start, step, inner)
+        info = LoopInfo(st, var, start, step, stop, inner)
         # loop-carried pointers: p += delta, p = p + delta, p = tl.advance(p, (d0, d1))
         skip: set[int] = set()
         for s in st.body:
@@ -637,13 +639,19 @@ class KernelAnalysis:
         return UNKNOWN
 
     def _pointer(self, v: Any) -> Any:
-        """``x_ptr + offs`` on a 1D index vector evaluates to a :class:`Vec` whose start holds the base."""
+        """Name the base pointer of an access: ``x_ptr + offs`` on a 1D index vector evaluates to a :class:`Vec`
+        whose start holds the base, and ``(x_ptr + pid * stride) + tile`` to :class:`Offs` whose scalar does."""
+        poly = v.start if isinstance(v, Vec) else (v.scalar if isinstance(v, Offs) else None)
+        if poly is None:
+            return v
+        bases = [m[0] for m, c in poly.terms if len(m) == 1 and c == 1 and m[0] in self.params
+                 and m[0] not in self.constexprs]
+        if len(bases) != 1:
+            return v
+        base = bases[0]
         if isinstance(v, Vec):
-            bases = [m[0] for m, c in v.start.terms if len(m) == 1 and c == 1 and m[0] in self.params
-                     and m[0] not in self.constexprs]
-            if len(bases) == 1:
-                return Ptr(bases[0], Offs(1, (Term(0, Vec(v.start - Poly.sym(bases[0]), v.size), ONE),)))
-        return v
+            return Ptr(base, Offs(1, (Term(0, Vec(v.start - Poly.sym(base), v.size), ONE),)))
+        return Ptr(base, Offs(v.rank, v.terms, v.scalar - Poly.sym(base)))
 
     def _block_ptr(self, node: ast.Call) -> Any:
         names = ["base", "shape", "strides", "offsets", "block_shape", "order"]
@@ -793,20 +801,39 @@ class PidVar:
     name: str
     axis: int
     stmt: ast.stmt  # the top-level assignment
+    cast: str | None = None  # ``tl.int64`` when written ``tl.program_id(a).to(tl.int64)``
+
+    def read(self, axis_expr: str = "") -> str:
+        """The program-id expression as the kernel wrote it (with its cast)."""
+        call = f"tl.program_id({axis_expr or self.axis})"
+        return f"{call}.to({self.cast})" if self.cast else call
+
+
+def _program_id_call(value: ast.AST) -> tuple[ast.Call, str | None] | None:
+    if is_tl_call(value, "program_id"):
+        return value, None
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "to" \
+            and is_tl_call(value.func.value, "program_id") and len(value.args) == 1:
+        return value.func.value, ast.unparse(value.args[0])
+    return None
 
 
 def program_id_vars(fn: ast.FunctionDef) -> tuple[list[PidVar], list[ast.Call]]:
-    """Top-level ``x = tl.program_id(a)`` assignments, and every other ``tl.program_id`` call (inline uses)."""
+    """Top-level ``x = tl.program_id(a)`` (or ``...program_id(a).to(tl.int64)``) assignments, and every other
+    ``tl.program_id`` call (inline uses)."""
     pids: list[PidVar] = []
     claimed: set[int] = set()
     for st in fn.body:
-        if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name) \
-                and is_tl_call(st.value, "program_id"):
-            arg = _kw(st.value, "axis", 0)
+        if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name):
+            found = _program_id_call(st.value)
+            if found is None:
+                continue
+            call, cast = found
+            arg = _kw(call, "axis", 0)
             val = literal(arg)
             if is_literal(val) and isinstance(val, int):
-                pids.append(PidVar(st.targets[0].id, val, st))
-                claimed.add(id(st.value))
+                pids.append(PidVar(st.targets[0].id, val, st, cast))
+                claimed.add(id(call))
     inline = [n for n in ast.walk(fn) if is_tl_call(n, "program_id") and id(n) not in claimed]
     return pids, inline
 

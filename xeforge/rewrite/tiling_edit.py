@@ -172,6 +172,7 @@ class LaunchEdit:
     set_kwargs: dict[str, str] = field(default_factory=dict)  # name -> expression source
     drop_kwargs: set[str] = field(default_factory=set)
     before: list[str] = field(default_factory=list)  # statements inserted before the launch statement
+    before_line: int | None = None  # ... or before the statement at this line (e.g. the grid assignment)
     hits: dict[str, int] = field(default_factory=dict)
 
 
@@ -225,7 +226,8 @@ class _LaunchEditor(cst.CSTTransformer):
         if not self.edit.before:
             return updated
         pos = self.get_metadata(PositionProvider, original)
-        if pos.start.line <= self.edit.line <= pos.end.line and any(
+        at = self.edit.before_line or self.edit.line
+        if not self.edit.hits.get("before") and pos.start.line <= at <= pos.end.line and any(
                 isinstance(n, cst.Expr) or isinstance(n, cst.Assign) for n in original.body):
             self.edit.hits["before"] = 1
             new = []

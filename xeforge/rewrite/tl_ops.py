@@ -34,6 +34,19 @@ class Operand:
     param: str  # the kernel parameter that receives it
 
 
+def strip_parens(code: str) -> str:
+    """``(a + b)`` -> ``a + b`` when the outer parentheses enclose the whole expression."""
+    while code.startswith("(") and code.endswith(")"):
+        depth = 0
+        for i, ch in enumerate(code):
+            depth += ch == "("
+            depth -= ch == ")"
+            if depth == 0 and i < len(code) - 1:
+                return code
+        code = code[1:-1]
+    return code
+
+
 def op_key(call: ast.Call, value_names: set[str]) -> tuple[str | None, list[ast.expr]]:
     """(``relu``, [args]) for ``torch.relu(y)``, ``F.relu(y)`` or ``y.relu()``; (None, []) otherwise."""
     name = dotted_name(call.func)
@@ -74,8 +87,7 @@ class EpilogueBuilder:
 
     # -- statements ------------------------------------------------------------------------------------
     def assign(self, value: ast.expr) -> None:
-        code = self.expr(value)
-        self.lines.append(f"{self.var} = {code}")
+        self.lines.append(f"{self.var} = {strip_parens(self.expr(value))}")
 
     # -- expressions -----------------------------------------------------------------------------------
     def temp(self, code: str) -> str:
@@ -99,8 +111,9 @@ class EpilogueBuilder:
             ops = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
             sym = ops.get(type(node.op))
             if sym is not None:
+                left, right = self.expr(node.left), self.expr(node.right)
                 self.ops.append({"+": "add", "-": "sub", "*": "mul", "/": "div"}[sym])
-                return f"({self.expr(node.left)} {sym} {self.expr(node.right)})"
+                return f"({left} {sym} {right})"
             if isinstance(node.op, ast.Pow) and literal(node.right) == 2:
                 t = self.temp(self.expr(node.left))
                 self.ops.append("square")
@@ -113,8 +126,9 @@ class EpilogueBuilder:
             if key == "to" and len(args) == 2 and dotted_name(args[1]) in ("torch.float32", "torch.float"):
                 return self.expr(args[0])
             if key in TORCH_OPS and self._mentions_value(node):
+                out = TORCH_OPS[key](self, node, args)
                 self.ops.append(key)
-                return TORCH_OPS[key](self, node, args)
+                return out
             if not self._mentions_value(node):
                 return self.operand(node)
             raise Unsupported(f"{ast.unparse(node.func)}() is not an elementwise op the fusion table supports "

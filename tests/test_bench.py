@@ -1,0 +1,412 @@
+"""`xeforge bench`: the real CLI on the CPU interpreter (correctness only, failures recorded, --workers), and the
+GPU path (timing, speedups, roofline, geomeans) through a scripted verifier with fixed per-call times.
+
+The scripted run also produces tests/golden/reports/bench_{gpu,cpu}.json, the inputs of the report goldens in
+tests/test_report.py; after an intended change to the bench record, accept them with
+    XEFORGE_ACCEPT_GOLDEN=1 .venv/bin/python -m pytest tests/test_bench.py tests/test_report.py
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tests.conftest import FIXTURES, ROOT
+from tests.test_report import check_golden
+from xeforge import bench
+from xeforge.devices import DeviceInfo
+from xeforge.errors import UsageError
+from xeforge.isolation import WorkerFailure
+from xeforge.settings import Settings
+from xeforge.verifier import GateResult, Verdict
+
+VADD = FIXTURES / "problems" / "vadd"
+ROWSUM = FIXTURES / "problems" / "rowsum"
+
+
+def _bench_cli(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "xeforge", "bench", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=timeout)
+
+
+def _copy_problem(src: Path, dest: Path) -> Path:
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
+
+
+def _fake_port_run(runs: Path, problem: Path, kernel_text: str, device: str = "cpu", stamp: str = "20250101-000000",
+                   start_text: str | None = None, correct: bool = True) -> Path:
+    """A port run folder as xeforge port leaves it, reduced to what bench reads."""
+    from xeforge.problem import source_hash
+
+    run = runs / problem.name / stamp
+    (run / "final").mkdir(parents=True)
+    (run / "final" / "kernel.py").write_text(kernel_text)
+    start = start_text if start_text is not None else (problem / "kernel.py").read_text()
+    report = {"problem": problem.name, "device": {"kind": device}, "engine": "rules",
+              "baseline": {"source_hash": source_hash(start)},
+              "final": {"path": "/somewhere/else/final/kernel.py", "claim": "synthetic port result",
+                        "improved": True, "is_start": False, "source_hash": source_hash(kernel_text),
+                        "verdict": {"correct": correct}}}
+    (run / "report.json").write_text(json.dumps(report))
+    return run
+
+
+# ------------------------------------------------------------------------------------------------ CPU, real CLI
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    """vadd (with a verified port result waiting in the runs folder) and rowsum (none), on the CPU interpreter."""
+    tmp = tmp_path_factory.mktemp("bench-cpu")
+    ported = VADD.joinpath("kernel.py").read_text().replace("BLOCK=64", "BLOCK=128").replace("cdiv(n, 64)", "cdiv(n, 128)")
+    assert ported != VADD.joinpath("kernel.py").read_text()
+    _fake_port_run(tmp / "runs", VADD, ported)
+    _fake_port_run(tmp / "runs", VADD, "stale", stamp="20250102-000000", start_text="an older starting kernel")
+    out = tmp / "out"
+    proc = _bench_cli(str(VADD), str(ROWSUM), "--device", "cpu", "--out", str(out), "--runs-dir", str(tmp / "runs"))
+    return SimpleNamespace(proc=proc, out=out, report=json.loads((out / "bench.json").read_text()), ported=ported)
+
+
+def test_cpu_bench_writes_every_output_labelled_correctness_only(cpu_run):
+    proc, out, rep = cpu_run.proc, cpu_run.out, cpu_run.report
+    assert proc.returncode == 0, proc.stderr
+    for name in ("bench.json", "bench.md", "bench.html"):
+        assert (out / name).stat().st_size > 0
+    assert rep["kind"] == "bench" and rep["status"] == "done" and rep["timed"] is False
+    assert rep["timing_method"] is None and rep["pairs"] is None
+    # the header line comes first everywhere: stdout, Markdown, HTML
+    assert proc.stdout.splitlines()[0].startswith("CORRECTNESS ONLY")
+    md, html = (out / "bench.md").read_text(), (out / "bench.html").read_text()
+    assert "CORRECTNESS ONLY" in md.split("## Suite")[0] and 'class="banner">CORRECTNESS ONLY' in html
+    assert "speedup" not in rep["summary"] and rep["summary"].startswith("correctness only")
+    # the time columns read "not timed"; nothing claims a speed
+    header, *rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("| ")]
+    cols = [c.strip() for c in header.strip("|").split("|")]
+    for row in rows:
+        cells = dict(zip(cols, [c.strip() for c in row.strip("|").split("|")]))
+        assert cells["start ms [IQR]"] == "not timed" and cells["eager ms [IQR]"] == "not timed"
+        assert cells["final/eager"] == "not timed" and cells["achieved"] == "not timed"
+    assert not list(out.glob("plots/*.png")), "no plot may be drawn from a correctness-only run"
+    assert "not drawn — nothing was timed" in md
+
+
+def test_cpu_bench_rows_carry_verification_and_provenance(cpu_run):
+    from xeforge.problem import source_hash
+
+    rows = {r["problem"]: r for r in cpu_run.report["problems"]}
+    assert list(rows) == ["vadd", "rowsum"]
+    v, r = rows["vadd"], rows["rowsum"]
+    assert v["entries"]["start"]["verified"] == "verified" and "float64 PyTorch reference" in v["entries"]["start"]["verification"]
+    # the newest *matching* port run is used; the newer one for an older starting kernel is skipped and said so
+    assert v["port_run"]["run_dir"].endswith("20250101-000000")
+    assert any("starting kernel differs" in n for n in v["notes"])
+    assert v["entries"]["final"]["verified"] == "verified"
+    assert v["entries"]["final"]["source_hash"] == source_hash(cpu_run.ported)
+    assert v["entries"]["start"]["source_hash"] == source_hash(VADD.joinpath("kernel.py").read_text())
+    assert r["entries"]["final"]["path"] is None and r["entries"]["final"]["verified"] == "not run"
+    assert "xeforge port" in r["entries"]["final"]["verification"]
+    for row in rows.values():
+        assert row["entries"]["start"]["checked_variants"][0] == "ci"
+        assert row["entries"]["start"]["rounds"] >= bench.CPU_ROUNDS
+        assert row["entries"]["eager"]["verified"] == "not run" and row["entries"]["eager"]["time"] is None
+    rep = cpu_run.report
+    assert rep["versions"]["triton"] and rep["device"]["kind"] == "cpu"
+    assert rep["settings"]["correctness_rounds"] == bench.CPU_ROUNDS
+    assert rep["counts"]["start_verified"] == 2 and rep["counts"]["final_verified"] == 1
+
+
+def test_failing_problems_are_recorded_and_the_run_goes_on(tmp_path):
+    """Through --workers 2: a kernel that fails gate 2, a spec that does not load, and a good problem."""
+    zero = _copy_problem(VADD, tmp_path / "vadd_zero")
+    (zero / "kernel.py").write_text((FIXTURES / "cheats" / "returns_zeros.py").read_text())
+    badspec = _copy_problem(ROWSUM, tmp_path / "badspec")
+    with open(badspec / "spec.yaml", "a") as fh:
+        fh.write("bogus_key: 1\n")
+    out = tmp_path / "out"
+    proc = _bench_cli(str(zero), str(badspec), str(ROWSUM), "--device", "cpu", "--out", str(out), "--workers", "2",
+                      "--runs-dir", str(tmp_path / "runs"))
+    assert proc.returncode == 2, proc.stderr  # something failed: never a quiet success
+    assert "Traceback" not in proc.stderr
+    rep = json.loads((out / "bench.json").read_text())
+    assert [r["problem"] for r in rep["problems"]] == ["vadd_zero", "badspec", "rowsum"]  # merged in order
+    z, b, r = rep["problems"]
+    assert z["status"] == "ok" and z["entries"]["start"]["verified"] == "failed"
+    assert "2-correctness" in z["entries"]["start"]["verification"] and "outside tolerance" in z["entries"]["start"]["verification"]
+    assert b["status"] == "error" and "bogus_key" in b["error"] and "spec.yaml" in b["error"]
+    assert r["status"] == "ok" and r["entries"]["start"]["verified"] == "verified"
+    assert all(row["worker"]["exit_code"] in (0, 2) for row in rep["problems"])
+    md = (out / "bench.md").read_text()
+    assert "## Errors and failures" in md and "bogus_key" in md and "failed verification" in md
+    assert rep["counts"] == {**rep["counts"], "errors": 1, "start_failed": 1, "start_verified": 1}
+
+
+def test_bad_arguments_are_clear_errors(tmp_path):
+    proc = _bench_cli(str(tmp_path / "nope"), "--device", "cpu", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 1 and "Error:" in proc.stderr and "no such file" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = _bench_cli(str(empty), "--device", "cpu", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 1 and "neither a problem folder" in proc.stderr
+
+
+def test_discovery_and_settings(tmp_path):
+    found = bench.discover([str(ROOT / "kernels")])
+    assert len(found) >= 20 and all((p / "spec.yaml").exists() for p in found)
+    assert "_selfcheck" not in {p.name for p in found}
+    assert bench.discover([str(VADD), str(VADD)]) == [VADD]  # de-duplicated
+    with pytest.raises(UsageError):
+        bench.discover([str(tmp_path / "missing")])
+    opt = bench.BenchOptions(problems=[])
+    assert bench.bench_settings(opt, "cpu", env={}).correctness_rounds == bench.CPU_ROUNDS
+    assert bench.bench_settings(opt, "cuda", env={}).correctness_rounds == Settings().correctness_rounds
+    assert bench.bench_settings(opt, "cpu", env={"XEFORGE_ROUNDS": "4"}).correctness_rounds == 4
+    with pytest.raises(UsageError):
+        bench.bench_settings(bench.BenchOptions(problems=[], pairs=1), "cuda", env={})
+    assert bench.gpu_slots("cpu", 3) == [{}, {}, {}]
+
+
+def test_port_result_prefers_the_device_and_skips_failed_runs(tmp_path):
+    from xeforge.problem import source_hash
+
+    runs = tmp_path / "runs"
+    start = VADD.joinpath("kernel.py").read_text()
+    _fake_port_run(runs, VADD, "# on cuda\n", device="cuda", stamp="20250101-000000")
+    _fake_port_run(runs, VADD, "# on cpu, newer\n", device="cpu", stamp="20250102-000000")
+    _fake_port_run(runs, VADD, "# failed final gate\n", device="cuda", stamp="20250103-000000", correct=False)
+    info, notes = bench.find_port_result(runs, "vadd", source_hash(start), "cuda")
+    assert info["run_dir"].endswith("20250101-000000") and not notes
+    info, notes = bench.find_port_result(runs, "vadd", source_hash(start), "xpu")
+    assert info["run_dir"].endswith("20250102-000000") and "made on cpu" in notes[0]
+    assert bench.find_port_result(runs, "rowsum", "x", "cuda") == (None, [])
+
+
+# ------------------------------------------------------------------------------------------------ GPU path, scripted
+SPEC = """kind: {kind}
+origin: naive-port
+description: "{desc}"
+precision: strict
+inputs:
+{inputs}
+ci:
+  - params: [{params}]
+    dtype: float32
+    dims: {{{ci}}}
+    flop: "{flop}"
+    bytes: "{bytes_ci}"
+bench-gpu:
+  - params: [{params}]
+    dtype: bfloat16
+    dims: {{{gpu}}}
+    flop: "{flop}"
+    bytes: "{bytes_gpu}"
+"""
+
+SYNTHETIC = {
+    # name: (kind, description, inputs, params, ci dims, gpu dims, flop, bytes formula without the element size)
+    "gemm_fake": ("gemm", "synthetic GEMM (compute-bound)", {"A": ["M", "K"], "B": ["K", "N"]}, "A, B",
+                  "M: 32, N: 32, K: 32", "M: 4096, N: 4096, K: 4096", "2*M*N*K", "(M*K + K*N + M*N)"),
+    "softmax_fake": ("reduction", "synthetic row softmax (memory-bound)", {"X": ["R", "C"]}, "X",
+                     "R: 8, C: 64", "R: 8192, C: 8192", "5*R*C", "2*R*C"),
+    "broken_fake": ("elementwise", "its starting kernel fails verification", {"X": ["N"]}, "X",
+                    "N: 64", "N: 16777216", "N", "2*N"),
+    "compile_breaks_fake": ("elementwise", "torch.compile breaks the timing run", {"X": ["N"]}, "X",
+                            "N: 64", "N: 16777216", "N", "2*N"),
+}
+# median ms of each entry on bench-gpu: start, final, eager, compile
+BASE_MS = {
+    "gemm_fake": {"start": 1.40, "final": 0.20, "eager": 0.18, "compile": 0.175},
+    "softmax_fake": {"start": 0.90, "final": 0.30, "eager": 0.45, "compile": 0.32},
+    "broken_fake": {"start": 0.50, "eager": 0.08, "compile": 0.07},
+    "compile_breaks_fake": {"start": 0.12, "eager": 0.10, "compile": 0.09},
+}
+PEAK = {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}
+BANDWIDTH = 4.8e12
+WOBBLE = [1 + 0.004 * ((i * 7) % 5 - 2) for i in range(20)]  # fixed per-round noise: medians stay exact
+
+
+class FakeEntry:
+    id = "fake-h200"
+    bandwidth_bytes_per_s = BANDWIDTH
+
+    def peak_flops(self, dtype: str):
+        return PEAK.get(dtype)
+
+
+class ScriptedVerifier:
+    """Stands in for xeforge.verifier.Verifier: verdicts by file content, times from BASE_MS."""
+
+    calls: list = []
+
+    def __init__(self, problem, device, settings, workdir, hooks, entry):
+        self.problem, self.device = problem, device
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def verify(self, path, incumbent=None, *, source_hash=""):
+        text = Path(path).read_text()
+        gates = [GateResult("0-isolation", "pass", f"ran in an isolated worker on {self.device.kind}"),
+                 GateResult("1-static", "pass", "static checks and knowledge-base constraints passed")]
+        if "BROKEN" in text:
+            gates.append(GateResult("2-correctness", "fail", "variant ci (N=64), normal inputs: output: 100.00% of "
+                                    "elements outside tolerance (synthetic)"))
+            return Verdict(source_hash, gates, correct=False)
+        variants = ["ci", "bench-gpu", "ci-ragged-odd"] if self.device.can_time else ["ci", "ci-ragged-odd"]
+        gates.append(GateResult("2-correctness", "pass", f"matches the float64 PyTorch reference on 12 rounds over "
+                                f"{', '.join(variants)}", {"rounds": 12, "variants": variants,
+                                                           "oracle": "float64 PyTorch reference"}))
+        return Verdict(source_hash, gates, correct=True)
+
+    def time_entries(self, entries, variant, pairs=None):
+        assert self.device.can_time and variant.name == "bench-gpu"
+        type(self).calls.append((self.problem.name, [(Path(p).name, m) for p, m in entries], pairs))
+        out = []
+        for path, mode in entries:
+            p = Path(path)
+            key = "compile" if mode else ("eager" if p.name == "reference.py" else
+                                          ("final" if "runs" in p.parts else "start"))
+            if key == "compile" and self.problem.name == "compile_breaks_fake":
+                raise WorkerFailure("exception", "BackendCompilerFailed: synthetic inductor failure", "reference.py:1")
+            out.append([BASE_MS[self.problem.name][key] * w for w in WOBBLE[: pairs or 20]])
+        return out
+
+
+def _write_synthetic(root: Path) -> tuple[list[Path], Path]:
+    problems = []
+    for name, (kind, desc, inputs, params, ci, gpu, flop, nbytes) in SYNTHETIC.items():
+        d = root / "problems" / name
+        d.mkdir(parents=True)
+        spec = SPEC.format(kind=kind, desc=desc, params=params, ci=ci, gpu=gpu, flop=flop,
+                           inputs="\n".join(f"  {k}: {{shape: [{', '.join(v)}], dtype: bfloat16}}" for k, v in inputs.items()),
+                           bytes_ci=f"4*{nbytes}", bytes_gpu=f"2*{nbytes}")
+        (d / "spec.yaml").write_text(spec)
+        body = "BROKEN: returns zeros\n" if name == "broken_fake" else "launches its Triton kernel\n"
+        (d / "kernel.py").write_text(f"# synthetic starting kernel of {name}: {body}")
+        (d / "reference.py").write_text(f"# synthetic PyTorch reference of {name}\n")
+        problems.append(d)
+    runs = root / "runs"
+    for name in ("gemm_fake", "softmax_fake"):
+        _fake_port_run(runs, root / "problems" / name, f"# synthetic port result of {name}\n", device="cuda")
+    return problems, runs
+
+
+def scripted_report(root: Path, kind: str) -> dict:
+    """A bench report made by the real bench code over synthetic problems with a scripted verifier."""
+    problems, runs = _write_synthetic(root)
+    if kind == "cuda":
+        device = DeviceInfo("cuda", "NVIDIA H200 (synthetic)", cores=132, l2_bytes=50 * 2**20, architecture="sm_90",
+                            driver="synthetic-driver", torch="2.x", triton="3.x")
+    else:
+        device = DeviceInfo("cpu", "Triton interpreter (synthetic)", cores=2, architecture="x86_64", interpreter=True)
+    opt = bench.BenchOptions(problems=[str(p) for p in problems], device=kind, runs_dir=runs,
+                             argv=["bench", "kernels/", "--device", kind])
+    settings = Settings() if kind == "cuda" else Settings(correctness_rounds=bench.CPU_ROUNDS)
+    kbc = SimpleNamespace(kb=None, device_id="fake-h200" if kind == "cuda" else "cpu-interpreter",
+                          entry=FakeEntry() if kind == "cuda" else None, note="",
+                          triton=SimpleNamespace(text="3.x"))
+    ctx = bench.BenchContext(device, kbc, settings, opt, root / "work", ScriptedVerifier)
+    report = bench.new_report(opt, device, kbc, settings, root / "out")
+    for p in problems:
+        report["problems"].append(bench.bench_problem(p, ctx))
+    report["status"] = "done"
+    return bench.finalize(report)
+
+
+def normalise(report: dict, root: Path) -> dict:
+    """Replace everything that depends on the machine or the clock."""
+    text = json.dumps(report).replace(str(root), "<tmp>")
+    rep = json.loads(text)
+    rep["created"] = "2025-01-01T12:00:00"
+    rep["versions"] = {"python": "3.x", "torch": "2.x", "triton": "3.x"}
+    rep["elapsed_s"] = 12.5
+    for r in rep["problems"]:
+        r["elapsed_s"] = 1.0
+    return rep
+
+
+@pytest.fixture(scope="module")
+def gpu_report(tmp_path_factory):
+    root = tmp_path_factory.mktemp("synthetic-gpu")
+    ScriptedVerifier.calls = []
+    return normalise(scripted_report(root, "cuda"), root), list(ScriptedVerifier.calls)
+
+
+def test_gpu_path_times_interleaved_and_derives_speedups(gpu_report):
+    rep, calls = gpu_report
+    rows = {r["problem"]: r for r in rep["problems"]}
+    g = rows["gemm_fake"]
+    # one interleaved run with all four entries, the compile entry in torch.compile's default mode
+    assert calls[0] == ("gemm_fake", [("kernel.py", None), ("kernel.py", None), ("reference.py", None),
+                                      ("reference.py", "default")], 20)
+    assert g["speedups"]["final_vs_start"]["value"] == pytest.approx(1.40 / 0.20)
+    assert g["speedups"]["final_vs_eager"]["value"] == pytest.approx(0.18 / 0.20)
+    assert g["speedups"]["final_vs_compile"]["value"] == pytest.approx(0.175 / 0.20)
+    assert g["speedups"]["final_vs_start"]["ratio_iqr"] == pytest.approx(0.0, abs=1e-9)  # same wobble each round
+    start = g["entries"]["start"]
+    assert start["time"]["median_ms"] == pytest.approx(1.40) and start["time"]["n"] == 20
+    assert start["time"]["iqr_ms"] > 0 and len(start["time"]["times_ms"]) == 20
+    flop = 2 * 4096**3
+    nbytes = 2 * 3 * 4096 * 4096
+    assert g["roofline"]["bound"] == "compute" and g["roofline"]["floor_ms"] == pytest.approx(flop / 989e12 * 1e3)
+    assert g["entries"]["final"]["achieved"]["flop_per_s"] == pytest.approx(flop / 0.20e-3)
+    assert g["entries"]["final"]["achieved"]["pct_roofline"] == pytest.approx(100 * (flop / 989e12) / 0.20e-3)
+    assert g["roofline"]["intensity"] == pytest.approx(flop / nbytes)
+    s = rows["softmax_fake"]
+    assert s["roofline"]["bound"] == "memory"
+    assert s["entries"]["final"]["achieved"]["pct_roofline"] == pytest.approx(100 * (2 * 2 * 8192 * 8192 / BANDWIDTH) / 0.30e-3)
+    # a kernel that fails verification is not timed; PyTorch still is
+    b = rows["broken_fake"]
+    assert b["entries"]["start"]["verified"] == "failed" and b["entries"]["start"]["time"] is None
+    assert "failed verification" in b["entries"]["start"]["not_timed"] and b["entries"]["eager"]["time"]
+    assert "final_vs_start" not in b["speedups"] and "start_vs_eager" not in b["speedups"]
+    # one entry that breaks the timing run is found and dropped; the others are still timed
+    c = rows["compile_breaks_fake"]
+    assert "BackendCompilerFailed" in c["entries"]["compile"]["error"] and c["entries"]["compile"]["time"] is None
+    assert c["entries"]["start"]["time"]["median_ms"] == pytest.approx(0.12)
+    assert c["speedups"]["start_vs_eager"]["value"] == pytest.approx(0.10 / 0.12)
+    # geomeans over the rows that have both sides
+    gm = rep["geomean"]
+    assert gm["final_vs_eager"]["n"] == 2
+    assert gm["final_vs_eager"]["value"] == pytest.approx(((0.18 / 0.20) * (0.45 / 0.30)) ** 0.5)
+    assert gm["start_vs_eager"]["n"] == 3
+    assert rep["timed"] and "geomean port result vs eager" in rep["summary"]
+    assert bench.exit_code(rep) == 2  # a failed kernel and an entry error: not a clean run
+
+
+def test_gpu_bench_record_golden(gpu_report):
+    rep, _ = gpu_report
+    check_golden("bench_gpu.json", json.dumps(rep, indent=2) + "\n")
+
+
+def test_cpu_bench_record_golden(tmp_path):
+    rep = normalise(scripted_report(tmp_path, "cpu"), tmp_path)
+    assert all(not e["timed"] for r in rep["problems"] for e in r["entries"].values())
+    assert rep["header"] == bench.CPU_HEADER and rep["geomean"]["final_vs_eager"]["value"] is None
+    check_golden("bench_cpu.json", json.dumps(rep, indent=2) + "\n")
+
+
+def test_interrupted_run_keeps_partial_results(tmp_path):
+    problems, runs = _write_synthetic(tmp_path)
+
+    class Interrupting(ScriptedVerifier):
+        def verify(self, path, incumbent=None, *, source_hash=""):
+            if self.problem.name == "softmax_fake":
+                raise KeyboardInterrupt
+            return super().verify(path, incumbent, source_hash=source_hash)
+
+    out = tmp_path / "out"
+    opt = bench.BenchOptions(problems=[str(p) for p in problems], device="cpu", runs_dir=runs, out=out)
+    with pytest.raises(KeyboardInterrupt):
+        bench.run_bench(opt, make_verifier=Interrupting)
+    rep = json.loads((out / "bench.json").read_text())
+    assert rep["status"] == "interrupted" and [r["problem"] for r in rep["problems"]] == ["gemm_fake"]
+    assert (out / "bench.md").exists() and "status interrupted" in (out / "bench.md").read_text()

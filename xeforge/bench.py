@@ -1,0 +1,857 @@
+"""``xeforge bench``: the suite runner. Each problem's starting kernel, its latest verified port result, PyTorch
+eager and torch.compile, verified and timed by the same harness as gate 3, side by side.
+
+The flow, and which module owns each step:
+
+1. Discover problems: problem folders, kernel files, or folders of problem folders (``kernels/``).
+2. Pick the device (:mod:`xeforge.devices`) and its knowledge-base entry (:func:`xeforge.pipeline.kb_context`) for
+   the roofline: peak FLOP/s for the variant's dtype and memory bandwidth. No entry: no roofline, and rows say so.
+3. Per problem (:func:`bench_problem`), every failure recorded in the row, never raised past it:
+   a. the port result: ``--port`` runs :class:`xeforge.pipeline.Pipeline` first; otherwise the newest
+      ``RUNS_DIR/<problem>/*/report.json`` whose final verdict is correct and whose starting kernel is this one;
+   b. correctness (gates 0-2, :meth:`xeforge.verifier.Verifier.verify`) of the start and the port result;
+   c. timing (GPU only): :meth:`Verifier.time_entries` runs start, final, eager and torch.compile interleaved in
+      one worker (device events, L2 flush, rotated inputs) on the same inputs; a kernel that failed verification
+      is not timed. One entry that breaks the timing run is found and dropped, the rest are timed without it;
+   d. statistics (:mod:`xeforge.timing`): median + IQR per entry, speedups as ratios of medians with the IQR
+      of the per-round paired ratios, achieved FLOP/s and bytes/s, % of the roofline bound.
+4. ``--workers N``: one subprocess per local GPU (``CUDA_VISIBLE_DEVICES`` / ``ZE_AFFINITY_MASK``), each running
+   a single-problem ``xeforge bench --json``; rows are merged in problem order.
+5. After every problem ``bench.json`` is rewritten; in ``finally:`` the geomeans, ``bench.md``, ``bench.html``
+   and the plots are written (:mod:`xeforge.report`, :mod:`xeforge.report_html`, :mod:`xeforge.plots`) and the
+   table goes to stdout. Progress goes to stderr.
+
+On ``--device cpu`` (Triton's interpreter) nothing is timed: the run checks correctness only, and every output
+says so in its first line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from xeforge.errors import UsageError, XeforgeError
+
+# Correctness rounds per variant for a bench on the CPU interpreter (unless --rounds or XEFORGE_ROUNDS says
+# otherwise): the suite is re-checked in CI on 2 cores, and 2 fresh-input rounds per variant (plus the ragged
+# shapes) keep `xeforge bench kernels/ --device cpu` to a couple of minutes. A port still uses the full count.
+CPU_ROUNDS = 2
+
+ENTRY_LABELS = {
+    "start": "starting kernel",
+    "final": "port result",
+    "eager": "PyTorch eager",
+    "compile": "torch.compile",
+}
+VERIFIED, FAILED, NOT_RUN = "verified", "failed", "not run"
+# speedup name -> (baseline entry, faster-is-better entry): value = median(baseline) / median(entry)
+SPEEDUPS = {
+    "final_vs_start": ("start", "final"),
+    "final_vs_eager": ("eager", "final"),
+    "final_vs_compile": ("compile", "final"),
+    "start_vs_eager": ("eager", "start"),
+    "start_vs_compile": ("compile", "start"),
+}
+CPU_HEADER = ("CORRECTNESS ONLY: --device cpu runs Triton's interpreter, which measures nothing about GPU speed. "
+              "Kernels were verified (gates 0-2); nothing was timed and no speedup is claimed.")
+_DTYPE_SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
+
+
+@dataclass
+class BenchOptions:
+    problems: list[str]
+    device: str = "auto"
+    port: bool = False
+    compile_mode: str = "default"
+    workers: int = 1
+    out: Path | None = None
+    variant: str | None = None
+    runs_dir: Path = Path("runs")
+    rounds: int | None = None
+    pairs: int | None = None
+    engine: str = "auto"
+    stages: list[str] | None = None
+    budget: int | None = None
+    target: str | None = None
+    triton: str | None = None
+    llm: Any = None
+    llm_argv: list[str] = field(default_factory=list)  # --model/--api-base/... to hand to worker subprocesses
+    json: bool = False
+    argv: list[str] = field(default_factory=list)
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------ discovery
+def _is_problem(path: Path) -> bool:
+    if path.is_file():
+        return path.suffix == ".py"
+    return path.is_dir() and ((path / "kernel.py").exists() or (path / "spec.yaml").exists())
+
+
+def discover(paths: list[str]) -> list[Path]:
+    """Problem folders (or kernel files), in the order given; a folder of problems expands to its sorted children."""
+    out: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if not p.exists():
+            raise UsageError(raw, "no such file or folder", "pass problem folders (kernels/softmax) or a folder of them (kernels/)")
+        if _is_problem(p):
+            found = [p]
+        else:
+            found = sorted(c for c in p.iterdir() if c.is_dir() and not c.name.startswith((".", "_")) and _is_problem(c))
+            if not found:
+                raise UsageError(raw, "is neither a problem folder (kernel.py, spec.yaml) nor a folder of them",
+                                 "pass kernels/ or kernels/<name>; see docs/problem-format.md")
+        for f in found:
+            if f.resolve() not in {o.resolve() for o in out}:
+                out.append(f)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ port results
+def find_port_result(runs_dir: Path, name: str, start_hash: str, device_kind: str) -> tuple[dict | None, list[str]]:
+    """The newest port run of this problem whose final kernel passed the final gate and whose starting kernel is
+    the current one; a run on the same device kind is preferred. Returns (info or None, notes)."""
+    notes: list[str] = []
+    base = Path(runs_dir) / name
+    reports = sorted(base.glob("*/report.json"), key=lambda p: p.parent.name, reverse=True)
+    fallback, stale = None, 0
+    for rp in reports:
+        try:
+            rep = json.loads(rp.read_text())
+        except (OSError, json.JSONDecodeError):
+            notes.append(f"{rp}: unreadable report.json, skipped")
+            continue
+        final = rep.get("final") or {}
+        if not (final.get("verdict") or {}).get("correct"):
+            continue
+        if (rep.get("baseline") or {}).get("source_hash") != start_hash:
+            stale += 1
+            continue
+        kernel = rp.parent / "final" / Path(final.get("path") or "kernel.py").name
+        if not kernel.exists():
+            notes.append(f"{rp.parent}: report.json names {kernel.name} but final/ does not hold it, skipped")
+            continue
+        info = {"run_dir": str(rp.parent), "report": str(rp), "path": str(kernel),
+                "device": (rep.get("device") or {}).get("kind"), "engine": rep.get("engine"),
+                "claim": final.get("claim"), "improved": final.get("improved"), "is_start": final.get("is_start"),
+                "source_hash": final.get("source_hash")}
+        if info["device"] == device_kind:
+            return info, notes + _stale_note(stale)
+        fallback = fallback or info
+    if fallback is not None:
+        notes.append(f"no verified port run on {device_kind}; using the newest one, made on {fallback['device']}")
+    return fallback, notes + _stale_note(stale)
+
+
+def _stale_note(n: int) -> list[str]:
+    return [f"{n} port run(s) skipped: their starting kernel differs from the current kernel.py"] if n else []
+
+
+def _run_port(problem, opt: BenchOptions, device_kind: str) -> dict:
+    """``--port``: run the pipeline on this problem now and return the port-result info."""
+    from xeforge.pipeline import Pipeline, PortOptions
+    from xeforge.settings import load_settings
+
+    settings = load_settings()
+    if opt.budget is not None:
+        settings = settings.replace(tuning_budget=opt.budget,
+                                    cpu_tuning_budget=min(opt.budget, settings.cpu_tuning_budget))
+    popt = PortOptions(device=device_kind, stages=opt.stages, engine=opt.engine, runs_dir=Path(opt.runs_dir),
+                       target=opt.target, triton=opt.triton, settings=settings, llm=opt.llm,
+                       argv=["port", str(problem.root), "--device", device_kind, "(from xeforge bench --port)"])
+    rep = Pipeline(problem, popt, progress=lambda m: say(f"  [port {problem.name}] {m}")).run()
+    final = rep["final"]
+    run_dir = Path(rep["run_dir"])
+    return {"run_dir": str(run_dir), "report": str(run_dir / "report.json"),
+            "path": str(run_dir / "final" / Path(final["path"]).name), "device": device_kind,
+            "engine": rep.get("engine"), "claim": final.get("claim"), "improved": final.get("improved"),
+            "is_start": final.get("is_start"), "source_hash": final.get("source_hash"), "ported_now": True}
+
+
+# ------------------------------------------------------------------------------------------------ statistics
+def time_stats(times: list[float]) -> dict:
+    from xeforge.timing import Stats
+
+    return {**Stats.of(times).as_dict(), "times_ms": [round(t, 6) for t in times]}
+
+
+def speedup_of(base: list[float], new: list[float]) -> dict:
+    """How much faster ``new`` is than ``base``: median(base) / median(new), with the spread of the per-round
+    ratios (the entries are timed interleaved, so round i of each is a pair)."""
+    import statistics
+
+    from xeforge.timing import paired_ratios, quantile
+
+    value = statistics.median(base) / statistics.median(new)
+    ratios = paired_ratios(base, new)
+    q1, q3 = (quantile(ratios, 0.25), quantile(ratios, 0.75)) if ratios else (float("nan"), float("nan"))
+    return {"value": value, "ratio_q1": q1, "ratio_q3": q3, "ratio_iqr": q3 - q1, "pairs": len(ratios)}
+
+
+def geomean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x and x > 0 and math.isfinite(x)]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def roofline_for(variant, dtype: str | None, entry: Any) -> dict:
+    """Peak, bandwidth, the roofline bound (floor time) and the arithmetic intensity of one variant."""
+    from xeforge.timing import roofline_floor
+
+    short = _DTYPE_SHORT.get(dtype or "float32", dtype or "fp32")
+    out: dict[str, Any] = {"dtype": short, "flop": variant.flop, "bytes": variant.bytes, "peak_flops": None,
+                           "bandwidth_bytes_per_s": None, "floor_ms": None, "bound": None, "intensity": None,
+                           "source": None}
+    if variant.flop and variant.bytes:
+        out["intensity"] = variant.flop / variant.bytes
+    if entry is None:
+        out["source"] = "no knowledge-base device entry for this device: no roofline"
+        return out
+    try:
+        out["peak_flops"] = entry.peak_flops(short)
+    except Exception:  # a KB entry without the accessor or the dtype: roofline from bandwidth alone
+        out["peak_flops"] = None
+    try:
+        out["bandwidth_bytes_per_s"] = entry.bandwidth_bytes_per_s
+    except Exception:  # same: peak alone
+        out["bandwidth_bytes_per_s"] = None
+    kb_id = getattr(entry, "id", "?")
+    if out["peak_flops"] is None and out["bandwidth_bytes_per_s"] is None:
+        out["source"] = f"knowledge-base entry {kb_id} states no peak or bandwidth: no roofline"
+    else:
+        known = [w for w, val in ((f"peak {short}", out["peak_flops"]), ("bandwidth", out["bandwidth_bytes_per_s"]))
+                 if val is not None]
+        out["source"] = f"knowledge-base entry {kb_id} (datasheet {' and '.join(known)})"
+    floor = roofline_floor(variant.flop, variant.bytes, out["peak_flops"], out["bandwidth_bytes_per_s"])
+    if floor is not None:
+        out["floor_ms"] = floor * 1e3
+        t_c = variant.flop / out["peak_flops"] if variant.flop and out["peak_flops"] else 0.0
+        t_m = variant.bytes / out["bandwidth_bytes_per_s"] if variant.bytes and out["bandwidth_bytes_per_s"] else 0.0
+        out["bound"] = "compute" if t_c >= t_m else "memory"
+    return out
+
+
+def achieved(median_ms: float, roof: dict) -> dict:
+    s = median_ms * 1e-3
+    return {"flop_per_s": roof["flop"] / s if roof["flop"] else None,
+            "bytes_per_s": roof["bytes"] / s if roof["bytes"] else None,
+            "pct_roofline": 100.0 * roof["floor_ms"] / median_ms if roof["floor_ms"] else None}
+
+
+# ------------------------------------------------------------------------------------------------ one problem
+@dataclass
+class BenchContext:
+    """What every problem of one run shares."""
+
+    device: Any  # DeviceInfo
+    kbc: Any  # KBContext or None
+    settings: Any  # Settings
+    options: BenchOptions
+    work_root: Path
+    make_verifier: Callable[..., Any] | None = None  # (problem, device, settings, workdir, hooks, entry) -> Verifier
+
+    def verifier(self, problem, workdir: Path):
+        from xeforge.pipeline import constraint_hook
+        from xeforge.verifier import Verifier
+
+        hooks = [h for h in [constraint_hook(self.kbc)] if h] if self.kbc is not None else []
+        entry = getattr(self.kbc, "entry", None)
+        factory = self.make_verifier or Verifier
+        return factory(problem, self.device, self.settings, workdir, hooks, entry)
+
+
+def _entry(label: str, path: Path | None, text: str | None = None) -> dict:
+    from xeforge.problem import source_hash
+
+    e: dict[str, Any] = {"label": label, "path": str(path) if path else None, "source_hash": None,
+                         "verified": NOT_RUN, "verification": "", "gates": [], "time": None, "timed": False,
+                         "not_timed": "", "achieved": None, "error": None}
+    if path is not None:
+        e["source_hash"] = source_hash(text if text is not None else Path(path).read_text())
+    return e
+
+
+def _record_verdict(e: dict, verdict) -> None:
+    e["verified"] = VERIFIED if verdict.correct else FAILED
+    e["verification"] = verdict.feedback()
+    e["gates"] = [{"gate": g.gate, "status": g.status, "summary": g.summary} for g in verdict.gates]
+    g2 = next((g for g in verdict.gates if g.gate == "2-correctness"), None)
+    if g2 is not None and g2.status == "pass":
+        e["verification"] = g2.summary
+        e["checked_variants"] = g2.details.get("variants")
+        e["rounds"] = g2.details.get("rounds")
+        e["oracle"] = g2.details.get("oracle")
+
+
+def bench_problem(path: Path, ctx: BenchContext) -> dict:
+    """One row of the suite table. Never raises for a problem's own failure (only for KeyboardInterrupt)."""
+    opt, device = ctx.options, ctx.device
+    t0 = time.monotonic()
+    row: dict[str, Any] = {"problem": path.stem if path.is_file() else path.name, "path": str(path), "status": "ok",
+                           "error": None, "kind": None, "origin": None, "description": None, "variant": None,
+                           "roofline": None, "entries": {}, "speedups": {}, "notes": [], "port_run": None}
+    workdir = ctx.work_root / row["problem"]
+    try:
+        _bench_problem(path, ctx, row, workdir)
+    except XeforgeError as exc:
+        row["status"], row["error"] = "error", exc.render()
+    except Exception as exc:  # noqa: BLE001 — a bug or a broken problem must not stop the suite; the row says what
+        row["status"], row["error"] = "error", f"unexpected {type(exc).__name__}: {exc}"
+        row["traceback"] = traceback.format_exc()[-3000:]
+    finally:
+        row["elapsed_s"] = round(time.monotonic() - t0, 2)
+        for scratch in ("io", "weights"):  # bench-gpu weights can be hundreds of MB per problem
+            shutil.rmtree(workdir / scratch, ignore_errors=True)
+    return row
+
+
+def _bench_problem(path: Path, ctx: BenchContext, row: dict, workdir: Path) -> None:
+    from xeforge.problem import load_problem
+
+    opt, device = ctx.options, ctx.device
+    problem = load_problem(path)
+    row.update(problem=problem.name, kind=problem.spec.kind, origin=problem.spec.origin,
+               description=problem.spec.description)
+    row["notes"] += list(problem.notes)
+    variant = problem.variant(opt.variant) if opt.variant else problem.timing_variant(device.kind)
+    dtype = variant.dtype or next((i.dtype for i in problem.input_specs(variant)), None)
+    row["variant"] = {"name": variant.name, "dims": dict(variant.dims), "dtype": dtype, "flop": variant.flop,
+                      "bytes": variant.bytes, "flop_expr": variant.flop_expr, "bytes_expr": variant.bytes_expr}
+    row["roofline"] = roofline_for(variant, dtype, getattr(ctx.kbc, "entry", None))
+
+    entries = row["entries"]
+    entries["start"] = _entry(ENTRY_LABELS["start"], problem.kernel_path, problem.kernel_source)
+    final = _entry(ENTRY_LABELS["final"], None)
+    entries["final"] = final
+    port = None
+    if opt.port:
+        try:
+            port = _run_port(problem, opt, device.kind)
+        except XeforgeError as exc:
+            final["error"] = f"--port failed: {exc.render()}"
+            final["verification"] = "no port result: the port failed"
+    else:
+        port, notes = find_port_result(opt.runs_dir, problem.name, problem.source_hash, device.kind)
+        row["notes"] += notes
+        if port is None:
+            final["verification"] = (f"no verified port result in {opt.runs_dir}/{problem.name}/ "
+                                     "(run `xeforge port` first, or pass --port)")
+            final["not_timed"] = "no port result"
+    if port is not None:
+        row["port_run"] = port
+        entries["final"] = final = _entry(ENTRY_LABELS["final"], Path(port["path"]))
+    ref = problem.reference_path
+    for key, mode in (("eager", None), ("compile", opt.compile_mode)):
+        e = _entry(ENTRY_LABELS[key] + (f" ({mode})" if mode and mode != "default" else ""), ref)
+        e["compile_mode"] = mode
+        e["verification"] = ("the PyTorch reference itself, at the variant dtype (the oracle runs it in float64); "
+                             "not re-verified" if ref else "no reference.py: nothing to compare against")
+        if ref is None:
+            e["not_timed"] = "no reference.py"
+        entries[key] = e
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    with ctx.verifier(problem, workdir) as v:
+        start = entries["start"]
+        _record_verdict(start, v.verify(problem.kernel_path, None, source_hash=start["source_hash"]))
+        if final["path"]:
+            if final["source_hash"] == start["source_hash"]:
+                for k in ("verified", "verification", "gates", "checked_variants", "rounds", "oracle"):
+                    if k in start:
+                        final[k] = start[k]
+                final["verification"] = "same source as the starting kernel (verdict shared): " + start["verification"]
+            else:
+                _record_verdict(final, v.verify(Path(final["path"]), None, source_hash=final["source_hash"]))
+        if not device.can_time:
+            for e in entries.values():
+                if e["path"]:
+                    e["not_timed"] = "not timed: the CPU interpreter measures nothing (correctness only)"
+            return
+        _time_row(v, problem, variant, row, ctx)
+
+
+def _time_row(v, problem, variant, row: dict, ctx: BenchContext) -> None:
+    entries = row["entries"]
+    todo: list[tuple[str, Path, str | None]] = []
+    for key, e in entries.items():
+        if not e["path"]:
+            continue
+        if key in ("start", "final") and e["verified"] != VERIFIED:
+            e["not_timed"] = "not timed: failed verification"
+            continue
+        todo.append((key, Path(e["path"]), e.get("compile_mode")))
+    pairs = ctx.options.pairs or ctx.settings.timed_pairs
+    times, errors = time_entries_robust(v, todo, variant, pairs)
+    for key, msg in errors.items():
+        entries[key]["error"] = f"timing failed: {msg}"
+        entries[key]["not_timed"] = "not timed: the timing run failed"
+    roof = row["roofline"]
+    for key, ts in times.items():
+        e = entries[key]
+        e["time"] = time_stats(ts)
+        e["timed"] = True
+        e["achieved"] = achieved(e["time"]["median_ms"], roof)
+        floor = roof["floor_ms"]
+        if floor and e["time"]["median_ms"] < floor and key in ("start", "final"):
+            row["notes"].append(f"{key}: median {e['time']['median_ms']:.4f} ms is below the roofline bound "
+                                f"{floor:.4f} ms: a measurement or correctness problem")
+    for name, (base, new) in SPEEDUPS.items():
+        if base in times and new in times:
+            sp = speedup_of(times[base], times[new])
+            sp["flagged_over"] = ctx.settings.speedup_flag if sp["value"] > ctx.settings.speedup_flag else None
+            row["speedups"][name] = sp
+
+
+def time_entries_robust(v, todo: list[tuple[str, Path, str | None]], variant, pairs: int):
+    """Time every entry interleaved; if the run fails, find the entries that break it alone and time the rest."""
+    from xeforge.isolation import WorkerFailure
+
+    if not todo:
+        return {}, {}
+    try:
+        got = v.time_entries([(p, m) for _, p, m in todo], variant, pairs)
+        return {k: t for (k, _, _), t in zip(todo, got)}, {}
+    except WorkerFailure as exc:
+        first = str(exc)
+    errors: dict[str, str] = {}
+    ok = []
+    for item in todo:  # which entry breaks it? each alone, one round
+        try:
+            v.time_entries([(item[1], item[2])], variant, 1)
+            ok.append(item)
+        except WorkerFailure as exc:
+            errors[item[0]] = str(exc)[:1000]
+    if not errors:  # every entry runs alone but not together: the joint failure is all we know
+        return {}, {k: first[:1000] for k, _, _ in todo}
+    if not ok:
+        return {}, errors
+    try:
+        got = v.time_entries([(p, m) for _, p, m in ok], variant, pairs)
+    except WorkerFailure as exc:
+        return {}, {**errors, **{k: str(exc)[:1000] for k, _, _ in ok}}
+    return {k: t for (k, _, _), t in zip(ok, got)}, errors
+
+
+# ------------------------------------------------------------------------------------------------ the run
+def bench_settings(opt: BenchOptions, device_kind: str, env: dict[str, str] | None = None):
+    from xeforge.settings import load_settings
+
+    env = os.environ if env is None else env
+    settings = load_settings(env)
+    if opt.rounds is not None:
+        if opt.rounds < 1:
+            raise UsageError("--rounds", f"{opt.rounds} is not a positive number of rounds", "use --rounds 1 or more")
+        settings = settings.replace(correctness_rounds=opt.rounds)
+    elif device_kind == "cpu" and "XEFORGE_ROUNDS" not in env:
+        settings = settings.replace(correctness_rounds=min(CPU_ROUNDS, settings.correctness_rounds))
+    if opt.pairs is not None and opt.pairs < 2:
+        raise UsageError("--pairs", f"{opt.pairs} timed rounds cannot give a spread", "use --pairs 2 or more (default 20)")
+    return settings
+
+
+def default_out(root: Path = Path("bench-out")) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out, n = root / stamp, 1
+    while out.exists():
+        n += 1
+        out = root / f"{stamp}-{n}"
+    return out
+
+
+def timing_method(device, settings, pairs: int) -> str | None:
+    if not device.can_time:
+        return None
+    return (f"{device.kind} events around each call with a full sync, L2 flushed before every call (2x L2), rotated "
+            f"input buffers; start, final, eager and torch.compile interleaved in one worker (order reversed every "
+            f"other round), {pairs} rounds after {settings.warmup_calls} warm-up calls; median and IQR")
+
+
+def new_report(opt: BenchOptions, device, kbc, settings, out: Path) -> dict:
+    from xeforge.devices import versions
+
+    pairs = opt.pairs or settings.timed_pairs
+    return {
+        "schema": 1,
+        "kind": "bench",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "argv": opt.argv,
+        "out_dir": str(out),
+        "device": device.as_dict(),
+        "versions": versions(),
+        "kb_device": getattr(kbc, "device_id", None),
+        "kb_note": getattr(kbc, "note", "") or "",
+        "triton_gate": getattr(getattr(kbc, "triton", None), "text", None),
+        "timed": bool(device.can_time),
+        "header": None if device.can_time else CPU_HEADER,
+        "timing_method": timing_method(device, settings, pairs),
+        "correctness_method": (f"gates 0-2 of the verification cascade in an isolated worker: static and "
+                               f"knowledge-base checks, then {settings.correctness_rounds} rounds of fresh inputs "
+                               f"(normal, uniform, outliers) per variant the device can hold"
+                               f"{', plus 2 per ragged shape' if settings.ragged_shapes else ''}, against the "
+                               "float64 PyTorch reference"),
+        "compile_mode": opt.compile_mode,
+        "variant_choice": (opt.variant or "bench-gpu (or the first bench-* variant)") if device.can_time else
+        "none: nothing is timed on the CPU interpreter (correctness runs on ci and its ragged shapes)",
+        "pairs": pairs if device.can_time else None,
+        "port_source": "--port (ported in this run)" if opt.port else f"latest verified run in {opt.runs_dir}/<problem>/",
+        "settings": dict(settings.__dict__),
+        "workers": opt.workers,
+        "status": "running",
+        "problems": [],
+        "geomean": {},
+        "counts": {},
+        "summary": "",
+        "elapsed_s": None,
+    }
+
+
+def finalize(report: dict) -> dict:
+    """Geomeans, counts and the one-line summary, from the rows (used again by ``xeforge report``)."""
+    rows = report["problems"]
+    gm = {}
+    for name in SPEEDUPS:
+        vals = [r["speedups"][name]["value"] for r in rows if name in (r.get("speedups") or {})]
+        gm[name] = {"value": geomean(vals), "n": len(vals)}
+    report["geomean"] = gm
+    ents = [r.get("entries") or {} for r in rows]
+    counts = {
+        "problems": len(rows),
+        "errors": sum(r["status"] == "error" for r in rows),
+        "start_verified": sum(e.get("start", {}).get("verified") == VERIFIED for e in ents),
+        "start_failed": sum(e.get("start", {}).get("verified") == FAILED for e in ents),
+        "final_verified": sum(e.get("final", {}).get("verified") == VERIFIED for e in ents),
+        "final_failed": sum(e.get("final", {}).get("verified") == FAILED for e in ents),
+        "no_port_result": sum(bool(e) and not e.get("final", {}).get("path") for e in ents),
+        "entry_errors": sum(1 for e in ents for x in e.values() if x.get("error")),
+    }
+    report["counts"] = counts
+    dev = report["device"]
+    head = f"{counts['problems']} problem(s) on {dev['kind']} ({dev['name']})"
+    parts = [f"start verified {counts['start_verified']}/{counts['problems']}",
+             f"port result verified {counts['final_verified']}/{counts['problems']}"
+             + (f" ({counts['no_port_result']} without one)" if counts["no_port_result"] else "")]
+    if counts["start_failed"] or counts["final_failed"]:
+        parts.append(f"failed verification: {counts['start_failed']} start, {counts['final_failed']} port result")
+    if counts["errors"]:
+        parts.append(f"{counts['errors']} problem(s) could not be benched")
+    if counts["entry_errors"]:
+        parts.append(f"{counts['entry_errors']} entry error(s)")
+    if report["timed"]:
+        for name, label in (("final_vs_eager", "port result vs eager"), ("final_vs_compile", "vs torch.compile"),
+                            ("final_vs_start", "vs start")):
+            g = gm[name]
+            if g["value"] is not None:
+                parts.append(f"geomean {label} {g['value']:.3f}x (n={g['n']})")
+        report["summary"] = f"{head}: " + "; ".join(parts)
+    else:
+        report["summary"] = f"correctness only — {head}: " + "; ".join(parts) + "; nothing timed"
+    if report.get("status") not in {"done", "interrupted", "failed"}:
+        report["status"] = "partial"
+    return report
+
+
+def exit_code(report: dict) -> int:
+    c = report["counts"]
+    bad = c["errors"] or c["start_failed"] or c["final_failed"] or c["entry_errors"] or report["status"] != "done"
+    return 2 if bad else 0
+
+
+class _Progress:
+    """A rich progress bar on stderr when it is a terminal; one line per finished problem otherwise."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done = total, 0
+        self.bar = None
+        if sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                TextColumn("{task.description}"), console=Console(stderr=True), transient=True)
+            self.task = self.bar.add_task("", total=total)
+            self.bar.start()
+
+    def starting(self, name: str) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, description=name)
+
+    def finished(self, row: dict) -> None:
+        self.done += 1
+        line = f"[{self.done}/{self.total}] {row['problem']}: {_row_status(row)} ({row.get('elapsed_s', 0):.1f}s)"
+        if self.bar is not None:
+            self.bar.console.print(line)
+            self.bar.advance(self.task)
+        else:
+            say(line)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _row_status(row: dict) -> str:
+    if row["status"] == "error":
+        return "ERROR " + (row["error"] or "").splitlines()[0][:200]
+    e = row["entries"]
+    s = f"start {e['start']['verified']}, port result " + (e["final"]["verified"] if e["final"]["path"] else "none")
+    sp = row["speedups"].get("final_vs_eager") or row["speedups"].get("start_vs_eager")
+    if sp:
+        s += f", {'final' if 'final_vs_eager' in row['speedups'] else 'start'} vs eager {sp['value']:.2f}x"
+    return s
+
+
+def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
+    from xeforge import devices
+    from xeforge.pipeline import kb_context
+    from xeforge.report import write_bench_reports
+
+    paths = discover(opt.problems)
+    kind = devices.resolve(opt.device)
+    device = devices.describe(kind)
+    if opt.workers < 1:
+        raise UsageError("--workers", f"{opt.workers} is not a number of workers", "use --workers 1 or more")
+    if opt.compile_mode not in {"default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"}:
+        raise UsageError("--compile-mode", f"unknown torch.compile mode {opt.compile_mode!r}",
+                         "use default, reduce-overhead, max-autotune or max-autotune-no-cudagraphs")
+    slots = gpu_slots(kind, opt.workers) if opt.workers > 1 else []
+    try:
+        kbc = kb_context(device, opt.target, opt.triton)
+    except XeforgeError:
+        raise
+    except Exception as exc:  # the KB is optional for a bench: no roofline, said in the report
+        kbc = None
+        say(f"note: knowledge base unavailable ({type(exc).__name__}: {exc}); no roofline")
+    settings = bench_settings(opt, kind)
+    out = Path(opt.out) if opt.out else default_out()
+    if (out / "bench.json").exists():
+        raise UsageError("--out", f"{out} already holds a bench run", "choose another --out (or delete that folder)")
+    out.mkdir(parents=True, exist_ok=True)
+    report = new_report(opt, device, kbc, settings, out)
+    if report["kb_note"]:
+        say(f"note: {report['kb_note']}")
+    if not device.can_time:
+        say("note: " + CPU_HEADER)
+    say(f"xeforge bench: {len(paths)} problem(s) on {device.kind} ({device.name}); outputs in {out}")
+    ctx = BenchContext(device, kbc, settings, opt, out / "work", make_verifier)
+    progress = _Progress(len(paths))
+    t0 = time.monotonic()
+    try:
+        if slots:
+            _run_parallel(paths, opt, kind, slots, out, report, progress)
+        else:
+            for p in paths:
+                progress.starting(p.name)
+                row = bench_problem(p, ctx)
+                report["problems"].append(row)
+                progress.finished(row)
+                _write_partial(out, report)
+        report["status"] = "done"
+    except KeyboardInterrupt:
+        report["status"] = "interrupted"
+        raise
+    except BaseException:
+        report["status"] = "failed"
+        raise
+    finally:
+        progress.close()
+        report["elapsed_s"] = round(time.monotonic() - t0, 1)
+        finalize(report)
+        try:
+            write_bench_reports(out, report)
+        except Exception as exc:  # noqa: BLE001 — keep the JSON even if rendering breaks; say why
+            from xeforge.store import write_json
+
+            write_json(out / "bench.json", report)
+            say(f"warning: could not render bench.md/bench.html ({type(exc).__name__}: {exc}); bench.json is written")
+    return report
+
+
+def _write_partial(out: Path, report: dict) -> None:
+    from xeforge.store import write_json
+
+    write_json(out / "bench.json", report)
+
+
+# ------------------------------------------------------------------------------------------------ --workers
+def gpu_slots(kind: str, n: int, env: dict[str, str] | None = None) -> list[dict[str, str]]:
+    """The environment of each worker subprocess: one GPU each (``CUDA_VISIBLE_DEVICES`` / ``ZE_AFFINITY_MASK``).
+    On the CPU interpreter the workers are plain parallel processes."""
+    env = os.environ if env is None else env
+    if kind == "cpu":
+        return [{} for _ in range(n)]
+    import torch
+
+    var = "CUDA_VISIBLE_DEVICES" if kind == "cuda" else "ZE_AFFINITY_MASK"
+    count = torch.cuda.device_count() if kind == "cuda" else torch.xpu.device_count()
+    if n > count:
+        raise UsageError("--workers", f"{n} workers asked for, but {count} {kind} GPU(s) are visible",
+                         f"use --workers {count} or fewer")
+    listed = [s.strip() for s in env.get(var, "").split(",") if s.strip()]
+    ids = listed if listed else [str(i) for i in range(count)]
+    return [{var: ids[i]} for i in range(n)]
+
+
+def child_argv(opt: BenchOptions, problem: Path, device_kind: str, out: Path) -> list[str]:
+    argv = [sys.executable, "-m", "xeforge", "bench", str(problem), "--device", device_kind, "--out", str(out),
+            "--json", "--runs-dir", str(opt.runs_dir), "--compile-mode", opt.compile_mode]
+    for flag, val in (("--variant", opt.variant), ("--rounds", opt.rounds), ("--pairs", opt.pairs),
+                      ("--engine", opt.engine if opt.port else None), ("--budget", opt.budget),
+                      ("--stages", ",".join(opt.stages) if opt.stages else None), ("--target", opt.target),
+                      ("--triton", opt.triton)):
+        if val is not None:
+            argv += [flag, str(val)]
+    if opt.port:
+        argv += ["--port", *opt.llm_argv]
+    return argv
+
+
+def _run_parallel(paths: list[Path], opt: BenchOptions, kind: str, slots: list[dict], out: Path, report: dict,
+                  progress: _Progress) -> None:
+    import queue
+
+    free: "queue.Queue[int]" = queue.Queue()
+    for i in range(len(slots)):
+        free.put(i)
+    procs: dict[int, subprocess.Popen] = {}
+    lock = threading.Lock()
+    rows: dict[int, dict] = {}
+
+    def one(idx: int, p: Path) -> dict:
+        slot = free.get()
+        try:
+            part = out / "parts" / f"{idx:03d}-{p.stem if p.is_file() else p.name}"
+            part.parent.mkdir(parents=True, exist_ok=True)
+            log = part.parent / f"{part.name}.log"
+            env = {**os.environ, **slots[slot]}
+            t0 = time.monotonic()
+            with open(log, "w") as fh, open(part.parent / f"{part.name}.stdout", "w") as so:
+                proc = subprocess.Popen(child_argv(opt, p, kind, part), stdout=so, stderr=fh, env=env)
+                with lock:
+                    procs[idx] = proc
+                rc = proc.wait()
+            row = _child_row(part, p, rc, log, slots[slot])
+            row.setdefault("elapsed_s", round(time.monotonic() - t0, 2))
+            return row
+        finally:
+            with lock:
+                procs.pop(idx, None)
+            free.put(slot)
+
+    with ThreadPoolExecutor(max_workers=len(slots)) as pool:
+        futs = {pool.submit(one, i, p): i for i, p in enumerate(paths)}
+        try:
+            for fut in as_completed(futs):
+                i = futs[fut]
+                rows[i] = fut.result()
+                progress.finished(rows[i])
+                report["problems"] = [rows[k] for k in sorted(rows)]
+                _write_partial(out, report)
+        except BaseException:
+            for f in futs:
+                f.cancel()
+            with lock:
+                for proc in procs.values():
+                    proc.terminate()
+            raise
+    report["problems"] = [rows[k] for k in sorted(rows)]
+
+
+def _child_row(part: Path, problem: Path, rc: int, log: Path, slot: dict) -> dict:
+    worker = {"env": slot, "log": str(log), "exit_code": rc}
+    try:
+        child = json.loads((part / "bench.json").read_text())
+        row = child["problems"][0]
+    except (OSError, json.JSONDecodeError, KeyError, IndexError):
+        tail = " ".join(log.read_text(errors="replace")[-800:].split()) if log.exists() else ""
+        return {"problem": problem.stem if problem.is_file() else problem.name, "path": str(problem),
+                "status": "error", "error": f"the worker subprocess exited with code {rc} and wrote no result"
+                + (f"; its log ends: {tail}" if tail else ""), "kind": None, "origin": None, "description": None,
+                "variant": None, "roofline": None, "entries": {}, "speedups": {}, "notes": [], "port_run": None,
+                "worker": worker}
+    row["worker"] = {**worker, "device": child.get("device", {}).get("name")}
+    return row
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+def cmd_bench(args: argparse.Namespace) -> int:
+    from tabulate import tabulate
+
+    from xeforge.report import bench_table
+
+    llm, llm_argv = None, []
+    if args.port and args.engine in {"llm", "both", "auto"}:
+        try:
+            from cover_agent.config import LMConfig
+
+            llm = LMConfig.from_args(args)
+        except ImportError:
+            llm = None
+        for flag, attr in (("--model", "model"), ("--api-base", "api_base"), ("--max-iters", "max_iters"),
+                           ("--best-k", "best_k")):
+            if getattr(args, attr, None) is not None:
+                llm_argv += [flag, str(getattr(args, attr))]
+    opt = BenchOptions(problems=args.problems, device=args.device, port=args.port, compile_mode=args.compile_mode,
+                       workers=args.workers, out=Path(args.out) if args.out else None, variant=args.variant,
+                       runs_dir=Path(args.runs_dir), rounds=args.rounds, pairs=args.pairs, engine=args.engine,
+                       stages=[s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None,
+                       budget=args.budget, target=args.target, triton=args.triton, llm=llm, llm_argv=llm_argv,
+                       json=args.json, argv=sys.argv[1:])
+    report = run_bench(opt)
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        if report["header"]:
+            print(report["header"])
+        headers, rows = bench_table(report)
+        print(tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True))
+        print(report["summary"])
+        print(f"outputs: {Path(report['out_dir']) / 'bench.json'}, bench.md, bench.html")
+    return exit_code(report)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "bench", help="the suite table: starting kernel, port result, PyTorch eager, torch.compile (verified, timed)",
+        description="Verify and time each problem's starting kernel, its latest verified port result, PyTorch eager "
+                    "and torch.compile with the gate-3 harness. On --device cpu: correctness only.")
+    p.add_argument("problems", nargs="+", metavar="PROBLEM", help="problem folders, kernel files, or a folder of them (kernels/)")
+    p.add_argument("--device", default="auto", help="auto (xpu, then cuda, then cpu), xpu, cuda or cpu")
+    p.add_argument("--target", default=None, help="knowledge-base device id for the roofline and checks (default: matched)")
+    p.add_argument("--triton", default=None, help="Triton version to gate the knowledge base on (default: installed)")
+    p.add_argument("--port", action="store_true", help="run `xeforge port` on each problem first and bench its result")
+    p.add_argument("--engine", default="auto", choices=["rules", "llm", "auto", "both"], help="engine for --port")
+    p.add_argument("--stages", default=None, help="comma-separated stages for --port")
+    p.add_argument("--budget", type=int, default=None, help="hardware evaluations per search tactic, for --port")
+    p.add_argument("--compile-mode", default="default",
+                   help="torch.compile mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs")
+    p.add_argument("--variant", default=None, help="variant to time (default: bench-gpu on a GPU; ci on the CPU)")
+    p.add_argument("--runs-dir", default=os.environ.get("XEFORGE_RUNS_DIR", "runs"),
+                   help="where port runs live (the latest verified one per problem is benched)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help=f"correctness rounds per variant (default: $XEFORGE_ROUNDS or 5; {CPU_ROUNDS} on the CPU)")
+    p.add_argument("--pairs", type=int, default=None, help="timed rounds of the interleaved entries (default 20)")
+    p.add_argument("--workers", type=int, default=1, help="problems run at once, one local GPU each")
+    p.add_argument("--out", default=None, help="output folder (default: bench-out/<timestamp>/)")
+    p.add_argument("--json", action="store_true", help="print bench.json on stdout instead of the table")
+    try:
+        from xeforge.cli import _add_llm_args
+
+        _add_llm_args(p)
+    except ImportError:  # the CLI without LLM flags still benches
+        pass
+    p.set_defaults(func=cmd_bench)

@@ -1,0 +1,187 @@
+"""Autotune rewrite: literal launch configurations become a short ``@triton.autotune`` list keyed on shapes.
+
+Owns: planning and applying the autotuning stage's codemod. For the launch of one kernel it
+
+1. collects the key — the kernel's shape arguments: parameters that bound masks, block pointers, loops or
+   ``tl.cdiv`` (``M``, ``N``, ``K``, ``n_elements``...), never pointers or strides;
+2. writes ``@triton.autotune(configs=[triton.Config({...}, num_warps=..., num_stages=...), ...], key=[...])``
+   above ``@triton.jit`` — constexprs in the dict, ``num_warps``/``num_stages`` (and ``num_ctas``/``maxnreg``)
+   as keywords; on Intel GPUs ``grf_mode`` and the warp size go in the dict (KB ``autotune-grf-in-config-dict``),
+   on other targets they are dropped (KB ``autotune-no-intel-keys-on-nvidia``);
+3. removes the autotuned constexprs and options from the launch and turns a tuple grid into
+   ``lambda META: (...)`` with ``META["BLOCK_M"]`` in place of the literal block sizes.
+
+A kernel that both loads and stores the same tensor gets ``restore_value`` for it (autotuning runs every
+config on the real arguments); one that uses atomics is left alone, since benchmark runs would accumulate.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from typing import Any
+
+from xeforge.kernel_model import KernelModel, axis_blocks, parse_kernel
+from xeforge.rewrite.tiling import (BlockPtr, GridTranslator, KernelAnalysis, Mask, NotApplicable, Ptr, is_tl_call,
+                                    launch_grid, single_launch)
+from xeforge.rewrite.tiling_configs import OPTION_KEYS, tunable
+from xeforge.rewrite.tiling_edit import LaunchEdit, add_decorator, edit_launch
+
+#: options triton.Config takes as keywords
+CONFIG_KWARGS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+#: Intel-only options that go in the Config dict on xpu
+XPU_DICT_OPTIONS = ("grf_mode", "warp_size", "threads_per_warp")
+MAX_CONFIGS = 4
+
+
+@dataclass
+class AutotunePlan:
+    kernel: str
+    key: list[str]
+    tuned: list[str]  # constexprs moved into the configs
+    options: list[str]  # launch options moved into the configs
+    configs: list[dict[str, Any]]
+    grid: str | None  # the new grid expression (None: unchanged)
+    restore: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        return (f"{self.kernel}: @triton.autotune over {len(self.configs)} config(s) of "
+                f"{', '.join(self.tuned + self.options)}, keyed on {', '.join(self.key)}")
+
+
+def shape_args(an: KernelAnalysis) -> list[str]:
+    """Non-constexpr parameters that size the problem (bounds of masks, block pointers, loops, cdiv)."""
+    used: set[str] = set()
+    for acc in an.accesses:
+        if isinstance(acc.mask, Mask):
+            for b in acc.mask.bounds:
+                used |= b.limit.symbols()
+        if isinstance(acc.ptr, BlockPtr):
+            for s in acc.ptr.shape:
+                used |= s.symbols()
+    for node in ast.walk(an.node):
+        if isinstance(node, ast.For) and isinstance(node.iter, ast.Call):
+            for a in node.iter.args[1:2]:
+                used |= {n.id for n in ast.walk(a) if isinstance(n, ast.Name)}
+        if is_tl_call(node, "cdiv"):
+            for a in node.args[:1]:
+                used |= {n.id for n in ast.walk(a) if isinstance(n, ast.Name)}
+    pointers = {acc.ptr.base for acc in an.accesses if isinstance(acc.ptr, (Ptr, BlockPtr))}
+    return [p for p in an.params if p in used and p not in an.constexprs and p not in pointers
+            and not p.lower().startswith("stride")]
+
+
+def plan_autotune(model: KernelModel, kernel: str, configs: list[dict[str, Any]], device_kind: str) -> AutotunePlan:
+    fn = model.functions[kernel]
+    if fn.is_autotuned:
+        raise NotApplicable(f"{kernel} is already @triton.autotune'd")
+    if fn.has_heuristics:
+        raise NotApplicable(f"{kernel} uses @triton.heuristics (autotuning would have to compose with it)")
+    site = single_launch(model, kernel)
+    an = KernelAnalysis(fn)
+    if any(n for n in ast.walk(fn.node) if isinstance(n, ast.Call) and
+           (ast.unparse(n.func).startswith(("tl.atomic_", "triton.language.atomic_")))):
+        raise NotApplicable(f"{kernel} uses atomics: autotune benchmark runs would accumulate into its outputs")
+    key = shape_args(an)
+    if not key:
+        raise NotApplicable(f"{kernel} has no shape arguments to key the autotuner on")
+    names = tunable(model, site)
+    if not names and not site.options:
+        raise NotApplicable(f"{kernel}'s launch has no literal block sizes or launch options to tune")
+    xpu = device_kind == "xpu"
+    current = {**{n: site.constexprs[n] for n in names}, **site.options}
+    cleaned: list[dict[str, Any]] = []
+    for cfg in [current, *configs]:
+        c = {k: v for k, v in {**current, **cfg}.items() if k in names or k in OPTION_KEYS}
+        if not xpu:
+            c = {k: v for k, v in c.items() if k not in XPU_DICT_OPTIONS}
+        if c not in cleaned:
+            cleaned.append(c)
+        if len(cleaned) >= MAX_CONFIGS:
+            break
+    options = sorted({k for c in cleaned for k in c if k in OPTION_KEYS})
+    # the grid must follow META wherever a tuned block sizes a grid axis
+    grid_info = launch_grid(model, site)
+    if grid_info is None:
+        raise NotApplicable(f"the grid of the launch at line {site.line} is not a tuple or a lambda returning one")
+    coupled = {n for names_ in axis_blocks(fn).values() for n in names_} & set(names)
+    tr = GridTranslator(model, site, an, grid_info)
+    new_grid = None
+    if grid_info.kind == "tuple":
+        elems = []
+        for el in grid_info.elements:
+            elems.append(tr.meta_expr(el))
+        used = {b for el in grid_info.elements for b in tr.blocks_in(el)}
+        if coupled - used:
+            raise NotApplicable(f"{', '.join(sorted(coupled - used))} size(s) the grid in a way the rewrite cannot "
+                                "express with META")
+        if used:
+            new_grid = "lambda META: (" + ", ".join(elems) + ("," if len(elems) == 1 else "") + ")"
+    else:
+        literal_blocks = [b for el in grid_info.elements for b in tr.blocks_in(el)
+                          if not _uses_meta(el, grid_info.meta)]
+        if literal_blocks:
+            raise NotApplicable("the lambda grid divides by literal block sizes")
+    loaded = {a.ptr.base for a in an.accesses if a.kind == "load" and isinstance(a.ptr, (Ptr, BlockPtr))}
+    stored = {a.ptr.base for a in an.accesses if a.kind == "store" and isinstance(a.ptr, (Ptr, BlockPtr))}
+    restore = [p for p in fn.params if p in loaded & stored]
+    return AutotunePlan(kernel, key, names, options, cleaned, new_grid, restore)
+
+
+def _uses_meta(node: ast.AST, meta: str | None) -> bool:
+    return meta is not None and any(isinstance(n, ast.Name) and n.id == meta for n in ast.walk(node))
+
+
+def _config_code(cfg: dict[str, Any], tuned: list[str], xpu: bool) -> str:
+    d = {k: v for k, v in cfg.items() if k in tuned or (xpu and k in XPU_DICT_OPTIONS)}
+    kw = [f"{k}={v!r}" for k, v in cfg.items() if k in CONFIG_KWARGS]
+    inner = "{" + ", ".join(f"{k!r}: {v!r}" for k, v in d.items()) + "}"
+    return "triton.Config(" + ", ".join([inner, *kw]) + ")"
+
+
+def apply_autotune(source: str, plan: AutotunePlan, device_kind: str) -> str:
+    xpu = device_kind == "xpu"
+    configs = ",\n        ".join(_config_code(c, plan.tuned, xpu) for c in plan.configs)
+    key = ", ".join(repr(k) for k in plan.key)
+    extra = f",\n    restore_value=[{', '.join(repr(r) for r in plan.restore)}]" if plan.restore else ""
+    decorator = (f"triton.autotune(\n    configs=[\n        {configs},\n    ],\n    key=[{key}]{extra},\n)")
+    model = parse_kernel(source)
+    site = single_launch(model, plan.kernel)
+    edit = LaunchEdit(plan.kernel, site.line, drop_kwargs=set(plan.tuned) | set(plan.options))
+    if plan.grid is not None:
+        g = launch_grid(model, site)
+        if g is not None and g.variable and g.assign is not None:
+            uses = sum(1 for n in ast.walk(model.tree) if isinstance(n, ast.Name) and n.id == g.variable
+                       and isinstance(n.ctx, ast.Load))
+            if uses == 1:
+                edit.grid_assign = (g.assign.lineno, plan.grid)
+            else:
+                edit.grid = plan.grid
+        else:
+            edit.grid = plan.grid
+    source = edit_launch(source, edit)
+    return add_decorator(source, plan.kernel, decorator, outermost=True)
+
+
+def rewrite(source: str, configs: list[dict[str, Any]], device_kind: str, kernel: str | None = None
+            ) -> tuple[str, AutotunePlan]:
+    model = parse_kernel(source)
+    names = [kernel] if kernel else _targets(model)
+    errors = []
+    for name in names:
+        try:
+            plan = plan_autotune(model, name, configs, device_kind)
+        except NotApplicable as exc:
+            errors.append(f"{name}: {exc}")
+            continue
+        return apply_autotune(source, plan, device_kind), plan
+    raise NotApplicable("; ".join(errors) or "no kernel launch found")
+
+
+def _targets(model: KernelModel) -> list[str]:
+    order: list[str] = []
+    for site in model.launches:
+        if site.kernel not in order:
+            order.append(site.kernel)
+    dots = [k for k in order if any(is_tl_call(n, "dot") for n in ast.walk(model.functions[k].node))]
+    return dots + [k for k in order if k not in dots]

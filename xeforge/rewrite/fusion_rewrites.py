@@ -1,0 +1,764 @@
+"""The three fusion rewrites: fewer launches and fewer round trips of an intermediate through memory.
+
+Owns:
+
+- :func:`fuse_consumer_kernel` — an elementwise Triton kernel that reads exactly the tile another kernel
+  wrote (same tensor, same flat index, same bound) is folded into the producer: its body runs on the
+  producer's tile before the producer's one store, the consumer's launch and definition go away.
+- :func:`fuse_forward_ops` — elementwise torch ops after a launch in ``Model.forward`` (the table in
+  :mod:`xeforge.rewrite.tl_ops`) become ``tl`` code in the kernel's epilogue; a trailing ``.to(dtype)`` of
+  the result becomes the output buffer's dtype.
+- :func:`fuse_row_reduction` — a row reduction (sum, mean, max, min, amax, amin, logsumexp over the last
+  dim) after a 2D-tiled kernel, with the elementwise ops around it, when one tile can cover the row:
+  the column block becomes ``next_power_of_2(N)`` (one program per row block) and the kernel stores one
+  value per row. Not applicable, with the reason, when N at the spec's largest shapes needs a tile wider
+  than :data:`MAX_ROW_TILE`.
+- :func:`fuse_all` — one of them followed by any others that then apply (e.g. torch ops fused first make a
+  consumer kernel adjacent to its producer).
+
+The fused kernels keep the producer's masks (ragged shapes stay correct) and output dtype; the new
+``forward`` only drops torch ops and allocations, never adds compute (gate 1 rule S020).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import libcst as cst
+
+from xeforge.kernel_model import LaunchSite, axis_blocks, dotted_name, literal
+from xeforge.rewrite import NotApplicable
+from xeforge.rewrite.context import Ctx, dead_code, fresh_namer, loads, pure_stmt
+from xeforge.rewrite.cst_tools import (Edits, Substitute, apply_edits, body_statements, code, names_in, rename,
+                                       set_call_kwargs, small, statements)
+from xeforge.rewrite.forward_env import Val
+from xeforge.rewrite.fusion_tile import TileStore, elementwise_kernel, tile_store
+from xeforge.rewrite.tl_ops import EpilogueBuilder, Operand, Unsupported, op_key
+
+#: widest column tile a fused row reduction keeps in registers (BLOCK_N = next_power_of_2(N) must not exceed it)
+MAX_ROW_TILE = 256
+#: smallest column tile (tl.dot needs N >= 16 on the GPUs we target)
+MIN_DOT_N = 16
+REDUCTIONS = {"sum", "mean", "max", "min", "amax", "amin", "logsumexp"}
+
+
+def _store_stmt(ts: TileStore, value: str, pointer: str | None = None, mask: str | None = "__keep__") -> str:
+    mask = ts.mask_src if mask == "__keep__" else mask
+    m = f", mask={mask}" if mask else ""
+    return f"tl.store({pointer or ts.ptr_src}, {value}{m})"
+
+
+def store_with_value(ts: TileStore, value: str) -> cst.BaseStatement:
+    """The kernel's original store statement (its formatting kept) storing ``value`` instead."""
+    stmt = ts.stmt_node
+    sm = small(stmt)
+    call = sm.value
+    args = []
+    positional = 0
+    for a in call.args:
+        if (a.keyword is None and positional == 1) or (a.keyword is not None and a.keyword.value == "value"):
+            a = a.with_changes(value=cst.parse_expression(value))
+        if a.keyword is None:
+            positional += 1
+        args.append(a)
+    return stmt.with_changes(body=[sm.with_changes(value=call.with_changes(args=args))], leading_lines=[])
+
+
+def _comment_stmts(comment: str, body: list[str]) -> list[cst.BaseStatement]:
+    text = "\n".join([f"# {comment}", *body])
+    return statements(text)
+
+
+# ------------------------------------------------------------------------------------------------ (a) consumer kernel
+@dataclass
+class ConsumerPair:
+    producer: LaunchSite
+    consumer: LaunchSite
+    tile: TileStore
+    y: str  # the intermediate the producer writes and the consumer reads
+    out: str  # the consumer's output
+
+
+def consumer_pairs(c: Ctx) -> tuple[list[ConsumerPair], list[str]]:
+    """Producer/consumer launch pairs that can fuse, and why the other launches cannot."""
+    pairs, why = [], []
+    for site in c.model.launches:
+        if site.function != "forward":
+            continue
+        try:
+            ek = elementwise_kernel(c.parsed, site.kernel)
+        except NotApplicable as exc:
+            if len(c.model.launches) > 1 and site is not c.model.launches[0]:
+                why.append(str(exc))
+            continue
+        bind = c.env.binding(site)
+        inputs = {q: bind.get(q) for q in ek.flat_loads}
+        names = {q: a.id for q, a in inputs.items() if isinstance(a, ast.Name)}
+        prods = []
+        for prod in c.model.launches:
+            if prod.line >= site.line or prod.function != "forward":
+                continue
+            try:
+                ts = tile_store(c.parsed, prod.kernel)
+            except NotApplicable:
+                continue
+            pb = c.env.binding(prod)
+            ya = pb.get(ts.ptr_param)
+            if isinstance(ya, ast.Name) and ya.id in names.values():
+                prods.append((prod, ts, ya.id))
+        if not prods:
+            why.append(f"{site.kernel} (line {site.line}) reads no tensor that an earlier kernel's tile store wrote")
+            continue
+        prod, ts, y = prods[-1]
+        try:
+            out = _check_pair(c, prod, site, ts, ek, y)
+        except NotApplicable as exc:
+            why.append(str(exc))
+            continue
+        pairs.append(ConsumerPair(prod, site, ts, y, out))
+    return pairs, why
+
+
+def _check_pair(c: Ctx, prod: LaunchSite, cons: LaunchSite, ts: TileStore, ek, y: str) -> str:
+    c.stmt_of(prod)
+    c.stmt_of(cons)
+    for s in c.between(prod.line, cons.line):
+        if not pure_stmt(s, c.env):
+            raise NotApplicable(f"{cons.kernel} reads {y} after line {s.lineno} ({c.seg(s).splitlines()[0]}), "
+                                f"not the tile {prod.kernel} wrote")
+    if loads(c.after(cons.line), y):
+        raise NotApplicable(f"{y} is used again after {cons.kernel}; fusing would lose the value {prod.kernel} wrote")
+    if len(c.launches_of(prod.kernel)) != 1 or len(c.launches_of(cons.kernel)) != 1:
+        raise NotApplicable(f"{prod.kernel} or {cons.kernel} is launched more than once")
+    if c.called_in_jit(cons.kernel) or c.called_in_jit(prod.kernel):
+        raise NotApplicable(f"{prod.kernel} or {cons.kernel} is also called from another jit function")
+    bind = c.env.binding(cons)
+    outa = bind.get(ek.out_param)
+    if not isinstance(outa, ast.Name):
+        raise NotApplicable(f"{cons.kernel}'s output is not a plain tensor variable")
+    yv = c.env.lookup(y, prod.line)
+    ov = c.env.lookup(outa.id, cons.line)
+    if not (yv.is_tensor and yv.shape and yv.contiguous):
+        raise NotApplicable(f"{y}'s shape or contiguity is not known from its allocation (flat indexing needs a "
+                            "contiguous tensor)")
+    if not (ov.is_tensor and ov.shape == yv.shape and ov.contiguous):
+        raise NotApplicable(f"{outa.id} is not a contiguous tensor with {y}'s shape")
+    # the consumer's bound covers exactly the tile: n == y.numel()
+    if ek.n_param is None or ek.n_param not in bind:
+        raise NotApplicable(f"{cons.kernel}'s element count is not passed")
+    if not _is_numel(c, bind[ek.n_param], yv, cons.line):
+        raise NotApplicable(f"{cons.kernel}'s bound {c.seg(bind[ek.n_param])} is not {y}.numel()")
+    for q, k in ek.flat_loads.items():
+        a = bind.get(q)
+        if isinstance(a, ast.Name) and a.id == y:
+            continue
+        av = c.env.eval(a, cons.line) if a is not None else None
+        if not (av is not None and av.is_tensor and av.shape == yv.shape and av.contiguous):
+            raise NotApplicable(f"{cons.kernel} also reads {q} element by element, which is not a contiguous "
+                                f"tensor of {y}'s shape")
+    for q in ek.constexprs:
+        if q != ek.block_param:
+            raise NotApplicable(f"{cons.kernel} has a constexpr parameter {q} besides its block size")
+    return outa.id
+
+
+def _is_numel(c: Ctx, node: ast.AST, yv: Val, line: int) -> bool:
+    v = c.env.eval(node, line)
+    if v.kind == "scalar" and v.value == ("numel",) + tuple(yv.shape):
+        return True
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and len(yv.shape) == 2:
+        a, b = c.env.eval(node.left, line), c.env.eval(node.right, line)
+        return a.kind == b.kind == "scalar" and (a.value, b.value) == tuple(yv.shape)
+    return False
+
+
+def fuse_consumer_kernel(source: str, problem: Any) -> tuple[str, str]:
+    c = Ctx(source, problem)
+    if len(c.model.launches) < 2:
+        names = ", ".join(s.kernel for s in c.model.launches) or "none"
+        raise NotApplicable(f"forward launches one kernel ({names}); there is no second kernel to fold in")
+    pairs, why = consumer_pairs(c)
+    if not pairs:
+        raise NotApplicable("; ".join(why) or "no elementwise kernel reads another kernel's output")
+    p = pairs[0]
+    prod, cons, ts, y, out = p.producer, p.consumer, p.tile, p.y, p.out
+    ek = elementwise_kernel(c.parsed, cons.kernel)
+    cbind, pbind = c.env.binding(cons), c.env.binding(prod)
+    replaced = [q for q in ek.flat_loads if isinstance(cbind.get(q), ast.Name) and cbind[q].id == y]
+    skip_loads = [n for q in replaced for n in ek.flat_nodes[q]]
+    for q in replaced:
+        if ek.uses(q, skip_loads):
+            raise NotApplicable(f"{cons.kernel} uses {q} other than to load the tile")
+    # where the fused launch goes: in place (out is y), aliasing (out = empty_like(y)), or moved to the consumer
+    out_bind = next((s for s in c.fwd if isinstance(s, ast.Assign) and len(s.targets) == 1
+                     and isinstance(s.targets[0], ast.Name) and s.targets[0].id == out and s.lineno < cons.line), None)
+    mode = "move"
+    if out == y:
+        mode = "inplace"
+    elif out_bind is not None and isinstance(out_bind.value, ast.Call) \
+            and (dotted_name(out_bind.value.func) or "").endswith("empty_like") and out_bind.value.args \
+            and isinstance(out_bind.value.args[0], ast.Name) and out_bind.value.args[0].id == y \
+            and not any(k.arg == "dtype" for k in out_bind.value.keywords) \
+            and loads([s for s in c.fwd if out_bind.lineno < s.lineno < cons.line], out) == 0:
+        mode = "alias"
+    if mode == "move":
+        moved = c.env.assigned_between(prod.line, cons.line) - {y}
+        used = {n.id for a in prod.node.args + [k.value for k in prod.node.keywords] for n in ast.walk(a)
+                if isinstance(n, ast.Name)} | {n.id for n in ast.walk(prod.node.func) if isinstance(n, ast.Name)}
+        clash = moved & used
+        if clash:
+            raise NotApplicable(f"{prod.kernel}'s launch cannot move after {cons.kernel}: "
+                                f"{', '.join(sorted(clash))} change in between")
+    # carried parameters
+    cfn = c.parsed.function(cons.kernel)
+    fresh = fresh_namer(ts.names | set(ts.params) | names_in(cfn))
+    taken = ts.names | set(ts.params)
+    mapping: dict[str, str] = {ek.out_param: ts.ptr_param}
+    new_params: list[str] = []
+    kwargs: dict[str, str] = {}
+    later = c.env.assigned_between(prod.line, cons.line)
+    for q in ek.params:
+        if q in replaced or q == ek.out_param:
+            continue
+        if q == ek.n_param and not ek.uses(q, []):
+            continue
+        if q == ek.block_param and not ek.uses(q, []):
+            continue
+        a = cbind.get(q)
+        if a is None:
+            raise NotApplicable(f"{cons.kernel}'s parameter {q} is not passed at its launch")
+        src = c.seg(a)
+        if mode != "move":
+            names = {n.id for n in ast.walk(a) if isinstance(n, ast.Name)}
+            if names & later:
+                raise NotApplicable(f"{cons.kernel}'s argument {src} is computed after {prod.kernel}'s launch")
+        same = [pp for pp, pa in pbind.items() if pp not in ts.constexprs and c.seg(pa) == src
+                and not ({n.id for n in ast.walk(pa) if isinstance(n, ast.Name)} & later)]
+        if same:
+            mapping[q] = same[0]
+        else:
+            mapping[q] = q if q not in taken else fresh(q)
+            taken.add(mapping[q])
+            new_params.append(mapping[q])
+            kwargs[mapping[q]] = src
+    # the consumer's locals that clash with the producer's names
+    for n in sorted(names_in(cfn.body)):
+        if n in mapping or n in ek.params or n in ("tl", "triton", "float", "int"):
+            continue
+        if n in ts.names or n in new_params:
+            mapping[n] = fresh(n)
+    tile = ts.value_src if ts.value_is_name else fresh("tile")
+    lines: list[str] = []
+    if not ts.value_is_name:
+        lines.append(f"{tile} = {ts.value_src}")
+    if ek.uses(ek.offs, skip_loads):
+        mapping[ek.offs] = fresh(ek.offs)
+        lines.append(f"{mapping[ek.offs]} = {ts.offset_src}")
+    if ek.mask is not None and ek.uses(ek.mask, skip_loads):
+        if ts.mask_src is None:
+            raise NotApplicable(f"{cons.kernel} uses its mask but {prod.kernel}'s store has none")
+        mapping[ek.mask] = fresh(ek.mask)
+        lines.append(f"{mapping[ek.mask]} = {ts.mask_src}")
+    ids = {id(n) for n in skip_loads}
+    tile_node = cst.Name(tile)
+
+    def subst(node: cst.CSTNode):
+        return tile_node if id(node) in ids else None
+
+    body = []
+    for s in ek.body:
+        s2 = s.visit(Substitute(subst))
+        body.append(rename(s2, mapping))
+    value = rename(ek.store_value.visit(Substitute(subst)), mapping)
+    head = _comment_stmts(f"fused from {cons.kernel}: its elementwise body runs on this tile before the one store",
+                          lines) if lines else []
+    store = store_with_value(ts, code(value))
+    store = store.with_changes(leading_lines=list(getattr(ek.store_stmt, "leading_lines", ())))
+    epilogue = [*head, *body, store]
+    if not head:
+        cm = cst.EmptyLine(comment=cst.Comment(f"# fused from {cons.kernel}: its elementwise body runs on this "
+                                               "tile before the one store"))
+        epilogue[0] = epilogue[0].with_changes(leading_lines=[cm, *epilogue[0].leading_lines])
+    edits = Edits()
+    edits.replace[ts.line] = epilogue
+    if ts.cast_line:
+        edits.replace[ts.cast_line] = []
+    if new_params:
+        edits.params[prod.kernel] = new_params
+    edits.remove_functions.add(cons.kernel)
+
+    def launch_edit(call: cst.Call) -> cst.Call:
+        call = set_call_kwargs(call, kwargs) if kwargs else call
+        if mode == "move":
+            call = call.with_changes(args=[a.with_changes(value=rename(a.value, {y: out})) for a in call.args])
+        return call
+
+    if mode == "inplace":
+        edits.replace[cons.line] = []
+        edits.calls[prod.line] = launch_edit
+    elif mode == "alias":
+        # out was a fresh buffer like y: the producer's buffer serves, and later statements name it
+        edits.replace[out_bind.lineno] = []
+        edits.replace[cons.line] = []
+        for s in c.after(cons.line):
+            if loads([s], out) or any(isinstance(n, ast.Name) and n.id == out for n in ast.walk(s)):
+                edits.replace[s.lineno] = [rename(c.cst_stmt(s.lineno), {out: y})]
+        edits.calls[prod.line] = launch_edit
+    else:
+        stmt = c.cst_stmt(prod.line)
+        sm = small(stmt)
+        new_call = launch_edit(sm.value)
+        edits.replace[prod.line] = []
+        edits.replace[cons.line] = [stmt.with_changes(body=[sm.with_changes(value=new_call)])]
+    new = apply_edits(source, edits, c.parsed)
+    dead = {n.id for n in ast.walk(cons.node) if isinstance(n, ast.Name)} | {y}
+    new = dead_code(new, dead)
+    desc = (f"fused {cons.kernel} into {prod.kernel}'s store: one launch instead of two, {y} no longer "
+            f"round-trips through memory (line {cons.line})")
+    return new, desc
+
+
+# ------------------------------------------------------------------------------------------------ (b)/(c) op chains
+@dataclass
+class Chain:
+    site: LaunchSite
+    tile: TileStore
+    y: str
+    builder: EpilogueBuilder
+    stmts: list[ast.stmt] = field(default_factory=list)  # translated forward statements (deleted on fusion)
+    cur: str = ""  # the name holding the result after the chain
+    tile_var: str = ""  # the kernel variable the epilogue starts from
+    reduction: dict | None = None  # {"kind", "keepdim", "line", "src"}
+    to_dtype: ast.AST | None = None  # a trailing .to(D) absorbed into the output buffer
+    ret: ast.Return | None = None  # the return statement when the chain ends there
+    stop: str = ""  # why the chain ended before the return
+    ops: list[str] = field(default_factory=list)
+
+
+def _reduction(node: ast.AST, cur: str) -> tuple[str, bool] | None:
+    """(kind, keepdim) for ``torch.sum(cur, dim=1, keepdim=True)``, ``torch.max(cur, dim=-1)[0]`` ..."""
+    if isinstance(node, ast.Subscript) and literal(node.slice) == 0:
+        node = node.value
+    elif isinstance(node, ast.Attribute) and node.attr == "values":
+        node = node.value
+    if not isinstance(node, ast.Call):
+        return None
+    key, args = op_key(node, {cur})
+    if key not in REDUCTIONS or not args or not (isinstance(args[0], ast.Name) and args[0].id == cur):
+        return None
+    dim = next((k.value for k in node.keywords if k.arg == "dim"), args[1] if len(args) > 1 else None)
+    keep = next((k.value for k in node.keywords if k.arg == "keepdim"), args[2] if len(args) > 2 else None)
+    d = literal(dim) if dim is not None else None
+    if isinstance(d, (list, tuple)) and len(d) == 1:
+        d = d[0]
+    if d not in (1, -1):
+        raise Unsupported(f"{ast.unparse(node)} does not reduce over the last dim")
+    k = literal(keep) if keep is not None else False
+    if not isinstance(k, bool):
+        raise Unsupported(f"{ast.unparse(node)}: keepdim is not a literal")
+    return key, k
+
+
+def _is_to_dtype(node: ast.AST, cur: str) -> ast.AST | None:
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "to" \
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == cur and len(node.args) == 1 \
+            and not node.keywords:
+        return node.args[0]
+    return None
+
+
+def _operand_resolver(c: Ctx, site: LaunchSite, yv: Val, fresh, taken_srcs: dict[str, Operand], state: dict):
+    col_dim = yv.shape[-1] if yv.shape else None
+
+    def resolve(node: ast.expr) -> Operand | None:
+        line = state["line"]  # the forward statement being translated
+        v = c.env.eval(node, line)
+        src = c.env.canonical(node, line)
+        if src is None and isinstance(node, ast.Name):
+            # a local scalar defined before the launch and not changed since
+            if v.kind == "scalar" and c.env.lookup(node.id, site.line) is v:
+                src = node.id
+        if src is None:
+            return None
+        if src in taken_srcs:
+            return taken_srcs[src]
+        base = src.removeprefix("self.").replace(".", "_")
+        if v.kind == "scalar":
+            op = Operand("scalar", src, fresh(base))
+        elif v.is_tensor and v.shape is not None:
+            shape = list(v.shape)
+            while shape and shape[0] == 1:
+                shape.pop(0)
+            if not shape:
+                op = Operand("element", src, fresh(base + "_ptr"))
+            elif len(shape) == 1 and col_dim is not None and shape[0] == col_dim:
+                op = Operand("column", src, fresh(base + "_ptr"))
+            else:
+                return None
+        else:
+            return None
+        taken_srcs[src] = op
+        return op
+
+    return resolve
+
+
+def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool) -> Chain:
+    """The forward statements after ``site`` that translate into its epilogue (raises NotApplicable if none)."""
+    c.stmt_of(site)
+    ts = tile_store(c.parsed, site.kernel)
+    bind = c.env.binding(site)
+    ya = bind.get(ts.ptr_param)
+    if not isinstance(ya, ast.Name):
+        raise NotApplicable(f"{site.kernel} does not store into a plain tensor variable")
+    y = ya.id
+    yv = c.env.lookup(y, site.line)
+    if len(c.launches_of(site.kernel)) != 1 or c.called_in_jit(site.kernel):
+        raise NotApplicable(f"{site.kernel} is launched more than once")
+    fresh = fresh_namer(ts.names | set(ts.params))
+    var = ts.value_src if ts.value_is_name else fresh("out")
+    col = ts.cols if ts.two_d else None
+    state = {"line": site.line}
+    b = EpilogueBuilder(var, {y}, lambda n: None, fresh, column=col)
+    b.resolve = _operand_resolver(c, site, yv, fresh, {}, state)
+    ch = Chain(site, ts, y, b, cur=y, tile_var=var)
+    older: set[str] = set()
+    rest = c.after(site.line)
+    for s in rest:
+        if isinstance(s, ast.Return):
+            if isinstance(s.value, ast.Name) and s.value.id == ch.cur:
+                ch.ret = s
+            elif s.value is not None and _is_to_dtype(s.value, ch.cur) is not None:
+                ch.ret, ch.to_dtype = s, _is_to_dtype(s.value, ch.cur)
+            else:
+                ch.stop = f"line {s.lineno}: `{c.seg(s)}` is not a plain return of the result"
+            break
+        state["line"] = s.lineno
+        mentions = {n.id for n in ast.walk(s) if isinstance(n, ast.Name)}
+        if pure_stmt(s, c.env) and not isinstance(s.value, ast.Name) and not (mentions & older):
+            continue  # allocations, sizes, aliases of Model attributes stay where they are
+        launched = [l.kernel for l in c.model.launches if any(l.node is n for n in ast.walk(s))]
+        if launched:
+            ch.stop = (f"line {s.lineno}: {launched[0]} reads {ch.cur} (a kernel, not a torch op: the "
+                       "fuse-elementwise-chain tactic's shape)" if ch.cur in mentions else
+                       f"line {s.lineno}: another kernel ({launched[0]}) runs before any op on {ch.cur}")
+            break
+        if ch.cur not in mentions and not (mentions & older):
+            ch.stop = f"line {s.lineno}: `{c.seg(s).splitlines()[0]}` is not an op on {ch.cur}"
+            break
+        if mentions & older:
+            ch.stop = f"line {s.lineno} uses {', '.join(sorted(mentions & older))}, an earlier value"
+            break
+        if not (isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name)):
+            ch.stop = f"line {s.lineno}: `{c.seg(s).splitlines()[0]}` is not an assignment of an op on {ch.cur}"
+            break
+        target = s.targets[0].id
+        if isinstance(s.value, ast.Name) and s.value.id == ch.cur:  # an alias: no kernel code
+            ch.stmts.append(s)
+            if target != ch.cur:
+                older.add(ch.cur)
+            ch.cur = target
+            continue
+        snap = (len(b.lines), dict(b.operands), dict(b.loaded), len(b.ops), b.var, b.column, b.value_names)
+        try:
+            red = _reduction(s.value, ch.cur)
+            if red is not None:
+                if not allow_reduction:
+                    raise Unsupported(f"{c.seg(s.value)} is a row reduction (the fuse-row-reduction tactic's shape)")
+                _translate_reduction(ch, red, s)
+            else:
+                b.value_names = {ch.cur}
+                b.assign(s.value)
+        except (Unsupported, NotApplicable) as exc:
+            b.lines[snap[0]:] = []
+            b.operands, b.loaded = snap[1], snap[2]
+            b.ops[snap[3]:] = []
+            b.var, b.column, b.value_names = snap[4], snap[5], snap[6]
+            ch.stop = f"line {s.lineno}: {exc}"
+            break
+        ch.stmts.append(s)
+        if target != ch.cur:
+            older.add(ch.cur)
+        ch.cur = target
+    ch.ops = list(b.ops)
+    return ch
+
+
+def _translate_reduction(ch: Chain, red: tuple[str, bool], s: ast.stmt) -> None:
+    kind, keep = red
+    b, ts = ch.builder, ch.tile
+    if ch.reduction is not None:
+        # the value is already one per row: a reduction over a size-1 last dim is the identity
+        if not ch.reduction["keepdim"]:
+            raise Unsupported(f"{ast.unparse(s.value)} reduces across rows after the row reduction")
+        ch.reduction["keepdim"] = keep
+        b.ops.append(f"{kind}(size-1 dim)")
+        return
+    if not ts.two_d or ts.row_stride is None:
+        raise Unsupported(f"{ts.fn}'s store is not a 2D tile with row and column offsets")
+    offs_n, n = ts.cols
+    cm = b.fresh("col_mask")
+    row = b.fresh("row")
+    v = b.var
+    b.lines.append(f"{cm} = {offs_n}[None, :] < {n}")
+    if kind in ("sum", "mean"):
+        expr = f"tl.sum(tl.where({cm}, {v}, 0.0), axis=1)"
+        b.lines.append(f"{row} = {expr}" + (f" / {n}" if kind == "mean" else ""))
+    elif kind in ("max", "amax"):
+        b.lines.append(f"{row} = tl.max(tl.where({cm}, {v}, float(\"-inf\")), axis=1)")
+    elif kind in ("min", "amin"):
+        b.lines.append(f"{row} = tl.min(tl.where({cm}, {v}, float(\"inf\")), axis=1)")
+    else:  # logsumexp
+        mx = b.fresh("row_max")
+        b.lines.append(f"{mx} = tl.max(tl.where({cm}, {v}, float(\"-inf\")), axis=1)")
+        b.lines.append(f"{row} = {mx} + tl.log(tl.sum(tl.where({cm}, tl.exp({v} - {mx}[:, None]), 0.0), axis=1))")
+    b.ops.append(kind)
+    b.var, b.column = row, None
+    ch.reduction = {"kind": kind, "keepdim": keep, "line": s.lineno, "src": ast.unparse(s.value)}
+
+
+def _alloc_stmt(c: Ctx, name: str, before: int) -> ast.Assign | None:
+    found = None
+    for s in c.fwd:
+        if s.lineno >= before:
+            break
+        if isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name) \
+                and s.targets[0].id == name:
+            found = s
+    if found is not None and isinstance(found.value, ast.Call):
+        fname = dotted_name(found.value.func) or ""
+        if fname.startswith("torch.") and fname.rsplit(".", 1)[-1] in {"empty", "zeros", "empty_like", "zeros_like"}:
+            return found
+    return None
+
+
+def _apply_chain(c: Ctx, ch: Chain, extra_launch: dict[str, str] | None = None,
+                 grid_edit: tuple[ast.Tuple, int] | None = None, row_store: bool = False) -> tuple[str, bool]:
+    """Rewrite the kernel's store into the chain's epilogue and drop the chain from forward.
+
+    Returns the new source and whether a trailing ``.to(dtype)`` became the output buffer's dtype.
+    """
+    ts, b, site, y = ch.tile, ch.builder, ch.site, ch.y
+    edits = Edits()
+    # output dtype from a trailing .to(D): the buffer takes D, the kernel's store casts once
+    alloc = _alloc_stmt(c, y, site.line)
+    absorb = None
+    if ch.to_dtype is not None and alloc is not None:
+        dnames = {n.id for n in ast.walk(ch.to_dtype) if isinstance(n, ast.Name)}
+        ok = all(n in c.env.params or n == "torch" or
+                 any(line < alloc.lineno for line, nm, _ in c.env.bindings if nm == n) for n in dnames)
+        others = [s for s in c.fwd if s is not alloc and s is not c.stmt_of(site) and s not in ch.stmts
+                  and s is not ch.ret and not pure_stmt(s, c.env)]
+        if ok and loads(others, y) == 0:
+            absorb = c.seg(ch.to_dtype)
+    if not b.ops and absorb is None:
+        raise NotApplicable(ch.stop or f"nothing after {site.kernel}'s launch to fuse")
+    lines = list(b.lines)
+    if not ts.value_is_name:
+        lines.insert(0, f"{ch.tile_var} = {ts.value_src}")
+    what = ", ".join(dict.fromkeys(ch.ops)) or "the output dtype"
+    if row_store:
+        offs_m, m = ts.rows
+        store = _store_stmt(ts, ts.cast(b.var), f"{ts.ptr_param} + {offs_m} * {ts.row_stride}", f"{offs_m} < {m}")
+        edits.replace[ts.line] = _comment_stmts(f"fused from Model.forward: {what}", [*lines, store])
+    else:
+        head = _comment_stmts(f"fused from Model.forward: {what}", lines) if lines else []
+        edits.replace[ts.line] = [*head, store_with_value(ts, ts.cast(b.var))]
+    if ts.cast_line:
+        edits.replace[ts.cast_line] = []
+    params = [op.param for op in b.operands.values()]
+    if params:
+        edits.params[site.kernel] = params
+    kwargs = {op.param: op.src for op in b.operands.values()}
+    kwargs.update(extra_launch or {})
+    if kwargs:
+        edits.calls[site.line] = lambda call: set_call_kwargs(call, kwargs)
+    # forward: the translated statements go; the result lives in y's buffer
+    for s in ch.stmts:
+        edits.replace[s.lineno] = []
+    result = y
+    if ch.reduction is not None and not ch.reduction["keepdim"]:
+        result = f"{y}.squeeze(1)"
+    if ch.ret is not None:
+        ret_val = result if absorb is not None or ch.to_dtype is None else f"{result}.to({c.seg(ch.to_dtype)})"
+        edits.replace[ch.ret.lineno] = statements(f"return {ret_val}")
+    elif ch.stmts and (ch.cur != y or result != y):
+        edits.replace[ch.stmts[-1].lineno] = statements(f"{ch.cur} = {result}")
+    if alloc is not None and (absorb is not None or row_store):
+        def alloc_edit(call: cst.Call) -> cst.Call:
+            if absorb is not None:
+                call = set_call_kwargs(call, {"dtype": absorb})
+            if row_store:
+                first = call.args[0]
+                if isinstance(first.value, (cst.Tuple, cst.List)) and len(first.value.elements) == 2:
+                    els = list(first.value.elements)
+                    els[1] = els[1].with_changes(value=cst.Integer("1"))
+                    call = call.with_changes(args=[first.with_changes(value=first.value.with_changes(elements=els)),
+                                                   *call.args[1:]])
+                else:
+                    raise NotApplicable(f"{y}'s allocation shape is not a literal (rows, cols) tuple")
+            return call
+        edits.plain_calls[alloc.lineno] = alloc_edit
+    elif row_store:
+        raise NotApplicable(f"{y} is not allocated with torch.empty/zeros in forward, so its shape cannot shrink "
+                            "to one column")
+    if grid_edit is not None:
+        gnode, axis = grid_edit
+
+        def grid_fn(t: cst.Tuple) -> cst.Tuple | None:
+            if len(t.elements) != len(gnode.elts):
+                return None
+            els = list(t.elements)
+            els[axis] = els[axis].with_changes(value=cst.Integer("1"))
+            return t.with_changes(elements=els)
+
+        edits.tuples[gnode.lineno] = grid_fn
+    try:
+        new = apply_edits(c.source, edits, c.parsed)
+    except LookupError as exc:
+        raise NotApplicable(f"could not rewrite the launch: {exc}") from None
+    dead = {n.id for s in ch.stmts for n in ast.walk(s) if isinstance(n, ast.Name)}
+    return dead_code(new, dead), absorb is not None
+
+
+def fuse_forward_ops(source: str, problem: Any) -> tuple[str, str]:
+    c = Ctx(source, problem)
+    why = []
+    for site in c.model.launches:
+        if site.function != "forward":
+            continue
+        try:
+            ch = op_chain(c, site, allow_reduction=False)
+            new, absorbed = _apply_chain(c, ch)
+        except NotApplicable as exc:
+            why.append(f"{site.kernel}: {exc}")
+            continue
+        ops = ", ".join(dict.fromkeys(ch.ops))
+        parts = []
+        if ch.stmts:
+            parts.append(f"{len(ch.stmts)} torch op statement(s) ({ops}) after {site.kernel} now run in its epilogue")
+        if absorbed:
+            parts.append(f"{site.kernel} writes {c.seg(ch.to_dtype)} directly (no trailing cast pass)")
+        return new, "; ".join(parts)
+    raise NotApplicable("; ".join(why) or "no kernel launch in forward")
+
+
+def _col_block(c: Ctx, ts: TileStore, site: LaunchSite) -> tuple[str, int]:
+    """The constexpr that sizes the column tile and the grid axis it spans."""
+    fn = c.parsed.function(ts.fn)
+    offs_n = ts.cols[0]
+    for s in body_statements(fn):
+        sm = small(s)
+        if isinstance(sm, cst.Assign) and len(sm.targets) == 1 and isinstance(sm.targets[0].target, cst.Name) \
+                and sm.targets[0].target.value == offs_n:
+            blocks = [p for p in ts.constexprs if p in names_in(sm.value)]
+            if len(blocks) == 1:
+                axes = axis_blocks(c.model.functions[ts.fn])
+                ax = [a for a, names in axes.items() if blocks[0] in names]
+                if len(ax) == 1:
+                    return blocks[0], ax[0]
+    raise NotApplicable(f"{ts.fn}'s column tile ({offs_n}) is not pid * BLOCK + arange on a grid axis of its own")
+
+
+def fuse_row_reduction(source: str, problem: Any) -> tuple[str, str]:
+    c = Ctx(source, problem)
+    why = []
+    for site in c.model.launches:
+        if site.function != "forward":
+            continue
+        try:
+            ch = op_chain(c, site, allow_reduction=True)
+            if ch.reduction is None:
+                raise NotApplicable(ch.stop or "no row reduction follows it")
+            ts = ch.tile
+            block, axis = _col_block(c, ts, site)
+            bind = c.env.binding(site)
+            nparam = ts.cols[1]
+            if nparam not in bind:
+                raise NotApplicable(f"the column bound {nparam} is not a kernel argument")
+            nval = c.env.eval(bind[nparam], site.line)
+            widths = _dim_values(c, nval)
+            if not widths:
+                raise NotApplicable(f"cannot tell the row width {c.seg(bind[nparam])} at the spec's shapes")
+            worst_variant, worst = max(widths, key=lambda kv: kv[1])
+            need = max(MIN_DOT_N, 1 << max(0, (worst - 1).bit_length()))
+            if need > MAX_ROW_TILE:
+                raise NotApplicable(
+                    f"{ch.reduction['src']} needs one tile to cover a row, but N={worst} at {worst_variant} would "
+                    f"need {block}={need} (> {MAX_ROW_TILE}, the widest tile kept in registers)")
+            gnode = _grid_tuple(c, site)
+            if gnode is None or axis >= len(gnode.elts):
+                raise NotApplicable(f"{site.kernel}'s grid is not a literal tuple in forward")
+            nsrc = c.seg(bind[nparam])
+            new, _ = _apply_chain(c, ch, {block: f"max({MIN_DOT_N}, triton.next_power_of_2({nsrc}))"},
+                                  grid_edit=(gnode, axis), row_store=True)
+        except NotApplicable as exc:
+            why.append(f"{site.kernel}: {exc}")
+            continue
+        ops = ", ".join(dict.fromkeys(ch.ops))
+        return new, (f"{ch.reduction['src']} fused into {site.kernel} ({ops}): {block} = next_power_of_2(N) so one "
+                     f"tile covers each row (N <= {worst} at the spec's shapes); the kernel stores one value per row")
+    raise NotApplicable("; ".join(why) or "no kernel launch in forward")
+
+
+def _dim_values(c: Ctx, v: Val) -> list[tuple[str, int]]:
+    out = []
+    if v.kind != "scalar":
+        return out
+    for name, var in c.problem.spec.variants.items():
+        val = c.env.dim_value(v.value, var)
+        if val is not None:
+            out.append((name, val))
+    return out
+
+
+def _grid_tuple(c: Ctx, site: LaunchSite) -> ast.Tuple | None:
+    g = site.node.func.slice
+    if isinstance(g, ast.Tuple):
+        return g
+    if isinstance(g, ast.Name):
+        users = [s for s in c.model.launches if isinstance(s.node.func.slice, ast.Name) and s.node.func.slice.id == g.id]
+        if len(users) != 1:
+            return None
+        a = _alloc_free_assign(c, g.id, site.line)
+        if a is not None and isinstance(a.value, ast.Tuple):
+            return a.value
+    return None
+
+
+def _alloc_free_assign(c: Ctx, name: str, before: int) -> ast.Assign | None:
+    found = None
+    for s in c.fwd:
+        if s.lineno >= before:
+            break
+        if isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name) \
+                and s.targets[0].id == name:
+            found = s
+    return found
+
+
+# ------------------------------------------------------------------------------------------------ combined
+REWRITES: dict[str, Callable[[str, Any], tuple[str, str]]] = {
+    "consumer-kernel": fuse_consumer_kernel,
+    "forward-ops": fuse_forward_ops,
+    "row-reduction": fuse_row_reduction,
+}
+
+
+def fuse_all(source: str, problem: Any, first: str, limit: int = 8) -> tuple[str, list[str]]:
+    """``first``'s rewrite, then any rewrite that applies to the result, until none does."""
+    new, desc = REWRITES[first](source, problem)
+    done = [desc]
+    for _ in range(limit):
+        for name, fn in REWRITES.items():
+            try:
+                nxt, d = fn(new, problem)
+            except NotApplicable:
+                continue
+            new, done = nxt, [*done, d]
+            break
+        else:
+            break
+    return new, done

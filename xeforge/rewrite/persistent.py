@@ -1,0 +1,271 @@
+"""Persistent-kernel rewrite: one program per core walks the tiles, instead of one program per tile.
+
+Owns: planning and applying the persistent stage's codemod. A kernel whose program ids are assigned at the
+top (``pid_m = tl.program_id(0)``, ``pid_n = tl.program_id(1)``, or one ``pid``) and whose grid axes are
+``cdiv(<kernel argument>, <block>)`` (or products of them) becomes::
+
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    <loop-invariant statements, hoisted: aranges, descriptors>
+    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+        pid_m = tile_id % num_pid_m          # the 2D grid's order: axis 0 fastest
+        pid_n = tile_id // num_pid_m
+        <the rest of the body, once per tile>
+
+and the launch gets ``grid = lambda META: (min(num_programs, <tiles from META>),)`` with the program count read
+from the device at run time (SMs on NVIDIA, Xe-cores on Intel, a few on the CPU interpreter) by a small
+module-level helper. Block sizes stay tunable: the grid follows ``META``. A kernel with an early ``return``,
+inline ``tl.program_id`` uses, a grid axis the kernel cannot recompute (a size that is not a kernel argument),
+or a name carried from before the loop and reassigned inside it is left alone, with the reason.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+
+import libcst as cst
+
+from xeforge.kernel_model import KernelModel, parse_kernel
+from xeforge.rewrite.tiling import (GridTranslator, KernelAnalysis, NotApplicable, _assign_counts, fresh_name,
+                                    is_tl_call, launch_bindings, launch_grid, names_in, program_id_vars,
+                                    single_launch)
+from xeforge.rewrite.tiling_edit import FunctionEdit, LaunchEdit, add_module_function, edit_function, edit_launch, stmts
+
+HELPER = "_device_core_count"
+HELPER_CODE = f'''
+def {HELPER}(device):
+    """Programs for a persistent launch: one per SM (NVIDIA) or Xe-core (Intel); a few on the CPU interpreter."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    if device.type == "xpu":
+        index = device.index if device.index is not None else torch.xpu.current_device()
+        return triton.runtime.driver.active.utils.get_device_properties(index)["multiprocessor_count"]
+    return 2
+'''
+#: calls whose results differ per program or have effects: never hoisted out of the tile loop
+_UNHOISTABLE = ("load", "store", "atomic_add", "atomic_max", "atomic_min", "atomic_cas", "atomic_xchg",
+                "atomic_and", "atomic_or", "atomic_xor", "program_id", "rand", "randn", "randint", "debug_barrier",
+                "device_print", "device_assert", "inline_asm_elementwise")
+_PLAIN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+@dataclass
+class PersistentPlan:
+    kernel: str
+    pids: list[str]  # by axis
+    start: str  # the first tile of this program: tl.program_id(0), with the kernel's int64 cast if it had one
+    counts: list[str]  # kernel-side tile counts per axis
+    meta: list[str]  # host-side tile counts per axis, in META terms
+    first: int  # index of the first program-id statement in the body
+    pid_lines: set[int]
+    hoisted: list[int]  # indices of body statements hoisted before the loop
+    device_arg: str  # host tensor expression whose .device sizes the grid
+    grid: object  # GridInfo
+    site: object  # LaunchSite
+
+    def describe(self) -> str:
+        axes = " x ".join(self.counts)
+        return (f"{self.kernel}: persistent loop over {axes} tiles, one program per core "
+                f"({len(self.hoisted)} loop-invariant statement(s) hoisted)")
+
+
+def is_persistent(fn_node: ast.FunctionDef) -> bool:
+    for node in ast.walk(fn_node):
+        if isinstance(node, ast.For) and isinstance(node.iter, ast.Call) and node.iter.args and \
+                any(is_tl_call(a, "program_id") for a in ast.walk(node.iter)):
+            return True
+    return False
+
+
+def _hoistable_assign(st: ast.stmt, counts: dict[str, int], dependent: set[str]) -> bool:
+    if not (isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)):
+        return False
+    if counts.get(st.targets[0].id, 0) != 1:
+        return False
+    if names_in(st.value) & dependent:
+        return False
+    return not any(isinstance(n, ast.Call) and any(is_tl_call(n, c) for c in _UNHOISTABLE)
+                   for n in ast.walk(st.value))
+
+
+def plan_persistent(model: KernelModel, kernel: str) -> PersistentPlan:
+    fn = model.functions[kernel]
+    if fn.is_autotuned:
+        raise NotApplicable(f"{kernel} is @triton.autotune'd (make it persistent before autotuning)")
+    if is_persistent(fn.node):
+        raise NotApplicable(f"{kernel} already loops over tiles from tl.program_id (persistent)")
+    site = single_launch(model, kernel)
+    pids, inline = program_id_vars(fn.node)
+    if inline:
+        raise NotApplicable(f"{kernel} calls tl.program_id inline (line {inline[0].lineno}); the rewrite needs "
+                            "`pid = tl.program_id(axis)` assignments at the top of the kernel")
+    if not pids:
+        raise NotApplicable(f"{kernel} never reads tl.program_id")
+    axes = sorted(p.axis for p in pids)
+    if axes not in ([0], [0, 1]):
+        raise NotApplicable(f"{kernel} uses grid axes {axes}; the rewrite handles 1D and 2D grids")
+    if any(isinstance(n, ast.Return) for n in ast.walk(fn.node)):
+        raise NotApplicable(f"{kernel} returns early; a persistent loop would skip the remaining tiles")
+    counts = _assign_counts(fn.node)
+    for p in pids:
+        if counts.get(p.name, 0) != 1:
+            raise NotApplicable(f"{p.name} is assigned more than once")
+    grid = launch_grid(model, site)
+    if grid is None:
+        raise NotApplicable(f"the grid of the launch at line {site.line} is not a tuple or a lambda returning one")
+    if len(grid.elements) != len(axes):
+        raise NotApplicable(f"the grid has {len(grid.elements)} axes but {kernel} reads {len(axes)} program ids")
+    an = KernelAnalysis(fn)
+    tr = GridTranslator(model, site, an, grid)
+    kcounts = [tr.kernel_expr(el) for el in grid.elements]
+    mcounts = [tr.meta_expr(el) for el in grid.elements]
+    body = fn.node.body
+    pid_stmts = {id(p.stmt) for p in pids}
+    first = min(i for i, st in enumerate(body) if id(st) in pid_stmts)
+    prologue = body[:first]
+    rest = [(i, st) for i, st in enumerate(body) if i > first and id(st) not in pid_stmts]
+    # names live before the loop that the loop body reassigns would carry state from one tile to the next
+    before = set(fn.params) | set(_assign_counts(list(prologue)))
+    in_loop = set(_assign_counts([st for _, st in rest]))
+    carried = sorted(before & in_loop)
+    if carried:
+        raise NotApplicable(f"{', '.join(carried)} assigned before the tile loop and again inside it")
+    dependent = {p.name for p in pids}
+    hoisted: list[int] = []
+    for i, st in rest:
+        ok = _hoistable_assign(st, counts, dependent)
+        if not ok and isinstance(st, ast.If) and isinstance(st.test, ast.Name) and st.test.id in fn.constexpr_params:
+            ok = all(_hoistable_assign(s, counts, dependent) for s in st.body + st.orelse)
+        if ok:
+            hoisted.append(i)
+        else:
+            dependent |= set(_assign_counts([st]))
+    bind = launch_bindings(site, fn, model.source)
+    device_arg = next((bind[p].strip() for p in fn.params if p in bind and _PLAIN.match(bind[p].strip())
+                       and any(getattr(a.ptr, "base", None) == p for a in an.accesses)), None)
+    if device_arg is None:
+        raise NotApplicable(f"no tensor argument of {kernel} to read the device from")
+    cast = next((p.cast for p in pids if p.cast), None)
+    start = f"tl.program_id(0).to({cast})" if cast else "tl.program_id(0)"
+    return PersistentPlan(kernel, [p.name for p in sorted(pids, key=lambda p: p.axis)], start, kcounts, mcounts, first,
+                          {p.stmt.lineno for p in pids}, hoisted, device_arg, grid, site)
+
+
+def apply_persistent(source: str, plan: PersistentPlan) -> str:
+    model = parse_kernel(source)
+    fn = model.functions[plan.kernel]
+    taken = {n.id for n in ast.walk(fn.node) if isinstance(n, ast.Name)} | set(fn.params)
+    lines: list[str] = []
+    if len(plan.pids) == 1:
+        tiles = fresh_name(taken, "num_tiles")
+        lines.append(f"{tiles} = {plan.counts[0]}")
+        loop_var, per_tile = plan.pids[0], []
+    else:
+        pm, pn = plan.pids
+        nm, nn = fresh_name(taken, f"num_{pm}"), fresh_name(taken, f"num_{pn}")
+        taken |= {nm, nn}
+        tiles = fresh_name(taken, "num_tiles")
+        taken.add(tiles)
+        loop_var = fresh_name(taken, "tile_id")
+        lines += [f"{nm} = {plan.counts[0]}", f"{nn} = {plan.counts[1]}", f"{tiles} = {nm} * {nn}"]
+        per_tile = [f"{pm} = {loop_var} % {nm}", f"{pn} = {loop_var} // {nm}"]
+    header = f"for {loop_var} in tl.range({plan.start}, {tiles}, tl.num_programs(0)):\n    pass"
+    hoisted_idx = set(plan.hoisted)
+
+    def body(original, updated, line_of):
+        ast_lines = [st.lineno for st in fn.node.body]
+        by_line = {ln: i for i, ln in enumerate(ast_lines)}
+        out, hoisted, inner = [], [], []
+        for o, u in zip(original, updated):
+            i = by_line.get(line_of(o))
+            if i is None:
+                raise NotApplicable("statements of the kernel body could not be matched")
+            if i < plan.first:
+                out.append(u)
+            elif line_of(o) in plan.pid_lines:
+                continue
+            elif i in hoisted_idx:
+                hoisted.append(u)
+            else:
+                inner.append(u)
+        loop = stmts(header)[0]
+        comment = cst.EmptyLine(comment=cst.Comment("# persistent: program p handles tiles p, p + num_programs, "
+                                                    "p + 2 * num_programs, ..."))
+        new_inner = [s for code in per_tile for s in stmts(code)] + inner
+        loop = loop.with_changes(body=loop.body.with_changes(body=new_inner), leading_lines=[comment])
+        head = [s for code in lines for s in stmts(code)]
+        return out + head + hoisted + [loop]
+
+    source = edit_function(source, FunctionEdit(plan.kernel, body=body))
+    source = add_module_function(source, HELPER, HELPER_CODE)
+    model = parse_kernel(source)
+    site = single_launch(model, plan.kernel)
+    fwd = {n.id for n in ast.walk(model.tree) if isinstance(n, ast.Name)}
+    nprog = fresh_name(fwd, "num_programs")
+    total = " * ".join(plan.meta)
+    grid = f"lambda META: (min({nprog}, {total}),)"
+    edit = LaunchEdit(plan.kernel, site.line, before=[f"{nprog} = {HELPER}({plan.device_arg}.device)"])
+    g = launch_grid(model, site)
+    if g is not None and g.variable and g.assign is not None and _grid_var_used_once(model, site, g.variable):
+        edit.grid_assign = (g.assign.lineno, grid)
+        edit.before_line = g.assign.lineno
+    else:
+        edit.grid = grid
+    return edit_launch(source, edit)
+
+
+def _grid_var_used_once(model: KernelModel, site, var: str) -> bool:
+    from xeforge.rewrite.tiling import enclosing_function
+
+    fn = enclosing_function(model, site)
+    if fn is None:
+        return False
+    uses = [n for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id == var and isinstance(n.ctx, ast.Load)]
+    return len(uses) == 1
+
+
+def rewrite(source: str, kernel: str | None = None) -> tuple[str, PersistentPlan]:
+    model = parse_kernel(source)
+    names = [kernel] if kernel else _targets(model)
+    errors = []
+    for name in names:
+        try:
+            plan = plan_persistent(model, name)
+        except NotApplicable as exc:
+            errors.append(f"{name}: {exc}")
+            continue
+        return apply_persistent(source, plan), plan
+    raise NotApplicable("; ".join(errors) or "no kernel launch found")
+
+
+def _targets(model: KernelModel) -> list[str]:
+    """Launched kernels, GEMM-like (tl.dot) first, then the rest in launch order."""
+    order: list[str] = []
+    for site in model.launches:
+        if site.kernel not in order:
+            order.append(site.kernel)
+    dots = [k for k in order if any(is_tl_call(n, "dot") for n in ast.walk(model.functions[k].node))]
+    return dots + [k for k in order if k not in dots]
+
+
+def launched_programs(model: KernelModel, kernel: str, problem, variant) -> int | None:
+    """How many programs the launch of ``kernel`` starts at ``variant`` (static evaluation of forward)."""
+    from xeforge.rewrite.memory import _grid_sizes, launch_values
+
+    try:
+        site = single_launch(model, kernel)
+    except NotApplicable:
+        return None
+    bound = launch_values(model, site, problem, variant)
+    if bound is None:
+        return None
+    sizes = _grid_sizes(model, site, bound[1], bound[0])
+    if not sizes or any(s is None for s in sizes):
+        return None
+    total = 1
+    for s in sizes:
+        total *= s
+    return total
