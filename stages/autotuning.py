@@ -19,7 +19,7 @@ from typing import Any
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic
 from xeforge.rewrite import autotune
 from xeforge.rewrite.tiling import KernelAnalysis, NotApplicable
-from xeforge.rewrite.tiling_configs import kb_configs, kb_errors, measured_configs, tunable
+from xeforge.rewrite.tiling_configs import RewriteMemo, kb_configs, kb_errors, measured_configs, tunable
 
 
 def config_pool(ctx: StageContext, kernel: str) -> tuple[list[dict[str, Any]], str]:
@@ -46,7 +46,13 @@ class AutotuneFromSpace(Tactic):
     name = "autotune-from-space"
     summary = "@triton.autotune over the incumbent's config and the best KB-valid ones, keyed on shape arguments"
 
-    def _rewrite(self, ctx: StageContext) -> tuple[str, autotune.AutotunePlan, str]:
+    def __init__(self) -> None:
+        self._memo = RewriteMemo()
+
+    def _rewrite(self, ctx: StageContext):
+        return self._memo.get(ctx, self._build)
+
+    def _build(self, ctx: StageContext) -> tuple[str, autotune.AutotunePlan, str]:
         kind = getattr(ctx.device, "kind", "cpu")
         errors = []
         for kernel in autotune._targets(ctx.model):

@@ -1,4 +1,4 @@
-"""Stage 5, block_io: structured memory access: tensor descriptors, or block pointers where the target's Triton still has them and they are faster.
+"""Stage 5, block_io: tensor descriptors, or block pointers where the target's Triton still has them and win.
 
 Owns: this stage's goal, its detector (GEMM tile loops that load through pointer arithmetic and masks) and
 its tactic, which rewrites those loops with :mod:`xeforge.rewrite.blockio`. Which form the rewrite takes
@@ -20,8 +20,9 @@ from typing import Any
 
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic
 from xeforge.rewrite import blockio
-from xeforge.rewrite.tiling import NotApplicable, gemm_kernels
-from xeforge.rewrite.tiling_configs import describe, kb_errors, with_configs
+from xeforge.rewrite.tiling import NotApplicable
+from xeforge.rewrite.tiling_grid import gemm_kernels
+from xeforge.rewrite.tiling_configs import RewriteMemo, describe, kb_errors, with_configs
 
 #: how many KB tile configurations to try the rewrite with on a GPU
 RETILE_CONFIGS = 2
@@ -66,7 +67,13 @@ class TensorDescriptorTiles(Tactic):
     summary = ("load the K-loop tiles of a GEMM through tensor descriptors (or block pointers), keeping the "
                "pointer code for inputs that do not qualify")
 
-    def _rewrite(self, ctx: StageContext) -> tuple[str, blockio.BlockIOPlan, str]:
+    def __init__(self) -> None:
+        self._memo = RewriteMemo()
+
+    def _rewrite(self, ctx: StageContext):
+        return self._memo.get(ctx, self._build)
+
+    def _build(self, ctx: StageContext) -> tuple[str, blockio.BlockIOPlan, str]:
         modes, why = preferred_modes(ctx)
         if not modes:
             raise NotApplicable(why)
@@ -126,7 +133,8 @@ def _detect_pointer_tiles(ctx: StageContext) -> list[Issue]:
 STAGE = Stage(
     name='block_io',
     order=5,
-    goal="structured memory access: tensor descriptors, or block pointers where the target's Triton still has them and they are faster",
+    goal=("structured memory access: tensor descriptors, or block pointers where the target's Triton still has "
+          "them and they are faster"),
     kb_topics=('block_io', 'tensor_descriptor', 'block_pointer'),
     tactics=[TensorDescriptorTiles()],
     detectors=[_detect_pointer_tiles],

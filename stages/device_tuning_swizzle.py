@@ -13,7 +13,7 @@ from __future__ import annotations
 from stages.base import Applicability, Candidate, StageContext, Tactic
 from xeforge.rewrite import tiling_swizzle
 from xeforge.rewrite.tiling import NotApplicable
-from xeforge.rewrite.tiling_configs import describe, kb_errors, with_configs
+from xeforge.rewrite.tiling_configs import RewriteMemo, describe, kb_errors, with_configs
 
 DEFAULT_GROUP = 8
 RETILE_CONFIGS = 2
@@ -40,7 +40,13 @@ class GroupedTileOrder(Tactic):
     name = "group-swizzle"
     summary = "visit tiles in groups of GROUP_SIZE_M rows (1D grid or persistent loop) so B stays in L2"
 
-    def _rewrite(self, ctx: StageContext) -> tuple[str, tiling_swizzle.SwizzlePlan, str]:
+    def __init__(self) -> None:
+        self._memo = RewriteMemo()
+
+    def _rewrite(self, ctx: StageContext):
+        return self._memo.get(ctx, self._build)
+
+    def _build(self, ctx: StageContext) -> tuple[str, tiling_swizzle.SwizzlePlan, str]:
         group, where = group_size(ctx)
         src, plan = tiling_swizzle.rewrite(ctx.source, group=group)
         bad = kb_errors(ctx, src)
@@ -63,5 +69,6 @@ class GroupedTileOrder(Tactic):
         params = {"kernel": plan.kernel, tiling_swizzle.PARAM: plan.group}
         out = [Candidate(src, self.name, plan.describe(), params=params)]
         for cfg, tiled in with_configs(ctx, src, plan.kernel, RETILE_CONFIGS):
-            out.append(Candidate(tiled, self.name, f"{plan.describe()}; with {describe(cfg)}", params={**params, **cfg}))
+            out.append(Candidate(tiled, self.name, f"{plan.describe()}; with {describe(cfg)}",
+                                 params={**params, **cfg}))
         return out

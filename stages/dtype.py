@@ -22,7 +22,7 @@ from typing import Any, Callable
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite import dtype_rewrites as dr
-from xeforge.rewrite.context import Ctx
+from xeforge.rewrite.context import Ctx, guarded, memo_key
 
 
 class RewriteTactic(Tactic):
@@ -32,16 +32,13 @@ class RewriteTactic(Tactic):
     not_applicable_prefix = ""
 
     def __init__(self) -> None:
-        self._memo: dict[tuple[str, int], tuple[str, str] | str] = {}
+        self._memo: dict[tuple[str, str], tuple[str, str] | str] = {}
 
     def result(self, ctx: StageContext) -> tuple[str, str] | str:
-        """(new source, description), or the reason it does not apply (memoised per source)."""
-        key = (ctx.source, id(ctx.problem))
+        """(new source, description), or the reason it does not apply (memoised per source and spec)."""
+        key = memo_key(ctx)
         if key not in self._memo:
-            try:
-                self._memo[key] = type(self).rewrite(ctx.source, ctx.problem)
-            except NotApplicable as exc:
-                self._memo[key] = str(exc)
+            self._memo[key] = guarded(lambda: type(self).rewrite(ctx.source, ctx.problem))
             if len(self._memo) > 32:
                 self._memo.pop(next(iter(self._memo)))
         return self._memo[key]

@@ -24,7 +24,7 @@ import ast
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite import fusion_rewrites as fr
-from xeforge.rewrite.context import Ctx
+from xeforge.rewrite.context import Ctx, guarded, memo_key
 from xeforge.rewrite.fusion_tile import tile_store
 from xeforge.static_checks import torch_compute_calls
 
@@ -37,21 +37,21 @@ class FusionTactic(Tactic):
     first = ""
 
     def __init__(self) -> None:
-        self._memo: dict[tuple[str, int], tuple[list[tuple[str, str]], str] | str] = {}
+        self._memo: dict[tuple[str, str], list[tuple[str, str]] | str] = {}
+
+    def _compute(self, ctx: StageContext) -> list[tuple[str, str]]:
+        single, desc = fr.REWRITES[self.first](ctx.source, ctx.problem)
+        out = [(single, desc)]
+        full, steps = fr.fuse_all(ctx.source, ctx.problem, self.first)
+        if full != single:
+            out.insert(0, (full, "; then ".join(steps)))
+        return out
 
     def results(self, ctx: StageContext) -> list[tuple[str, str]] | str:
         """[(source, description)] — the fused-as-far-as-possible result first — or why nothing applies."""
-        key = (ctx.source, id(ctx.problem))
+        key = memo_key(ctx)
         if key not in self._memo:
-            try:
-                single, desc = fr.REWRITES[self.first](ctx.source, ctx.problem)
-                out = [(single, desc)]
-                full, steps = fr.fuse_all(ctx.source, ctx.problem, self.first)
-                if full != single:
-                    out.insert(0, (full, "; then ".join(steps)))
-                self._memo[key] = out
-            except NotApplicable as exc:
-                self._memo[key] = str(exc)
+            self._memo[key] = guarded(lambda: self._compute(ctx))
             if len(self._memo) > 32:
                 self._memo.pop(next(iter(self._memo)))
         return self._memo[key]

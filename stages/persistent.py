@@ -12,7 +12,7 @@ from __future__ import annotations
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic
 from xeforge.rewrite import persistent
 from xeforge.rewrite.tiling import NotApplicable
-from xeforge.rewrite.tiling_configs import describe, kb_errors, with_configs
+from xeforge.rewrite.tiling_configs import RewriteMemo, describe, kb_errors, with_configs
 
 #: how many KB tile configurations to try the rewrite with on a GPU
 RETILE_CONFIGS = 2
@@ -24,7 +24,13 @@ class PersistentTileLoop(Tactic):
     name = "persistent-loop"
     summary = "one program per core walks the tiles (grid = min(#tiles, cores), cores read at run time)"
 
-    def _rewrite(self, ctx: StageContext) -> tuple[str, persistent.PersistentPlan]:
+    def __init__(self) -> None:
+        self._memo = RewriteMemo()
+
+    def _rewrite(self, ctx: StageContext):
+        return self._memo.get(ctx, self._build)
+
+    def _build(self, ctx: StageContext) -> tuple[str, persistent.PersistentPlan]:
         src, plan = persistent.rewrite(ctx.source)
         bad = kb_errors(ctx, src)
         if bad:

@@ -328,6 +328,8 @@ def normalise(report: dict, root: Path) -> dict:
     rep["created"] = "2025-01-01T12:00:00"
     rep["versions"] = {"python": "3.x", "torch": "2.x", "triton": "3.x"}
     rep["elapsed_s"] = 12.5
+    shown = ("correctness_rounds", "ragged_shapes", "warmup_calls", "timed_pairs", "compile_timeout_s", "run_timeout_s")
+    rep["settings"] = {k: rep["settings"][k] for k in shown}  # new Settings fields must not move the goldens
     for r in rep["problems"]:
         r["elapsed_s"] = 1.0
     return rep
@@ -410,3 +412,22 @@ def test_interrupted_run_keeps_partial_results(tmp_path):
     rep = json.loads((out / "bench.json").read_text())
     assert rep["status"] == "interrupted" and [r["problem"] for r in rep["problems"]] == ["gemm_fake"]
     assert (out / "bench.md").exists() and "status interrupted" in (out / "bench.md").read_text()
+
+
+def test_stop_after_leaves_a_resumable_partial_run(tmp_path):
+    problems, runs = _write_synthetic(tmp_path)
+    out = tmp_path / "out"
+    opt = bench.BenchOptions(problems=[str(p) for p in problems], device="cpu", runs_dir=runs, out=out,
+                             stop_after=1e-9)
+    rep = bench.run_bench(opt, make_verifier=ScriptedVerifier)
+    assert rep["status"] == "partial" and len(rep["pending"]) == len(problems) and not rep["problems"]
+    assert "continue with --resume" in rep["summary"] and bench.exit_code(rep) == 2
+    with pytest.raises(UsageError, match="already holds a bench run"):
+        bench.run_bench(bench.BenchOptions(problems=opt.problems, device="cpu", runs_dir=runs, out=out),
+                        make_verifier=ScriptedVerifier)
+    rep = bench.run_bench(bench.BenchOptions(problems=opt.problems, device="cpu", runs_dir=runs, out=out, resume=True),
+                          make_verifier=ScriptedVerifier)
+    assert rep["status"] == "done" and rep["pending"] == []
+    assert [r["problem"] for r in rep["problems"]] == [p.name for p in problems]
+    stored = json.loads((out / "bench.json").read_text())
+    assert stored["status"] == "done" and len(stored["problems"]) == len(problems)

@@ -30,6 +30,9 @@ KERNELS = ROOT / "kernels"
 HERE = FIXTURES / "tactics" / "block_io"
 TACTIC = block_io.TensorDescriptorTiles()
 
+#: three rounds cover the three input distributions (normal, uniform, outliers); ragged shapes still run
+VERIFY_SETTINGS = Settings(compile_timeout_s=60.0, run_timeout_s=30.0, correctness_rounds=3)
+
 
 def context(p, source: str | None = None, kind: str = "cpu", target: str | None = None, triton: str | None = None):
     device = describe("cpu") if kind == "cpu" else DeviceInfo(kind, f"test {kind}", cores=20, interpreter=False)
@@ -47,7 +50,7 @@ def verify(tmp_path_factory):
 
     def run(p, source: str):
         if str(p.root) not in made:
-            made[str(p.root)] = Verifier(p, describe("cpu"), Settings(compile_timeout_s=60.0, run_timeout_s=30.0),
+            made[str(p.root)] = Verifier(p, describe("cpu"), VERIFY_SETTINGS,
                                          tmp_path_factory.mktemp(p.name), hooks, kbc.entry)
         path = tmp_path_factory.mktemp("cand") / "kernel.py"
         path.write_text(source)
@@ -67,7 +70,7 @@ def rewritten(p, **kw) -> str:
     return cands[0].source
 
 
-@pytest.mark.parametrize("folder", [KERNELS / "gemm_relu", KERNELS / "kb09_matmul_subtract_multiply_relu",
+@pytest.mark.parametrize("folder", [KERNELS / "kb09_matmul_subtract_multiply_relu",
                                     KERNELS / "gemm_square", KERNELS / "gemm_tall_k", HERE / "linear_small_tiles"],
                          ids=lambda p: Path(p).name)
 def test_descriptor_rewrite_is_correct(verify, folder):

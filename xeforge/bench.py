@@ -66,6 +66,7 @@ SPEEDUPS = {
 }
 CPU_HEADER = ("CORRECTNESS ONLY: --device cpu runs Triton's interpreter, which measures nothing about GPU speed. "
               "Kernels were verified (gates 0-2); nothing was timed and no speedup is claimed.")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 _DTYPE_SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
 
 
@@ -84,6 +85,8 @@ class BenchOptions:
     engine: str = "auto"
     stages: list[str] | None = None
     budget: int | None = None
+    resume: bool = False
+    stop_after: float | None = None  # minutes: start no new problem after this
     target: str | None = None
     triton: str | None = None
     llm: Any = None
@@ -300,7 +303,6 @@ def _record_verdict(e: dict, verdict) -> None:
 
 def bench_problem(path: Path, ctx: BenchContext) -> dict:
     """One row of the suite table. Never raises for a problem's own failure (only for KeyboardInterrupt)."""
-    opt, device = ctx.options, ctx.device
     t0 = time.monotonic()
     row: dict[str, Any] = {"problem": path.stem if path.is_file() else path.name, "path": str(path), "status": "ok",
                            "error": None, "kind": None, "origin": None, "description": None, "variant": None,
@@ -512,6 +514,8 @@ def new_report(opt: BenchOptions, device, kbc, settings, out: Path) -> dict:
         "settings": dict(settings.__dict__),
         "workers": opt.workers,
         "status": "running",
+        "resumed": bool(opt.resume),
+        "pending": [],
         "problems": [],
         "geomean": {},
         "counts": {},
@@ -551,6 +555,8 @@ def finalize(report: dict) -> dict:
         parts.append(f"{counts['errors']} problem(s) could not be benched")
     if counts["entry_errors"]:
         parts.append(f"{counts['entry_errors']} entry error(s)")
+    if report.get("pending"):
+        parts.append(f"{len(report['pending'])} problem(s) not started (--stop-after; continue with --resume)")
     if report["timed"]:
         for name, label in (("final_vs_eager", "port result vs eager"), ("final_vs_compile", "vs torch.compile"),
                             ("final_vs_start", "vs start")):
@@ -594,7 +600,7 @@ class _Progress:
         self.done += 1
         line = f"[{self.done}/{self.total}] {row['problem']}: {_row_status(row)} ({row.get('elapsed_s', 0):.1f}s)"
         if self.bar is not None:
-            self.bar.console.print(line)
+            self.bar.console.print(line, highlight=False)
             self.bar.advance(self.task)
         else:
             say(line)
@@ -621,13 +627,15 @@ def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
     from xeforge.report import write_bench_reports
 
     paths = discover(opt.problems)
-    kind = devices.resolve(opt.device)
-    device = devices.describe(kind)
     if opt.workers < 1:
         raise UsageError("--workers", f"{opt.workers} is not a number of workers", "use --workers 1 or more")
-    if opt.compile_mode not in {"default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"}:
+    if opt.compile_mode not in COMPILE_MODES:
         raise UsageError("--compile-mode", f"unknown torch.compile mode {opt.compile_mode!r}",
-                         "use default, reduce-overhead, max-autotune or max-autotune-no-cudagraphs")
+                         f"use one of {', '.join(COMPILE_MODES)}")
+    if opt.stop_after is not None and opt.stop_after <= 0:
+        raise UsageError("--stop-after", f"{opt.stop_after} is not a positive number of minutes", "use e.g. --stop-after 8")
+    kind = devices.resolve(opt.device)
+    device = devices.describe(kind)
     slots = gpu_slots(kind, opt.workers) if opt.workers > 1 else []
     try:
         kbc = kb_context(device, opt.target, opt.triton)
@@ -637,30 +645,42 @@ def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
         kbc = None
         say(f"note: knowledge base unavailable ({type(exc).__name__}: {exc}); no roofline")
     settings = bench_settings(opt, kind)
-    out = Path(opt.out) if opt.out else default_out()
-    if (out / "bench.json").exists():
-        raise UsageError("--out", f"{out} already holds a bench run", "choose another --out (or delete that folder)")
-    out.mkdir(parents=True, exist_ok=True)
+    out, kept = _prepare_out(opt, device)
     report = new_report(opt, device, kbc, settings, out)
+    report["problems"] = kept
+    done = {r["path"] for r in kept}
+    todo = [p for p in paths if str(p) not in done]
+    if kept:
+        say(f"resuming {out}: {len(kept)} problem(s) kept from the earlier run, {len(todo)} to go")
     if report["kb_note"]:
         say(f"note: {report['kb_note']}")
     if not device.can_time:
         say("note: " + CPU_HEADER)
-    say(f"xeforge bench: {len(paths)} problem(s) on {device.kind} ({device.name}); outputs in {out}")
+    say(f"xeforge bench: {len(todo)} problem(s) on {device.kind} ({device.name}); outputs in {out}")
     ctx = BenchContext(device, kbc, settings, opt, out / "work", make_verifier)
-    progress = _Progress(len(paths))
+    progress = _Progress(len(todo))
     t0 = time.monotonic()
+    deadline = t0 + 60 * opt.stop_after if opt.stop_after else None
+    order = {str(p): i for i, p in enumerate(paths)}
     try:
         if slots:
-            _run_parallel(paths, opt, kind, slots, out, report, progress)
+            _run_parallel(todo, opt, kind, slots, out, report, progress, deadline)
         else:
-            for p in paths:
+            for p in todo:
+                if deadline is not None and time.monotonic() > deadline:
+                    break
                 progress.starting(p.name)
                 row = bench_problem(p, ctx)
                 report["problems"].append(row)
                 progress.finished(row)
                 _write_partial(out, report)
-        report["status"] = "done"
+        report["problems"].sort(key=lambda r: order.get(r["path"], len(order)))
+        benched = {r["path"] for r in report["problems"]}
+        report["pending"] = [str(p) for p in paths if str(p) not in benched]
+        report["status"] = "partial" if report["pending"] else "done"
+        if report["pending"]:
+            say(f"--stop-after: {len(report['pending'])} problem(s) not started; continue with: xeforge bench "
+                f"{' '.join(opt.problems)} --device {kind} --out {out} --resume")
     except KeyboardInterrupt:
         report["status"] = "interrupted"
         raise
@@ -679,6 +699,32 @@ def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
             write_json(out / "bench.json", report)
             say(f"warning: could not render bench.md/bench.html ({type(exc).__name__}: {exc}); bench.json is written")
     return report
+
+
+def _prepare_out(opt: BenchOptions, device) -> tuple[Path, list[dict]]:
+    """The output folder, and with ``--resume`` the rows of the earlier run worth keeping (those without an error)."""
+    if opt.resume:
+        if opt.out is None:
+            raise UsageError("--resume", "needs the folder of the run to continue", "pass --out bench-out/<stamp>")
+        out = Path(opt.out)
+        path = out / "bench.json"
+        if not path.exists():
+            raise UsageError("--resume", f"{out} holds no bench.json to continue", "drop --resume to start a new run")
+        try:
+            prev = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise UsageError("--resume", f"{path} is not valid JSON ({exc.msg})", "start a new run in another --out") from None
+        pdev = prev.get("device") or {}
+        if pdev.get("kind") != device.kind or pdev.get("name") != device.name:
+            raise UsageError("--resume", f"{out} was benched on {pdev.get('kind')} ({pdev.get('name')}), this is "
+                             f"{device.kind} ({device.name})", "resume on the same device, or start a new run")
+        return out, [r for r in prev.get("problems", []) if r.get("status") == "ok"]
+    out = Path(opt.out) if opt.out else default_out()
+    if (out / "bench.json").exists():
+        raise UsageError("--out", f"{out} already holds a bench run",
+                         "pass --resume to continue it, choose another --out, or delete that folder")
+    out.mkdir(parents=True, exist_ok=True)
+    return out, []
 
 
 def _write_partial(out: Path, report: dict) -> None:
@@ -721,7 +767,7 @@ def child_argv(opt: BenchOptions, problem: Path, device_kind: str, out: Path) ->
 
 
 def _run_parallel(paths: list[Path], opt: BenchOptions, kind: str, slots: list[dict], out: Path, report: dict,
-                  progress: _Progress) -> None:
+                  progress: _Progress, deadline: float | None) -> None:
     import queue
 
     free: "queue.Queue[int]" = queue.Queue()
@@ -729,17 +775,24 @@ def _run_parallel(paths: list[Path], opt: BenchOptions, kind: str, slots: list[d
         free.put(i)
     procs: dict[int, subprocess.Popen] = {}
     lock = threading.Lock()
+    kept = list(report["problems"])
     rows: dict[int, dict] = {}
 
-    def one(idx: int, p: Path) -> dict:
+    def one(idx: int, p: Path) -> dict | None:
         slot = free.get()
         try:
+            if deadline is not None and time.monotonic() > deadline:
+                return None  # --stop-after: not started
             part = out / "parts" / f"{idx:03d}-{p.stem if p.is_file() else p.name}"
+            n = 1
+            while part.exists():  # a resumed run re-benches into a fresh folder
+                n += 1
+                part = part.with_name(f"{idx:03d}-{p.stem if p.is_file() else p.name}-{n}")
             part.parent.mkdir(parents=True, exist_ok=True)
-            log = part.parent / f"{part.name}.log"
+            log = part.with_name(part.name + ".log")
             env = {**os.environ, **slots[slot]}
             t0 = time.monotonic()
-            with open(log, "w") as fh, open(part.parent / f"{part.name}.stdout", "w") as so:
+            with open(log, "w") as fh, open(part.with_name(part.name + ".stdout"), "w") as so:
                 proc = subprocess.Popen(child_argv(opt, p, kind, part), stdout=so, stderr=fh, env=env)
                 with lock:
                     procs[idx] = proc
@@ -756,10 +809,12 @@ def _run_parallel(paths: list[Path], opt: BenchOptions, kind: str, slots: list[d
         futs = {pool.submit(one, i, p): i for i, p in enumerate(paths)}
         try:
             for fut in as_completed(futs):
-                i = futs[fut]
-                rows[i] = fut.result()
-                progress.finished(rows[i])
-                report["problems"] = [rows[k] for k in sorted(rows)]
+                row = fut.result()
+                if row is None:
+                    continue
+                rows[futs[fut]] = row
+                progress.finished(row)
+                report["problems"] = kept + [rows[k] for k in sorted(rows)]
                 _write_partial(out, report)
         except BaseException:
             for f in futs:
@@ -768,7 +823,7 @@ def _run_parallel(paths: list[Path], opt: BenchOptions, kind: str, slots: list[d
                 for proc in procs.values():
                     proc.terminate()
             raise
-    report["problems"] = [rows[k] for k in sorted(rows)]
+    report["problems"] = kept + [rows[k] for k in sorted(rows)]
 
 
 def _child_row(part: Path, problem: Path, rc: int, log: Path, slot: dict) -> dict:
@@ -809,7 +864,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                        workers=args.workers, out=Path(args.out) if args.out else None, variant=args.variant,
                        runs_dir=Path(args.runs_dir), rounds=args.rounds, pairs=args.pairs, engine=args.engine,
                        stages=[s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None,
-                       budget=args.budget, target=args.target, triton=args.triton, llm=llm, llm_argv=llm_argv,
+                       budget=args.budget, resume=args.resume, stop_after=args.stop_after, target=args.target, triton=args.triton, llm=llm, llm_argv=llm_argv,
                        json=args.json, argv=sys.argv[1:])
     report = run_bench(opt)
     if args.json:
@@ -839,7 +894,7 @@ def register(subparsers) -> None:
     p.add_argument("--budget", type=int, default=None, help="hardware evaluations per search tactic, for --port")
     p.add_argument("--compile-mode", default="default",
                    help="torch.compile mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs")
-    p.add_argument("--variant", default=None, help="variant to time (default: bench-gpu on a GPU; ci on the CPU)")
+    p.add_argument("--variant", default=None, help="variant to time on a GPU (default: bench-gpu, else the first bench-* variant)")
     p.add_argument("--runs-dir", default=os.environ.get("XEFORGE_RUNS_DIR", "runs"),
                    help="where port runs live (the latest verified one per problem is benched)")
     p.add_argument("--rounds", type=int, default=None,
@@ -847,6 +902,10 @@ def register(subparsers) -> None:
     p.add_argument("--pairs", type=int, default=None, help="timed rounds of the interleaved entries (default 20)")
     p.add_argument("--workers", type=int, default=1, help="problems run at once, one local GPU each")
     p.add_argument("--out", default=None, help="output folder (default: bench-out/<timestamp>/)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the bench in --out: keep its finished rows, bench the problems it lacks (or that errored)")
+    p.add_argument("--stop-after", type=float, default=None, metavar="MINUTES",
+                   help="start no new problem after this many minutes; the rest are listed and --resume continues")
     p.add_argument("--json", action="store_true", help="print bench.json on stdout instead of the table")
     try:
         from xeforge.cli import _add_llm_args

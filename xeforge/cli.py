@@ -166,9 +166,10 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- report / aa
 def cmd_report(args: argparse.Namespace) -> int:
-    from xeforge.report import rerender
+    from xeforge.report import rerender_all
 
-    print(rerender(Path(args.run_dir)))
+    for path in rerender_all(Path(args.run_dir)):
+        print(path)
     return 0
 
 
@@ -255,7 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_env)
 
-    p = sub.add_parser("report", help="re-render report.md from a run folder's report.json")
+    p = sub.add_parser("report", help="re-render a port's report.md/.html (from report.json) or a bench's "
+                       "bench.md/.html (from bench.json)")
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_report)
 

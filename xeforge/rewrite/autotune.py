@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xeforge.kernel_model import KernelModel, axis_blocks, parse_kernel
-from xeforge.rewrite.tiling import (BlockPtr, GridTranslator, KernelAnalysis, Mask, NotApplicable, Ptr, is_tl_call,
-                                    launch_grid, single_launch)
+from xeforge.rewrite.tiling import BlockPtr, KernelAnalysis, Mask, NotApplicable, Ptr, is_tl_call
+from xeforge.rewrite.tiling_grid import GridTranslator, launch_grid, single_launch
 from xeforge.rewrite.tiling_configs import OPTION_KEYS, tunable
 from xeforge.rewrite.tiling_edit import LaunchEdit, add_decorator, edit_launch
 
@@ -71,7 +71,9 @@ def shape_args(an: KernelAnalysis) -> list[str]:
             and not p.lower().startswith("stride")]
 
 
-def plan_autotune(model: KernelModel, kernel: str, configs: list[dict[str, Any]], device_kind: str) -> AutotunePlan:
+def plan_autotune(model: KernelModel, kernel: str, configs: list[dict[str, Any]], device_kind: str,
+                  include_incumbent: bool = True) -> AutotunePlan:
+    """``configs`` follow the launch's own configuration (first, unless ``include_incumbent`` is False)."""
     fn = model.functions[kernel]
     if fn.is_autotuned:
         raise NotApplicable(f"{kernel} is already @triton.autotune'd")
@@ -91,7 +93,7 @@ def plan_autotune(model: KernelModel, kernel: str, configs: list[dict[str, Any]]
     xpu = device_kind == "xpu"
     current = {**{n: site.constexprs[n] for n in names}, **site.options}
     cleaned: list[dict[str, Any]] = []
-    for cfg in [current, *configs]:
+    for cfg in ([current] if include_incumbent else []) + list(configs):
         c = {k: v for k, v in {**current, **cfg}.items() if k in names or k in OPTION_KEYS}
         if not xpu:
             c = {k: v for k, v in c.items() if k not in XPU_DICT_OPTIONS}
@@ -99,7 +101,9 @@ def plan_autotune(model: KernelModel, kernel: str, configs: list[dict[str, Any]]
             cleaned.append(c)
         if len(cleaned) >= MAX_CONFIGS:
             break
-    options = sorted({k for c in cleaned for k in c if k in OPTION_KEYS})
+    if not cleaned:
+        raise NotApplicable("no configuration to autotune over")
+    options = sorted({k for c in cleaned for k in c if k in OPTION_KEYS} | set(site.options))
     # the grid must follow META wherever a tuned block sizes a grid axis
     grid_info = launch_grid(model, site)
     if grid_info is None:
@@ -163,14 +167,14 @@ def apply_autotune(source: str, plan: AutotunePlan, device_kind: str) -> str:
     return add_decorator(source, plan.kernel, decorator, outermost=True)
 
 
-def rewrite(source: str, configs: list[dict[str, Any]], device_kind: str, kernel: str | None = None
-            ) -> tuple[str, AutotunePlan]:
+def rewrite(source: str, configs: list[dict[str, Any]], device_kind: str, kernel: str | None = None,
+            include_incumbent: bool = True) -> tuple[str, AutotunePlan]:
     model = parse_kernel(source)
     names = [kernel] if kernel else _targets(model)
     errors = []
     for name in names:
         try:
-            plan = plan_autotune(model, name, configs, device_kind)
+            plan = plan_autotune(model, name, configs, device_kind, include_incumbent)
         except NotApplicable as exc:
             errors.append(f"{name}: {exc}")
             continue

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from xeforge.kernel_model import KernelModel, LaunchSite, parse_kernel
-from xeforge.rewrite.tiling import (Access, BlockPtr, KernelAnalysis, LoopInfo, Mask, NotApplicable, Poly, Ptr,
-                                    fresh_name, gemm_kernels, launch_bindings, single_launch)
+from xeforge.rewrite.tiling import Access, BlockPtr, KernelAnalysis, LoopInfo, Mask, NotApplicable, Poly, Ptr
+from xeforge.rewrite.tiling_grid import fresh_name, gemm_kernels, launch_bindings, single_launch
 from xeforge.rewrite.tiling_edit import FunctionEdit, LaunchEdit, edit_function, edit_launch, expr, if_else, stmts
 
 FLAG = "USE_BLOCK_IO"
@@ -353,8 +353,6 @@ def _bare(node: cst.BaseStatement) -> cst.BaseStatement:
 
 def apply_block_io(source: str, plan: BlockIOPlan, allocator: bool) -> str:
     """The kernel file with ``plan`` applied (kernel body, signature, launch site)."""
-    model = parse_kernel(source)
-    fn = model.functions[plan.kernel]
     wrap_lines = {p.access.stmt.lineno for p in plan.accesses}
     calls: dict = {}
     for p in plan.accesses:

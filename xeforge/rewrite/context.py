@@ -2,7 +2,8 @@
 
 Owns: :class:`Ctx` (the ``ast`` model, the libcst tree with positions, the abstract ``forward``), helpers to
 find a launch's statement and the statements around it, the test for statements that only allocate, view
-or compute sizes, a fresh-name generator, and dead-code removal of such statements after a rewrite.
+or compute sizes, a fresh-name generator, dead-code removal of such statements after a rewrite, and the
+memo key and error guard the stage tactics wrap their rewrites in.
 """
 
 from __future__ import annotations
@@ -148,3 +149,17 @@ def dead_code(source: str, candidates: set[str]) -> str:
     return source
 
 
+def memo_key(ctx: Any) -> tuple[str, str]:
+    """A tactic's memo key for a stage context: the source and the spec it is read against."""
+    return ctx.source, repr(getattr(ctx.problem, "spec", None))
+
+
+def guarded(fn: Callable[[], Any]) -> Any:
+    """``fn()``, or the reason it does not apply. A rewrite that breaks on an unforeseen source shape is
+    reported as not applicable (with what broke) instead of ending the port."""
+    try:
+        return fn()
+    except NotApplicable as exc:
+        return str(exc)
+    except Exception as exc:  # a gap in the rewrite, not in the user's kernel: say so, keep the run going
+        return f"the rewrite could not handle this source ({type(exc).__name__}: {exc}); it is left unchanged"

@@ -126,8 +126,11 @@ def _check_pair(c: Ctx, prod: LaunchSite, cons: LaunchSite, ts: TileStore, ek, y
     c.stmt_of(cons)
     for s in c.between(prod.line, cons.line):
         if not pure_stmt(s, c.env):
-            raise NotApplicable(f"{cons.kernel} reads {y} after line {s.lineno} ({c.seg(s).splitlines()[0]}), "
-                                f"not the tile {prod.kernel} wrote")
+            if any(isinstance(n, ast.Name) and n.id == y for n in ast.walk(s)):
+                raise NotApplicable(f"{cons.kernel} reads {y} after line {s.lineno} ({c.seg(s).splitlines()[0]}), "
+                                    f"not the tile {prod.kernel} wrote")
+            raise NotApplicable(f"line {s.lineno} ({c.seg(s).splitlines()[0]}) runs between {prod.kernel} and "
+                                f"{cons.kernel}")
     if loads(c.after(cons.line), y):
         raise NotApplicable(f"{y} is used again after {cons.kernel}; fusing would lose the value {prod.kernel} wrote")
     if len(c.launches_of(prod.kernel)) != 1 or len(c.launches_of(cons.kernel)) != 1:
@@ -335,6 +338,7 @@ class Chain:
     ret: ast.Return | None = None  # the return statement when the chain ends there
     stop: str = ""  # why the chain ended before the return
     ops: list[str] = field(default_factory=list)
+    older: set[str] = field(default_factory=set)  # names of values the chain went past (y included)
 
 
 def _reduction(node: ast.AST, cur: str) -> tuple[str, bool] | None:
@@ -483,6 +487,7 @@ def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool) -> Chain:
             older.add(ch.cur)
         ch.cur = target
     ch.ops = list(b.ops)
+    ch.older = older
     return ch
 
 
@@ -555,6 +560,17 @@ def _apply_chain(c: Ctx, ch: Chain, extra_launch: dict[str, str] | None = None,
             absorb = c.seg(ch.to_dtype)
     if not b.ops and absorb is None:
         raise NotApplicable(ch.stop or f"nothing after {site.kernel}'s launch to fuse")
+    # after the chain, y's buffer holds the chain's result: nothing may still want an earlier value
+    last = max([s.lineno for s in ch.stmts] + [site.line])
+    rest = [s for s in c.after(last) if s is not ch.ret]
+    stale = sorted(n for n in (ch.older | {y}) - {ch.cur} if loads(rest, n))
+    if stale:
+        raise NotApplicable(f"{', '.join(stale)} is read after the ops that would be fused (it would see their result)")
+    if row_store:
+        users = [s for s in c.fwd if s is not alloc and s is not c.stmt_of(site) and s not in ch.stmts
+                 and s is not ch.ret and loads([s], y)]
+        if users:
+            raise NotApplicable(f"line {users[0].lineno} also uses {y}, whose shape would become one column")
     lines = list(b.lines)
     if not ts.value_is_name:
         lines.insert(0, f"{ch.tile_var} = {ts.value_src}")

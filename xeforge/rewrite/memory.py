@@ -29,8 +29,8 @@ from typing import Any
 import libcst as cst
 
 from xeforge.kernel_model import KernelModel, LaunchSite, dotted_name, is_literal, literal, parse_kernel
-from xeforge.rewrite.tiling import (BlockPtr, KernelAnalysis, Mask, NotApplicable, Poly, Ptr, enclosing_function,
-                                    is_tl_call, launch_grid, program_id_vars)
+from xeforge.rewrite.tiling import BlockPtr, KernelAnalysis, Mask, NotApplicable, Poly, Ptr, is_tl_call
+from xeforge.rewrite.tiling_grid import enclosing_function, launch_grid, program_id_vars
 from xeforge.rewrite.tiling_edit import FunctionEdit, edit_function
 
 INT32_LIMIT = 2**31
@@ -64,7 +64,7 @@ def _stride_index(arg: str) -> tuple[str, int] | None:
 
 
 def uncoalesced(model: KernelModel) -> list[Uncoalesced]:
-    from xeforge.rewrite.tiling import launch_bindings
+    from xeforge.rewrite.tiling_grid import launch_bindings
 
     out: list[Uncoalesced] = []
     for site in model.launches:

@@ -29,10 +29,11 @@ from dataclasses import dataclass
 import libcst as cst
 
 from xeforge.kernel_model import KernelModel, parse_kernel
-from xeforge.rewrite.tiling import (GridTranslator, KernelAnalysis, NotApplicable, _assign_counts, fresh_name,
-                                    is_tl_call, launch_bindings, launch_grid, names_in, program_id_vars,
-                                    single_launch)
-from xeforge.rewrite.tiling_edit import FunctionEdit, LaunchEdit, add_module_function, edit_function, edit_launch, stmts
+from xeforge.rewrite.tiling import KernelAnalysis, NotApplicable, _assign_counts, is_tl_call, names_in
+from xeforge.rewrite.tiling_grid import (GridTranslator, enclosing_function, fresh_name, launch_bindings, launch_grid,
+                                         program_id_vars, single_launch)
+from xeforge.rewrite.tiling_edit import (FunctionEdit, LaunchEdit, add_module_function, edit_function, edit_launch,
+                                         stmts)
 
 HELPER = "_device_core_count"
 HELPER_CODE = f'''
@@ -144,8 +145,12 @@ def plan_persistent(model: KernelModel, kernel: str) -> PersistentPlan:
         else:
             dependent |= set(_assign_counts([st]))
     bind = launch_bindings(site, fn, model.source)
-    device_arg = next((bind[p].strip() for p in fn.params if p in bind and _PLAIN.match(bind[p].strip())
-                       and any(getattr(a.ptr, "base", None) == p for a in an.accesses)), None)
+    tensors = [bind[p].strip() for p in fn.params if p in bind and _PLAIN.match(bind[p].strip())
+               and any(getattr(a.ptr, "base", None) == p for a in an.accesses)]
+    host = enclosing_function(model, site)
+    inputs = {a.arg for a in host.args.args} if host is not None else set()
+    # prefer an argument of forward itself: it exists before any statement of forward
+    device_arg = next((t for t in tensors if t in inputs), tensors[0] if tensors else None)
     if device_arg is None:
         raise NotApplicable(f"no tensor argument of {kernel} to read the device from")
     cast = next((p.cast for p in pids if p.cast), None)
@@ -211,15 +216,15 @@ def apply_persistent(source: str, plan: PersistentPlan) -> str:
     g = launch_grid(model, site)
     if g is not None and g.variable and g.assign is not None and _grid_var_used_once(model, site, g.variable):
         edit.grid_assign = (g.assign.lineno, grid)
-        edit.before_line = g.assign.lineno
+        host = enclosing_function(model, site)
+        if host is not None and plan.device_arg in {a.arg for a in host.args.args}:
+            edit.before_line = g.assign.lineno  # reads naturally; otherwise the count is taken right before the launch
     else:
         edit.grid = grid
     return edit_launch(source, edit)
 
 
 def _grid_var_used_once(model: KernelModel, site, var: str) -> bool:
-    from xeforge.rewrite.tiling import enclosing_function
-
     fn = enclosing_function(model, site)
     if fn is None:
         return False

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 import libcst as cst
 
 from xeforge.kernel_model import KernelModel, dotted_name, parse_kernel
-from xeforge.rewrite.tiling import (GridTranslator, KernelAnalysis, NotApplicable, axis_tiles, fresh_name,
-                                    is_tl_call, launch_grid, program_id_vars, single_launch)
+from xeforge.rewrite.tiling import KernelAnalysis, NotApplicable, is_tl_call
+from xeforge.rewrite.tiling_grid import (GridTranslator, axis_tiles, fresh_name, launch_grid, program_id_vars,
+                                         single_launch)
 from xeforge.rewrite.tiling_edit import FunctionEdit, LaunchEdit, edit_function, edit_launch, stmts
 
 PARAM = "GROUP_SIZE_M"

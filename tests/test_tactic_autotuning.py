@@ -1,0 +1,185 @@
+"""The autotuning stage's tactic on the CPU interpreter, through the real verifier.
+
+On the interpreter the decorator carries only the launch's own configuration (Triton's autotuner needs a GPU
+benchmarker to rank several); the rewrite — decorator, shape key, ``META`` grid, launch without the tuned
+arguments — passes ``Verifier.verify`` with the KB's gate-1 constraints. For GPU targets the list holds the
+incumbent first, then configurations measured by device_tuning (read from the run's trial store) and KB
+seeds, at most four, all accepted by the KB, with Intel-only keys only on Intel; each listed configuration is
+also verified for correctness on its own. Kernels it cannot autotune are left alone with a reason.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stages import autotuning as stage
+from stages.base import StageContext
+from tests.conftest import FIXTURES, ROOT
+from xeforge.devices import DeviceInfo, describe
+from xeforge.kernel_model import parse_kernel
+from xeforge.pipeline import constraint_hook, kb_context
+from xeforge.problem import load_problem
+from xeforge.rewrite import autotune, persistent
+from xeforge.settings import Settings
+from xeforge.verifier import Verifier
+
+KERNELS = ROOT / "kernels"
+HERE = FIXTURES / "tactics" / "autotuning"
+TACTIC = stage.AutotuneFromSpace()
+
+#: three rounds cover the three input distributions (normal, uniform, outliers); ragged shapes still run
+VERIFY_SETTINGS = Settings(compile_timeout_s=60.0, run_timeout_s=30.0, correctness_rounds=3)
+
+
+def context(p, source: str | None = None, kind: str = "cpu", target: str | None = None, run_dir=None):
+    device = describe("cpu") if kind == "cpu" else DeviceInfo(kind, f"test {kind}", cores=20, interpreter=False)
+    kbc = kb_context(device, target)
+    src = p.kernel_source if source is None else source
+    return StageContext(p, src, p.kernel_source, device, kbc.device_id, kbc.kb, kbc.triton, Settings(),
+                        run_dir=run_dir)
+
+
+@pytest.fixture(scope="module")
+def verify(tmp_path_factory):
+    made: dict[str, Verifier] = {}
+    kbc = kb_context(describe("cpu"))
+    hooks = [h for h in [constraint_hook(kbc)] if h]
+
+    def run(p, source: str):
+        if str(p.root) not in made:
+            made[str(p.root)] = Verifier(p, describe("cpu"), VERIFY_SETTINGS,
+                                         tmp_path_factory.mktemp(p.name), hooks, kbc.entry)
+        path = tmp_path_factory.mktemp("cand") / "kernel.py"
+        path.write_text(source)
+        return made[str(p.root)].verify(path, p.kernel_path)
+
+    yield run
+    for v in made.values():
+        v.close()
+
+
+def test_interpreter_candidate_autotunes_the_incumbent_config(verify):
+    p = load_problem(KERNELS / "gemm_relu")
+    ctx = context(p)
+    app = TACTIC.check(ctx)
+    assert app.applies and "no benchmarker" in app.reason, app.reason
+    cand = TACTIC.propose(ctx)[0]
+    model = parse_kernel(cand.source)
+    fn = model.functions["matmul_kernel"]
+    assert fn.autotune_key == ["M", "N", "K"]
+    assert fn.autotune_configs == [{"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4}]
+    site = next(s for s in model.launches if s.kernel == "matmul_kernel")
+    assert not site.constexprs and not site.options  # the launch passes no tuned arguments any more
+    assert "triton.cdiv(M, META['BLOCK_M'])" in cand.source
+    verdict = verify(p, cand.source)
+    assert verdict.correct, verdict.feedback()
+
+
+def test_persistent_grid_keeps_its_meta_lambda(verify):
+    p = load_problem(KERNELS / "gemm_square")
+    src, _ = persistent.rewrite(p.kernel_source)
+    cand = TACTIC.propose(context(p, src))[0]
+    fn = parse_kernel(cand.source).functions["matmul_kernel"]
+    assert set(fn.autotune_configs[0]) == {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_SIZE_M", "num_warps", "num_stages"}
+    verdict = verify(p, cand.source)
+    assert verdict.correct, verdict.feedback()
+
+
+def _trial(run_dir, n: int, params: dict, speedup: float, correct: bool = True) -> None:
+    folder = run_dir / "trials" / f"{n:04d}-device_tuning-launch-params"
+    folder.mkdir(parents=True)
+    desc = "matmul_kernel: " + ", ".join(f"{k}={v}" for k, v in params.items())
+    (folder / "meta.json").write_text(json.dumps({"stage": "device_tuning", "tactic": "launch-params",
+                                                  "description": desc, "params": params}))
+    (folder / "verdict.json").write_text(json.dumps({"correct": correct, "speedup": speedup}))
+
+
+def test_gpu_list_is_incumbent_then_measured_then_kb_seeds(tmp_path):
+    p = load_problem(KERNELS / "gemm_relu")
+    fast = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3}
+    _trial(tmp_path, 1, {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2}, 1.4)
+    _trial(tmp_path, 2, fast, 2.5)
+    _trial(tmp_path, 3, {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4}, 9.0, correct=False)
+    ctx = context(p, kind="cuda", target="h200", run_dir=tmp_path)
+    cand = TACTIC.propose(ctx)[0]
+    configs = cand.params["configs"]
+    assert len(configs) == autotune.MAX_CONFIGS
+    assert configs[0] == {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4}
+    assert configs[1] == fast  # the fastest correct trial comes right after the incumbent
+    assert all(c.get("BLOCK_M") != 128 or c.get("BLOCK_N") != 64 for c in configs)  # the incorrect one is not listed
+    assert "grf_mode" not in cand.source
+    errors = [v for v in ctx.kb.check(parse_kernel(cand.source), "h200", ctx.triton) if v.is_error]
+    assert not errors, [v.render() for v in errors]
+
+
+def test_intel_list_carries_grf_mode_in_the_config_dict():
+    p = load_problem(KERNELS / "gemm_relu")
+    ctx = context(p, kind="xpu", target="arc-b580")
+    cand = TACTIC.propose(ctx)[0]
+    assert "'grf_mode': '256'" in cand.source and "grf_mode=" not in cand.source
+    errors = [v for v in ctx.kb.check(parse_kernel(cand.source), "arc-b580", ctx.triton) if v.is_error]
+    assert not errors, [v.render() for v in errors]
+
+
+def test_every_config_of_a_gpu_list_is_correct_on_its_own(verify):
+    p = load_problem(KERNELS / "gemm_square")
+    configs = TACTIC.propose(context(p, kind="cuda", target="h200"))[0].params["configs"]
+    assert len(configs) >= 3
+    for cfg in configs[1:3]:
+        single, _ = autotune.rewrite(p.kernel_source, [cfg], "cuda", include_incumbent=False)
+        assert parse_kernel(single).functions["matmul_kernel"].autotune_configs == [cfg]
+        verdict = verify(p, single)
+        assert verdict.correct, (cfg, verdict.feedback())
+
+
+INPLACE = '''
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale_(x_ptr, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n)
+    tl.store(x_ptr + offs, x * 2, mask=offs < n)
+
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        y = x.clone()
+        n = y.numel()
+        scale_[(triton.cdiv(n, 128),)](y, n, BLOCK=128, num_warps=4)
+        return y
+'''
+
+
+def test_in_place_kernel_gets_restore_value():
+    src, plan = autotune.rewrite(INPLACE, [], "cuda")
+    assert plan.restore == ["x_ptr"] and "restore_value=['x_ptr']" in src
+    assert "lambda META: (triton.cdiv(n, META['BLOCK']),)" in src
+
+
+@pytest.mark.parametrize("folder,reason", [
+    (HERE / "rowsum_atomic", "uses atomics"),
+], ids=["atomics"])
+def test_unsupported_kernels_are_left_alone_with_a_reason(folder, reason):
+    ctx = context(load_problem(folder))
+    app = TACTIC.check(ctx)
+    assert not app.applies and reason in app.reason, app.reason
+    assert TACTIC.propose(ctx) == []
+
+
+def test_an_autotuned_kernel_is_not_autotuned_again():
+    p = load_problem(KERNELS / "vector_add")
+    cand = TACTIC.propose(context(p))[0]
+    app = TACTIC.check(context(p, cand.source))
+    assert not app.applies and "already @triton.autotune'd" in app.reason
+
+
+def test_detector_reports_fixed_configs():
+    issues = stage.STAGE.detect(context(load_problem(KERNELS / "gemm_relu")))
+    assert any(i.code == "fixed-config" and "BLOCK_M=32" in i.message and "M/N/K" in i.message for i in issues)

@@ -1,0 +1,172 @@
+"""The dtype stage's tactics on the CPU interpreter, through the real verifier.
+
+Each tactic rewrites its target shape (bundled problems and fixtures under tests/fixtures/tactics/dtype), the
+rewrite passes ``Verifier.verify``, and shapes it does not cover are left untouched with a reason. The
+precision contract is checked too: which operands are 16-bit comes from the spec's variants, and nothing is
+ever lowered below the inputs' precision (not even under a spec that would allow it). gemm_relu's rewrites
+are verified end to end by the port test in tests/test_tactic_fusion.py.
+"""
+
+from __future__ import annotations
+
+import difflib
+import shutil
+from pathlib import Path
+
+import pytest
+
+from stages import dtype
+from stages.base import StageContext
+from tests.conftest import FIXTURES, ROOT
+from xeforge.devices import describe
+from xeforge.problem import load_problem
+from xeforge.settings import Settings
+from xeforge.verifier import Verifier
+
+KERNELS = ROOT / "kernels"
+DTYPE = FIXTURES / "tactics" / "dtype"
+TACTIC = {t.name: t for t in dtype.STAGE.tactics}
+
+
+def context(p, source: str | None = None) -> StageContext:
+    return StageContext(p, p.kernel_source if source is None else source, p.kernel_source, describe("cpu"), None)
+
+
+@pytest.fixture(scope="module")
+def verify(tmp_path_factory):
+    """verify(problem, source) -> Verdict, one verifier (worker process) per problem for the module."""
+    made: dict[str, Verifier] = {}
+
+    def run(p, source: str):
+        if str(p.root) not in made:
+            made[str(p.root)] = Verifier(p, describe("cpu"), Settings(compile_timeout_s=60.0, run_timeout_s=30.0),
+                                         tmp_path_factory.mktemp(p.name))
+        path = tmp_path_factory.mktemp("cand") / "kernel.py"
+        path.write_text(source)
+        return made[str(p.root)].verify(path, p.kernel_path)
+
+    yield run
+    for v in made.values():
+        v.close()
+
+
+def propose(tactic: str, p, source: str | None = None):
+    ctx = context(p, source)
+    app = TACTIC[tactic].check(ctx)
+    assert app.applies, app.reason
+    (cand,) = TACTIC[tactic].propose(ctx)
+    assert cand.tactic == tactic and cand.kind == "rewrite" and cand.source != ctx.source
+    return cand
+
+
+def variant_of(tmp_path: Path, src: Path, **spec_edits: str) -> Path:
+    """A copy of problem ``src`` with text replacements in its spec.yaml."""
+    dst = tmp_path / src.name
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
+    text = (dst / "spec.yaml").read_text()
+    for old, new in spec_edits.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    (dst / "spec.yaml").write_text(text)
+    return dst
+
+
+# ------------------------------------------------------------------------------------------------ up-casts
+def test_upcast_removed_where_the_spec_makes_operands_16_bit():
+    p = load_problem(KERNELS / "gemm_relu")  # ci fp32 (a no-op there), bench-gpu bf16: the win on the GPU
+    cand = propose("drop-upcast-before-dot", p)
+    assert ".to(tl.float32)" not in cand.source and "bfloat16" in cand.description
+    assert "acc += tl.dot(a, b)" in cand.source  # fp32 accumulation untouched
+    issues = [i for i in dtype.STAGE.detect(context(p)) if i.code == "upcast-before-dot"]
+    assert len(issues) == 2 and all(i.line for i in issues) and "bfloat16 in bench-gpu" in issues[0].message
+
+
+def test_upcast_removal_on_fp16_inputs_is_correct_and_composes_with_acc_in_place(verify):
+    p = load_problem(DTYPE / "gemm_fp16")  # ci is fp16: the interpreter really runs the 16-bit dot
+    cand = propose("drop-upcast-before-dot", p)
+    assert "acc += tl.dot(a, b)" in cand.source and "float16" in cand.description
+    both = propose("dot-accumulate-in-place", p, cand.source)
+    assert "acc = tl.dot(a, b, acc)" in both.source
+    for src in (cand.source, both.source):
+        verdict = verify(p, src)
+        assert verdict.correct, verdict.feedback()
+
+
+def test_upcast_of_fp32_inputs_is_left_alone(tmp_path):
+    # every variant fp32: dropping the cast would change nothing, so it is not proposed
+    root = variant_of(tmp_path, KERNELS / "gemm_relu", **{"dtype: bfloat16": "dtype: float32"})
+    p = load_problem(root)
+    ctx = context(p)
+    app = TACTIC["drop-upcast-before-dot"].check(ctx)
+    assert not app.applies and "float32 in every variant" in app.reason
+    assert TACTIC["drop-upcast-before-dot"].propose(ctx) == []
+    assert not [i for i in dtype.STAGE.detect(ctx) if i.code == "upcast-before-dot"]
+
+
+def test_no_tactic_lowers_precision_even_when_the_contract_allows_it(tmp_path):
+    root = variant_of(tmp_path, KERNELS / "gemm_relu", **{"dtype: bfloat16": "dtype: float32",
+                                                           "precision: strict": "precision: bf16"})
+    p = load_problem(root)
+    ctx = context(p)
+    proposed = 0
+    for tactic in dtype.STAGE.tactics:
+        for cand in tactic.propose(ctx) if tactic.check(ctx).applies else []:
+            proposed += 1
+            added = [ln for ln in difflib.ndiff(p.kernel_source.splitlines(), cand.source.splitlines())
+                     if ln.startswith("+ ")]
+            for lowered in ("bfloat16", "float16", "input_precision", "allow_tf32"):
+                assert not any(lowered in ln for ln in added), (tactic.name, lowered, added)
+    assert proposed == 1  # only the fp32 accumulator form (acc = tl.dot(a, b, acc)) applies here
+
+
+def test_already_direct_operands_say_so():
+    p = load_problem(KERNELS / "gemm_square")
+    ctx = context(p)
+    app = TACTIC["drop-upcast-before-dot"].check(ctx)
+    assert not app.applies and "loaded without an fp32 up-cast already" in app.reason
+    acc = TACTIC["dot-accumulate-in-place"].check(ctx)
+    assert not acc.applies and "no `acc += tl.dot(a, b)`" in acc.reason
+
+
+# ------------------------------------------------------------------------------------------------ accumulators
+def test_16_bit_accumulator_becomes_fp32(verify):
+    p = load_problem(DTYPE / "acc16")
+    cand = propose("fp32-accumulator", p)
+    assert "dtype=tl.float32)" in cand.source and "out_dtype" not in cand.source
+    assert any(i.code == "dot-16bit-accumulator" for i in dtype.STAGE.detect(context(p)))
+    verdict = verify(p, cand.source)
+    assert verdict.correct, verdict.feedback()
+
+
+def test_fp32_accumulator_and_acc_form_leave_other_shapes_alone():
+    p = load_problem(KERNELS / "gemm_relu")
+    app = TACTIC["fp32-accumulator"].check(context(p))
+    assert not app.applies and "already accumulates in fp32" in app.reason
+    # acc += dot on a 16-bit accumulator is not rewritten to acc = dot(a, b, acc) (that would accumulate in 16 bits)
+    src = p.kernel_source.replace("dtype=tl.float32)", "dtype=tl.float16)")
+    acc = TACTIC["dot-accumulate-in-place"].check(context(p, src))
+    assert not acc.applies and "not an fp32 accumulator" in acc.reason
+
+
+# ------------------------------------------------------------------------------------------------ fp64
+def test_fp64_arithmetic_becomes_fp32(verify):
+    p = load_problem(DTYPE / "rowsum_fp64")
+    cand = propose("fp64-to-fp32", p)
+    assert "float64" not in cand.source and "tl.float64" in p.kernel_source
+    assert "dtype=torch.float32)" in cand.source  # the fp64 intermediate buffer too
+    assert any(i.code == "fp64" for i in dtype.STAGE.detect(context(p)))
+    verdict = verify(p, cand.source)
+    assert verdict.correct, verdict.feedback()
+
+
+def test_fp64_kept_when_the_spec_has_fp64_inputs(tmp_path):
+    root = variant_of(tmp_path, DTYPE / "rowsum_fp64", **{"dtype: float32\n    dims: {M: 20": "dtype: float64\n    dims: {M: 20"})
+    ctx = context(load_problem(root))
+    app = TACTIC["fp64-to-fp32"].check(ctx)
+    assert not app.applies and "fp64 inputs in ci" in app.reason
+    assert TACTIC["fp64-to-fp32"].propose(ctx) == []
+
+
+def test_no_fp64_no_proposal():
+    app = TACTIC["fp64-to-fp32"].check(context(load_problem(KERNELS / "gemm_relu")))
+    assert not app.applies and "no fp64" in app.reason

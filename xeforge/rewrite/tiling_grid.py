@@ -1,0 +1,268 @@
+"""The grid side of tiled kernels: program ids, tile axes, launch bindings and grid expressions.
+
+Owns: the top-level program-id assignments of a kernel (:func:`program_id_vars`), the block size and bound of
+each tile axis (:func:`axis_tiles`), which host expression a launch passes for each kernel parameter
+(:func:`launch_bindings`), the launch's grid (:func:`launch_grid`) and its translation into kernel terms
+(``tl.cdiv(M, BLOCK_M)``) and ``META`` terms (:class:`GridTranslator`). Built on the symbolic reading of
+:mod:`xeforge.rewrite.tiling`.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Iterable
+
+from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, dotted_name, is_literal, literal
+from xeforge.rewrite.tiling import (BlockPtr, KernelAnalysis, Mask, NotApplicable, Poly, _factor_key, _kw, is_tl_call,
+                                    names_in)
+
+
+@dataclass
+class PidVar:
+    name: str
+    axis: int
+    stmt: ast.stmt  # the top-level assignment
+    cast: str | None = None  # ``tl.int64`` when written ``tl.program_id(a).to(tl.int64)``
+
+    def read(self, axis_expr: str = "") -> str:
+        """The program-id expression as the kernel wrote it (with its cast)."""
+        call = f"tl.program_id({axis_expr or self.axis})"
+        return f"{call}.to({self.cast})" if self.cast else call
+
+
+def _program_id_call(value: ast.AST) -> tuple[ast.Call, str | None] | None:
+    if is_tl_call(value, "program_id"):
+        return value, None
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "to" \
+            and is_tl_call(value.func.value, "program_id") and len(value.args) == 1:
+        return value.func.value, ast.unparse(value.args[0])
+    return None
+
+
+def program_id_vars(fn: ast.FunctionDef) -> tuple[list[PidVar], list[ast.Call]]:
+    """Top-level ``x = tl.program_id(a)`` (or ``...program_id(a).to(tl.int64)``) assignments, and every other
+    ``tl.program_id`` call (inline uses)."""
+    pids: list[PidVar] = []
+    claimed: set[int] = set()
+    for st in fn.body:
+        if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name):
+            found = _program_id_call(st.value)
+            if found is None:
+                continue
+            call, cast = found
+            arg = _kw(call, "axis", 0)
+            val = literal(arg)
+            if is_literal(val) and isinstance(val, int):
+                pids.append(PidVar(st.targets[0].id, val, st, cast))
+                claimed.add(id(call))
+    inline = [n for n in ast.walk(fn) if is_tl_call(n, "program_id") and id(n) not in claimed]
+    return pids, inline
+
+
+def axis_tiles(an: KernelAnalysis, pid: str) -> list[tuple[str, Poly]]:
+    """(block constexpr, bound) pairs of index vectors ``pid * BLOCK + tl.arange(0, BLOCK)`` compared to a bound."""
+    out: list[tuple[str, Poly]] = []
+    for acc in an.accesses:
+        masks = [acc.mask] if isinstance(acc.mask, Mask) else []
+        for m in masks:
+            for b in m.bounds:
+                blk = b.vec.size.single_symbol()
+                if blk is None or blk not in an.constexprs:
+                    continue
+                coef = b.vec.start.as_dict().get(tuple(sorted((pid, blk), key=_factor_key)))
+                if coef != 1:
+                    continue
+                # the absolute bound: vec.start + arange < limit  <=>  index < limit
+                if b.limit.symbols() & {pid}:
+                    continue
+                if (blk, b.limit) not in out:
+                    out.append((blk, b.limit))
+    # block pointers: offsets pid * BLOCK on a dimension whose shape is the bound
+    for acc in an.accesses:
+        bp = acc.ptr
+        if isinstance(bp, BlockPtr):
+            for off, shape, blk in zip(bp.offsets, bp.shape, bp.block):
+                bname = blk.single_symbol()
+                key = tuple(sorted((pid, bname), key=_factor_key)) if bname else ()
+                if bname and bname in an.constexprs and off.as_dict().get(key) == 1 and (bname, shape) not in out:
+                    out.append((bname, shape))
+    return out
+
+
+def launch_bindings(site: LaunchSite, fn: JitFunction, source: str) -> dict[str, str]:
+    """Kernel parameter -> the host expression the launch passes for it (source text)."""
+    out: dict[str, str] = {}
+    for p, a in zip(fn.params, site.args):
+        out[p] = a
+    for kw in site.node.keywords:
+        if kw.arg:
+            out[kw.arg] = ast.get_source_segment(source, kw.value) or ""
+    return out
+
+
+def enclosing_function(model: KernelModel, site: LaunchSite) -> ast.FunctionDef | None:
+    for node in ast.walk(model.tree):
+        if isinstance(node, ast.FunctionDef) and node.name == site.function and \
+                node.lineno <= site.line <= (node.end_lineno or node.lineno):
+            return node
+    return None
+
+
+@dataclass
+class GridInfo:
+    kind: str  # tuple | lambda
+    elements: list[ast.expr]
+    meta: str | None  # the lambda's parameter name
+    variable: str | None  # the grid variable, when the launch names one
+    assign: ast.Assign | None  # its assignment (the last one before the launch)
+
+
+def launch_grid(model: KernelModel, site: LaunchSite) -> GridInfo | None:
+    sl = site.node.func.slice
+    fn = enclosing_function(model, site)
+    var, assign = None, None
+    if isinstance(sl, ast.Name) and fn is not None:
+        var = sl.id
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                    and node.targets[0].id == var and node.lineno < site.line:
+                if assign is None or node.lineno > assign.lineno:
+                    assign = node
+        if assign is None:
+            return None
+        sl = assign.value
+    if isinstance(sl, ast.Tuple):
+        return GridInfo("tuple", list(sl.elts), None, var, assign)
+    if isinstance(sl, ast.Lambda) and len(sl.args.args) == 1 and isinstance(sl.body, ast.Tuple):
+        return GridInfo("lambda", list(sl.body.elts), sl.args.args[0].arg, var, assign)
+    return None
+
+
+def _cdiv_args(node: ast.AST) -> tuple[ast.AST, ast.AST] | None:
+    if isinstance(node, ast.Call) and len(node.args) == 2 and not node.keywords:
+        name = dotted_name(node.func) or ""
+        if name.rsplit(".", 1)[-1] == "cdiv":
+            return node.args[0], node.args[1]
+    return None
+
+
+class GridTranslator:
+    """Translates a launch's grid expression into kernel terms (``tl.cdiv(M, BLOCK_M)``) and ``META`` terms.
+
+    ``cdiv(h, 32)`` is understood when ``h`` is the host expression bound to a kernel parameter that bounds a
+    tile axis whose block constexpr is 32 at the launch (or ``META["BLOCK_M"]`` in a lambda grid).
+    """
+
+    def __init__(self, model: KernelModel, site: LaunchSite, an: KernelAnalysis, grid: GridInfo) -> None:
+        self.model, self.site, self.an, self.grid = model, site, an, grid
+        self.bind = launch_bindings(site, model.functions[site.kernel], model.source)
+        self.host_to_param: dict[str, str] = {}
+        for p, src in self.bind.items():
+            if p in an.params and p not in an.constexprs:
+                self.host_to_param.setdefault(src.strip(), p)
+        # bound parameter -> block constexprs used with it
+        self.bound_blocks: dict[str, set[str]] = {}
+        for pv in program_id_vars(an.node)[0]:
+            for blk, bound in axis_tiles(an, pv.name):
+                b = bound.single_symbol()
+                if b:
+                    self.bound_blocks.setdefault(b, set()).add(blk)
+        for acc in an.accesses:
+            for m in ([acc.mask] if isinstance(acc.mask, Mask) else []):
+                for bd in m.bounds:
+                    blk, b = bd.vec.size.single_symbol(), bd.limit.single_symbol()
+                    if blk in an.constexprs and b and bd.vec.start.symbols() and \
+                            any(blk in mono for mono, _ in bd.vec.start.terms):
+                        self.bound_blocks.setdefault(b, set()).add(blk)
+
+    def _src(self, node: ast.AST) -> str:
+        return ast.get_source_segment(self.model.source, node) or ast.unparse(node)
+
+    def block_of(self, bound_param: str, divisor: ast.AST) -> str:
+        cands = sorted(self.bound_blocks.get(bound_param, set()))
+        if self.grid.kind == "lambda" and isinstance(divisor, ast.Subscript) and \
+                isinstance(divisor.value, ast.Name) and divisor.value.id == self.grid.meta:
+            key = literal(divisor.slice)
+            if is_literal(key) and key in self.an.constexprs:
+                return key
+            raise NotApplicable(f"grid divisor {self._src(divisor)} is not a constexpr of {self.site.kernel}")
+        val = literal(divisor)
+        if not is_literal(val):
+            raise NotApplicable(f"grid divisor {self._src(divisor)} is not a literal block size")
+        match = [b for b in cands if self.site.constexprs.get(b) == val]
+        if len(match) != 1:
+            raise NotApplicable(f"cannot tell which block constexpr the grid's cdiv(..., {val}) stands for "
+                                f"(candidates for {bound_param}: {', '.join(cands) or 'none'})")
+        return match[0]
+
+    def kernel_expr(self, node: ast.AST) -> str:
+        """The grid element in kernel terms, e.g. ``tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)``."""
+        cd = _cdiv_args(node)
+        if cd is not None:
+            num, div = cd
+            param = self.host_to_param.get(self._src(num).strip())
+            if param is None:
+                raise NotApplicable(f"grid size {self._src(num)} is not passed to {self.site.kernel}")
+            return f"tl.cdiv({param}, {self.block_of(param, div)})"
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            return f"{self.kernel_expr(node.left)} * {self.kernel_expr(node.right)}"
+        src = self._src(node).strip()
+        if src in self.host_to_param:
+            return self.host_to_param[src]
+        raise NotApplicable(f"grid size {src} is not a kernel argument or cdiv(arg, BLOCK)")
+
+    def meta_expr(self, node: ast.AST, meta: str = "META") -> str:
+        """The grid element with literal block sizes replaced by ``META["BLOCK"]`` (host code)."""
+        cd = _cdiv_args(node)
+        if cd is not None:
+            num, div = cd
+            param = self.host_to_param.get(self._src(num).strip())
+            if param is None:
+                raise NotApplicable(f"grid size {self._src(num)} is not passed to {self.site.kernel}")
+            blk = self.block_of(param, div)
+            return f"triton.cdiv({self._src(num)}, {meta}[{blk!r}])"
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            return f"{self.meta_expr(node.left, meta)} * {self.meta_expr(node.right, meta)}"
+        src = self._src(node).strip()
+        if self.grid.kind == "lambda" and self.grid.meta in names_in(node):
+            if self.grid.meta != meta:
+                raise NotApplicable(f"grid uses a lambda parameter named {self.grid.meta}")
+        return src
+
+    def blocks_in(self, node: ast.AST) -> list[str]:
+        """The block constexprs a grid element divides by."""
+        cd = _cdiv_args(node)
+        if cd is not None:
+            param = self.host_to_param.get(self._src(cd[0]).strip())
+            return [self.block_of(param, cd[1])] if param else []
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            return self.blocks_in(node.left) + self.blocks_in(node.right)
+        return []
+
+
+def single_launch(model: KernelModel, kernel: str) -> LaunchSite:
+    sites = [s for s in model.launches if s.kernel == kernel]
+    if len(sites) != 1:
+        raise NotApplicable(f"{kernel} is launched from {len(sites)} places (the rewrite needs exactly one)")
+    return sites[0]
+
+
+def gemm_kernels(model: KernelModel) -> list[str]:
+    """Launched kernels whose body calls ``tl.dot``, in launch order."""
+    out = []
+    for site in model.launches:
+        fn = model.functions[site.kernel]
+        if site.kernel not in out and any(is_tl_call(n, "dot") for n in ast.walk(fn.node)):
+            out.append(site.kernel)
+    return out
+
+
+def fresh_name(taken: Iterable[str], base: str) -> str:
+    taken = set(taken)
+    if base not in taken:
+        return base
+    i = 2
+    while f"{base}_{i}" in taken:
+        i += 1
+    return f"{base}_{i}"
