@@ -19,7 +19,8 @@ from typing import Any
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic
 from xeforge.rewrite import autotune
 from xeforge.rewrite.tiling import KernelAnalysis, NotApplicable
-from xeforge.rewrite.tiling_configs import RewriteMemo, kb_configs, kb_errors, measured_configs, tunable
+from xeforge.rewrite.tiling_configs import kb_configs, kb_errors, measured_configs, tunable
+from xeforge.rewrite.tiling_tactics import RewriteMemo, guarded
 
 
 def config_pool(ctx: StageContext, kernel: str) -> tuple[list[dict[str, Any]], str]:
@@ -60,7 +61,7 @@ class AutotuneFromSpace(Tactic):
                 pool, why = config_pool(ctx, kernel)
                 src, plan = autotune.rewrite(ctx.source, pool, kind, kernel=kernel)
             except NotApplicable as exc:
-                errors.append(f"{kernel}: {exc}")
+                errors.append(str(exc))
                 continue
             bad = kb_errors(ctx, src)
             if bad:
@@ -85,6 +86,7 @@ class AutotuneFromSpace(Tactic):
                           params={"kernel": plan.kernel, "key": plan.key, "configs": plan.configs})]
 
 
+@guarded("autotuning")
 def _detect_fixed_config(ctx: StageContext) -> list[Issue]:
     out = []
     try:

@@ -22,7 +22,8 @@ from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Ta
 from xeforge.rewrite import blockio
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling_grid import gemm_kernels
-from xeforge.rewrite.tiling_configs import RewriteMemo, describe, kb_errors, with_configs
+from xeforge.rewrite.tiling_configs import describe, kb_errors, with_configs
+from xeforge.rewrite.tiling_tactics import RewriteMemo, guarded
 
 #: how many KB tile configurations to try the rewrite with on a GPU
 RETILE_CONFIGS = 2
@@ -112,6 +113,7 @@ class TensorDescriptorTiles(Tactic):
         return out
 
 
+@guarded("block_io")
 def _detect_pointer_tiles(ctx: StageContext) -> list[Issue]:
     out = []
     try:

@@ -13,7 +13,8 @@ from __future__ import annotations
 from stages.base import Applicability, Candidate, StageContext, Tactic
 from xeforge.rewrite import tiling_swizzle
 from xeforge.rewrite.tiling import NotApplicable
-from xeforge.rewrite.tiling_configs import RewriteMemo, describe, kb_errors, with_configs
+from xeforge.rewrite.tiling_configs import describe, kb_errors, with_configs
+from xeforge.rewrite.tiling_tactics import RewriteMemo
 
 DEFAULT_GROUP = 8
 RETILE_CONFIGS = 2

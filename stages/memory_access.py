@@ -15,6 +15,7 @@ from __future__ import annotations
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic
 from xeforge.rewrite import memory
 from xeforge.rewrite.tiling import NotApplicable
+from xeforge.rewrite.tiling_tactics import guarded
 
 
 def _overflows(ctx: StageContext) -> list[memory.Overflow]:
@@ -65,13 +66,12 @@ class Int64Offsets(Tactic):
         return [Candidate(src, self.name, desc, params={"kernels": done})]
 
 
+@guarded("memory_access")
 def _detect_uncoalesced(ctx: StageContext) -> list[Issue]:
-    try:
-        return [Issue("memory_access", "uncoalesced", u.message(), u.line) for u in memory.uncoalesced(ctx.model)]
-    except NotApplicable:
-        return []
+    return [Issue("memory_access", "uncoalesced", u.message(), u.line) for u in memory.uncoalesced(ctx.model)]
 
 
+@guarded("memory_access")
 def _detect_overflow(ctx: StageContext) -> list[Issue]:
     return [Issue("memory_access", "int32-overflow", o.message(), o.line) for o in _overflows(ctx)]
 

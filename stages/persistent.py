@@ -12,7 +12,8 @@ from __future__ import annotations
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic
 from xeforge.rewrite import persistent
 from xeforge.rewrite.tiling import NotApplicable
-from xeforge.rewrite.tiling_configs import RewriteMemo, describe, kb_errors, with_configs
+from xeforge.rewrite.tiling_configs import describe, kb_errors, with_configs
+from xeforge.rewrite.tiling_tactics import RewriteMemo, guarded
 
 #: how many KB tile configurations to try the rewrite with on a GPU
 RETILE_CONFIGS = 2
@@ -56,6 +57,7 @@ class PersistentTileLoop(Tactic):
         return out
 
 
+@guarded("persistent")
 def _detect_many_programs(ctx: StageContext) -> list[Issue]:
     cores = getattr(ctx.device, "cores", None)
     if not cores or getattr(ctx.device, "interpreter", False):

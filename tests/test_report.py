@@ -144,7 +144,7 @@ def test_xeforge_report_rerenders_a_port_and_a_bench(tmp_path):
     shutil.copy(GOLDEN / "port_gpu.input.json", port / "report.json")
     proc = _report_cli(port)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == str(port / "report.md")
+    assert proc.stdout.split() == [str(port / "report.md"), str(port / "report.html")]
     md, html = (port / "report.md").read_text(), (port / "report.html").read_text()
     assert "# xeforge port report: gemm_relu" in md and "2.409x" in md
     assert len(embedded_pngs(html)) == 1 and (port / "plots" / "waterfall.png").read_bytes().startswith(PNG_MAGIC)

@@ -175,3 +175,31 @@ def test_detector_names_the_pointer_tiles():
     p = load_problem(KERNELS / "gemm_relu")
     issues = block_io.STAGE.detect(context(p))
     assert [i.code for i in issues] == ["pointer-tiles"] and "a_ptr, b_ptr" in issues[0].message
+
+
+def test_dry_run_shows_the_descriptor_diff_for_the_target():
+    from xeforge.pipeline import Pipeline, PortOptions
+
+    plan = Pipeline(load_problem(KERNELS / "gemm_square"),
+                    PortOptions(device="cpu", stages=["block_io"], dry_run=True, engine="rules",
+                                target="h200")).dry_run()
+    (stage_plan,) = plan["stages"]
+    (t,) = stage_plan["tactics"]
+    assert t["name"] == "tensor-descriptor" and t["applies"], t
+    assert "+        a_desc = tl.make_tensor_descriptor(a_ptr" in t["diff"]
+    assert "triton.set_allocator(" in t["diff"]  # planned for the H200: device-side TMA descriptors
+
+
+def test_a_failing_rewrite_or_detector_is_reported_not_raised():
+    from xeforge.rewrite.tiling_tactics import RewriteMemo, guarded
+
+    p = load_problem(KERNELS / "gemm_relu")
+    ctx = context(p)
+
+    def broken(_ctx):
+        raise KeyError("boom")
+
+    with pytest.raises(NotApplicable, match="KeyError"):
+        RewriteMemo().get(ctx, broken)
+    issues = guarded("block_io")(broken)(ctx)
+    assert [i.code for i in issues] == ["analysis-failed"] and "boom" in issues[0].message

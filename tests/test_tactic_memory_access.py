@@ -17,7 +17,7 @@ from tests.conftest import FIXTURES, ROOT
 from xeforge.devices import describe
 from xeforge.pipeline import constraint_hook, kb_context
 from xeforge.problem import load_problem
-from xeforge.rewrite import memory, persistent
+from xeforge.rewrite import blockio, memory, persistent
 from xeforge.kernel_model import parse_kernel
 from xeforge.settings import Settings
 from xeforge.verifier import Verifier
@@ -75,13 +75,17 @@ def test_overflow_at_the_largest_variant_is_cast_to_int64(verify, folder, base, 
     assert not TACTIC.check(after).applies
 
 
-def test_the_cast_survives_the_persistent_rewrite(verify):
+def test_the_cast_survives_block_io_and_the_persistent_rewrite(verify):
     p = load_problem(HERE / "huge_m_gemm")
     cast = memory.int64_program_ids(p.kernel_source, "matmul_kernel")
-    out, plan = persistent.rewrite(cast)
+    # descriptor coordinates must be int32: the ones computed from the int64 program ids are narrowed
+    desc, _ = blockio.rewrite(cast)
+    assert "a_desc.load([(pid_m * BLOCK_M).to(tl.int32), k0])" in desc
+    out, _ = persistent.rewrite(desc)
     assert "tl.range(tl.program_id(0).to(tl.int64), num_tiles, tl.num_programs(0))" in out
-    verdict = verify(p, out)
-    assert verdict.correct, verdict.feedback()
+    for source in (desc, out):
+        verdict = verify(p, source)
+        assert verdict.correct, verdict.feedback()
 
 
 def test_forward_is_followed_to_bind_kernel_arguments():

@@ -27,9 +27,9 @@ import re
 from dataclasses import dataclass, field
 import libcst as cst
 
-from xeforge.kernel_model import KernelModel, LaunchSite, parse_kernel
+from xeforge.kernel_model import KernelModel, LaunchSite, dotted_name, parse_kernel
 from xeforge.rewrite.tiling import Access, BlockPtr, KernelAnalysis, LoopInfo, Mask, NotApplicable, Poly, Ptr
-from xeforge.rewrite.tiling_grid import fresh_name, gemm_kernels, launch_bindings, single_launch
+from xeforge.rewrite.tiling_grid import fresh_name, gemm_kernels, launch_bindings, pid_derived_names, single_launch
 from xeforge.rewrite.tiling_edit import FunctionEdit, LaunchEdit, edit_function, edit_launch, expr, if_else, stmts
 
 FLAG = "USE_BLOCK_IO"
@@ -76,6 +76,7 @@ class BlockIOPlan:
     skipped: list[str]  # accesses left as they were, with the reason
     guards: list[str]  # host conditions for the fast path
     remove_lines: set[int] = field(default_factory=set)
+    int32_coords: set[str] = field(default_factory=set)  # int64 program-id names: their coordinates are narrowed
 
     def describe(self) -> str:
         what = "tensor descriptors" if self.mode == DESCRIPTOR else "block pointers"
@@ -225,8 +226,11 @@ def plan_block_io(model: KernelModel, kernel: str, mode: str = DESCRIPTOR) -> Bl
     plans = [p for p in plans if p.access.kind == "load" or _stores_result(an, p.access, dot_loops)]
     remove = _dead_increments(an, plans)
     guards = _guards(list(descs.values()), bind, plans, mode)
+    int64_ids = any(isinstance(n, ast.Attribute) and n.attr == "to" and isinstance(n.value, ast.Call)
+                    and (dotted_name(n.value.func) or "").endswith("program_id") for n in ast.walk(fn.node))
+    int64_names = pid_derived_names(fn.node) if int64_ids else set()
     return BlockIOPlan(kernel, site, mode, [d for d in descs.values() if any(p.desc is d for p in plans)], plans,
-                       skipped, guards, remove)
+                       skipped, guards, remove, int64_names)
 
 
 def _check_host_args(acc: Access, ddims: list[TileDim], bind: dict[str, str]) -> None:
@@ -304,8 +308,12 @@ def _guards(descs: list[DescSpec], bind: dict[str, str], plans: list[AccessPlan]
 
 
 # ------------------------------------------------------------------------------------------------ apply
-def _list(polys: list[Poly]) -> str:
-    return "[" + ", ".join(p.code() for p in polys) + "]"
+def _list(polys: list[Poly], int64_names: set[str] | frozenset = frozenset()) -> str:
+    """Coordinates as a list. Descriptor and block-pointer offsets are int32, so coordinates computed from int64
+    program ids (cast by the memory_access stage) are narrowed: a coordinate indexes one dimension of the
+    tensor, which the descriptor's int32 shape bounds."""
+    return "[" + ", ".join(f"({p.code()}).to(tl.int32)" if p.symbols() & int64_names else p.code()
+                           for p in polys) + "]"
 
 
 def _creation(d: DescSpec, mode: str) -> str:
@@ -320,16 +328,16 @@ def _creation(d: DescSpec, mode: str) -> str:
             f"block_shape=({block}), order=(1, 0))")
 
 
-def _load_expr(p: AccessPlan, mode: str) -> str:
+def _load_expr(p: AccessPlan, mode: str, plan_int32: set[str] | frozenset = frozenset()) -> str:
     if mode == DESCRIPTOR:
-        code = f"{p.desc.name}.load({_list(p.coords)})"
+        code = f"{p.desc.name}.load({_list(p.coords, plan_int32)})"
     else:
         dims = ", ".join(str(i) for i in range(len(p.coords)))
-        code = f'tl.load(tl.advance({p.desc.name}, {_list(p.coords)}), boundary_check=({dims}), padding_option="zero")'
+        code = f'tl.load(tl.advance({p.desc.name}, {_list(p.coords, plan_int32)}), boundary_check=({dims}), padding_option="zero")'
     return code + ".T" if p.desc.transposed else code
 
 
-def _store_builder(p: AccessPlan, mode: str):
+def _store_builder(p: AccessPlan, mode: str, plan_int32: set[str] | frozenset = frozenset()):
     def build(call: cst.Call) -> cst.BaseExpression:
         value = None
         for i, arg in enumerate(call.args):
@@ -338,10 +346,10 @@ def _store_builder(p: AccessPlan, mode: str):
         if value is None:
             raise NotApplicable("store without a value")
         if mode == DESCRIPTOR:
-            new = expr(f"{p.desc.name}.store({_list(p.coords)}, __value__)")
+            new = expr(f"{p.desc.name}.store({_list(p.coords, plan_int32)}, __value__)")
         else:
             dims = ", ".join(str(i) for i in range(len(p.coords)))
-            new = expr(f"tl.store(tl.advance({p.desc.name}, {_list(p.coords)}), __value__, boundary_check=({dims}))")
+            new = expr(f"tl.store(tl.advance({p.desc.name}, {_list(p.coords, plan_int32)}), __value__, boundary_check=({dims}))")
         return new.with_changes(args=[a if not (isinstance(a.value, cst.Name) and a.value.value == "__value__")
                                       else a.with_changes(value=value) for a in new.args])
     return build
@@ -359,9 +367,9 @@ def apply_block_io(source: str, plan: BlockIOPlan, allocator: bool) -> str:
         c = p.access.call
         key = (c.lineno, c.col_offset, "tl.load" if p.access.kind == "load" else "tl.store")
         if p.access.kind == "load":
-            calls[key] = (lambda code: (lambda _call: expr(code)))(_load_expr(p, plan.mode))
+            calls[key] = (lambda code: (lambda _call: expr(code)))(_load_expr(p, plan.mode, plan.int32_coords))
         else:
-            calls[key] = _store_builder(p, plan.mode)
+            calls[key] = _store_builder(p, plan.mode, plan.int32_coords)
     creations = [_creation(d, plan.mode) for d in plan.descs]
 
     def body(original, updated, line_of):

@@ -212,10 +212,6 @@ class Edits:
     params: dict[str, list[str]] = field(default_factory=dict)
     remove_functions: set[str] = field(default_factory=set)
 
-    def empty(self) -> bool:
-        return not (self.replace or self.insert_after or self.calls or self.plain_calls or self.tuples
-                    or self.params or self.remove_functions)
-
 
 class _Apply(cst.CSTTransformer):
     def __init__(self, parsed: Parsed, edits: Edits) -> None:
@@ -316,50 +312,62 @@ def _is_constexpr(p: cst.Param) -> bool:
     return p.annotation is not None and (dotted(p.annotation.annotation) or "").endswith("constexpr")
 
 
+#: line width for wrapping added parameters and arguments
+WRAP = 88
+
+
+def _width(node: cst.Param | cst.Arg) -> int:
+    if isinstance(node, cst.Param):
+        return len(node.name.value) + 2
+    return len(node.keyword.value if node.keyword else "") + len(code(node.value)) + 3
+
+
+def _breaks_line(comma: cst.Comma | cst.MaybeSentinel) -> bool:
+    return isinstance(comma, cst.Comma) and isinstance(comma.whitespace_after, cst.ParenthesizedWhitespace)
+
+
+def _insert_after(items: list, at: int, new: list) -> list:
+    """Insert ``new`` (Param/Arg nodes) at ``at``; on their own line when the list breaks lines there."""
+    ws = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    new = [n.with_changes(comma=ws) for n in new]
+    if not new:
+        return items
+    if at == 0:
+        return [*new, *items]
+    prev = items[at - 1]
+    if _breaks_line(prev.comma):
+        # new lines with the same break and indentation as prev's, wrapped at about WRAP characters
+        width = 0
+        for i, n in enumerate(new):
+            width += _width(n)
+            nxt = _width(new[i + 1]) if i + 1 < len(new) else 0
+            if i + 1 == len(new) or width + nxt > WRAP:
+                new[i] = n.with_changes(comma=prev.comma)
+                width = 0
+    elif at == len(items):
+        if prev.comma is cst.MaybeSentinel.DEFAULT:
+            items = [*items[:-1], prev.with_changes(comma=ws)]
+        new[-1] = new[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return [*items[:at], *new, *items[at:]]
+
+
 def add_params(params: cst.Parameters, names: list[str]) -> cst.Parameters:
     """``params`` with ``names`` added after the last runtime parameter (before the first constexpr one)."""
     items = list(params.params)
     at = next((i for i, p in enumerate(items) if _is_constexpr(p)), len(items))
-    ws = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-    new = [cst.Param(cst.Name(n), comma=ws) for n in names]
-    if not new:
-        return params
-    if at == 0:
-        items[0:0] = new
-    else:
-        prev = items[at - 1]
-        # the new parameters go right after prev and take over its comma (and the line break after it)
-        new[-1] = new[-1].with_changes(comma=prev.comma)
-        items[at - 1] = prev.with_changes(comma=ws)
-        items[at:at] = new
-    return params.with_changes(params=items)
+    return params.with_changes(params=_insert_after(items, at, [cst.Param(cst.Name(n)) for n in names]))
 
 
 def set_call_kwargs(call: cst.Call, kwargs: dict[str, str]) -> cst.Call:
-    """``call`` with keyword arguments set to the given expression sources (replaced or appended)."""
+    """``call`` with keyword arguments set to the given expression sources (replaced, or added before the
+    first keyword argument so new kernel arguments sit with the others)."""
     remaining = dict(kwargs)
     args = []
     for a in call.args:
         if a.keyword is not None and a.keyword.value in remaining:
             a = a.with_changes(value=expr(remaining.pop(a.keyword.value)))
         args.append(a)
-    # new keywords go before the launch options so kernel arguments stay together
-    options = ("num_warps", "num_stages", "num_ctas", "grf_mode", "warp_size", "threads_per_warp", "maxnreg")
-    at = next((i for i, a in enumerate(args) if a.keyword is not None and a.keyword.value in options), len(args))
-    new = [cst.Arg(keyword=cst.Name(k), value=expr(v),
-                   equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
-                                         whitespace_after=cst.SimpleWhitespace("")),
-                   comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-           for k, v in remaining.items()]
-    if new:
-        if at == len(args):
-            if args and args[-1].comma is cst.MaybeSentinel.DEFAULT:
-                args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-            new[-1] = new[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-        args[at:at] = new
-    return call.with_changes(args=args)
-
-
-def rename_in_call_args(call: cst.Call, mapping: dict[str, str]) -> cst.Call:
-    """``call`` with plain names in its arguments renamed (the kernel and grid are left alone)."""
-    return call.with_changes(args=[a.with_changes(value=rename(a.value, mapping)) for a in call.args])
+    at = next((i for i, a in enumerate(args) if a.keyword is not None or a.star), len(args))
+    eq = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+    new = [cst.Arg(keyword=cst.Name(k), value=expr(v), equal=eq) for k, v in remaining.items()]
+    return call.with_changes(args=_insert_after(args, at, new))

@@ -131,8 +131,6 @@ def _check_pair(c: Ctx, prod: LaunchSite, cons: LaunchSite, ts: TileStore, ek, y
                                     f"not the tile {prod.kernel} wrote")
             raise NotApplicable(f"line {s.lineno} ({c.seg(s).splitlines()[0]}) runs between {prod.kernel} and "
                                 f"{cons.kernel}")
-    if loads(c.after(cons.line), y):
-        raise NotApplicable(f"{y} is used again after {cons.kernel}; fusing would lose the value {prod.kernel} wrote")
     if len(c.launches_of(prod.kernel)) != 1 or len(c.launches_of(cons.kernel)) != 1:
         raise NotApplicable(f"{prod.kernel} or {cons.kernel} is launched more than once")
     if c.called_in_jit(cons.kernel) or c.called_in_jit(prod.kernel):
@@ -141,6 +139,8 @@ def _check_pair(c: Ctx, prod: LaunchSite, cons: LaunchSite, ts: TileStore, ek, y
     outa = bind.get(ek.out_param)
     if not isinstance(outa, ast.Name):
         raise NotApplicable(f"{cons.kernel}'s output is not a plain tensor variable")
+    if outa.id != y and loads(c.after(cons.line), y):
+        raise NotApplicable(f"{y} is used again after {cons.kernel}; fusing would lose the value {prod.kernel} wrote")
     yv = c.env.lookup(y, prod.line)
     ov = c.env.lookup(outa.id, cons.line)
     if not (yv.is_tensor and yv.shape and yv.contiguous):

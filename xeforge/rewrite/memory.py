@@ -30,7 +30,7 @@ import libcst as cst
 
 from xeforge.kernel_model import KernelModel, LaunchSite, dotted_name, is_literal, literal, parse_kernel
 from xeforge.rewrite.tiling import BlockPtr, KernelAnalysis, Mask, NotApplicable, Poly, Ptr, is_tl_call
-from xeforge.rewrite.tiling_grid import enclosing_function, launch_grid, program_id_vars
+from xeforge.rewrite.tiling_grid import enclosing_function, launch_grid, pid_derived_names, program_id_vars
 from xeforge.rewrite.tiling_edit import FunctionEdit, edit_function
 
 INT32_LIMIT = 2**31
@@ -387,30 +387,6 @@ def _num(node: ast.AST, vals: dict[str, int]) -> int | None:
     return None
 
 
-def _pid_derived(fn: ast.FunctionDef) -> set[str]:
-    derived: set[str] = set()
-    changed = True
-    while changed:
-        changed = False
-        for node in ast.walk(fn):
-            targets, value = [], None
-            if isinstance(node, ast.Assign):
-                targets, value = node.targets, node.value
-            elif isinstance(node, ast.For):
-                targets, value = [node.target], node.iter
-            if value is None:
-                continue
-            uses = any(is_tl_call(n, "program_id") for n in ast.walk(value)) or \
-                any(isinstance(n, ast.Name) and n.id in derived for n in ast.walk(value))
-            if uses:
-                for t in targets:
-                    for n in ast.walk(t):
-                        if isinstance(n, ast.Name) and n.id not in derived:
-                            derived.add(n.id)
-                            changed = True
-    return derived
-
-
 def overflows(model: KernelModel, problem: Any) -> list[Overflow]:
     """Accesses whose largest offset reaches 2**31 at some variant of the spec (largest variants first)."""
     variants = sorted(problem.spec.variants.values(),
@@ -440,7 +416,7 @@ def overflows(model: KernelModel, problem: Any) -> list[Overflow]:
                             rargs[0], rargs[1], rargs[2] if len(rargs) > 2 else 1)
                         if step > 0 and stop > start:
                             maxima[lp.var] = start + ((stop - start - 1) // step) * step
-            derived = _pid_derived(fn.node)
+            derived = pid_derived_names(fn.node)
             cast = program_ids_cast(fn.node)
             for acc in an.accesses:
                 key = (site.kernel, acc.line)

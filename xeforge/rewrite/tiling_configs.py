@@ -200,27 +200,3 @@ def with_configs(ctx: Any, source: str, kernel: str, limit: int) -> list[tuple[d
             continue
     return out
 
-
-class RewriteMemo:
-    """The last rewrite of a tactic, reused while the context is the same (the pipeline calls ``check`` and
-    ``propose`` on one incumbent several times; a rewrite costs several libcst passes)."""
-
-    def __init__(self) -> None:
-        self._key: tuple | None = None
-        self._value: tuple[bool, Any] = (False, None)
-
-    def get(self, ctx: Any, build) -> Any:
-        device = getattr(ctx, "device", None)
-        key = (ctx.source, getattr(ctx, "device_id", None), getattr(device, "kind", None),
-               getattr(device, "can_time", None), str(getattr(ctx, "triton", None)), id(getattr(ctx, "kb", None)),
-               str(getattr(ctx, "run_dir", None)), str(getattr(getattr(ctx, "problem", None), "root", None)))
-        if key != self._key:
-            try:
-                self._value = (True, build(ctx))
-            except NotApplicable as exc:
-                self._value = (False, exc)
-            self._key = key
-        ok, value = self._value
-        if not ok:
-            raise value
-        return value

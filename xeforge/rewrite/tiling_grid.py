@@ -60,6 +60,31 @@ def program_id_vars(fn: ast.FunctionDef) -> tuple[list[PidVar], list[ast.Call]]:
     return pids, inline
 
 
+def pid_derived_names(fn: ast.FunctionDef) -> set[str]:
+    """Names whose value depends on a program id (assigned from tl.program_id or from such names, loops too)."""
+    derived: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for node in ast.walk(fn):
+            targets, value = [], None
+            if isinstance(node, ast.Assign):
+                targets, value = node.targets, node.value
+            elif isinstance(node, ast.For):
+                targets, value = [node.target], node.iter
+            if value is None:
+                continue
+            uses = any(is_tl_call(n, "program_id") for n in ast.walk(value)) or \
+                any(isinstance(n, ast.Name) and n.id in derived for n in ast.walk(value))
+            if uses:
+                for t in targets:
+                    for n in ast.walk(t):
+                        if isinstance(n, ast.Name) and n.id not in derived:
+                            derived.add(n.id)
+                            changed = True
+    return derived
+
+
 def axis_tiles(an: KernelAnalysis, pid: str) -> list[tuple[str, Poly]]:
     """(block constexpr, bound) pairs of index vectors ``pid * BLOCK + tl.arange(0, BLOCK)`` compared to a bound."""
     out: list[tuple[str, Poly]] = []
