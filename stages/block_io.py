@@ -1,4 +1,4 @@
-"""Stage 5, block_io: tensor descriptors, or block pointers where the target's Triton still has them and win.
+"""Stage 5, block_io: structured loads — tensor descriptors, or block pointers where the Triton still has them.
 
 Owns: this stage's goal, its detector (GEMM tile loops that load through pointer arithmetic and masks) and
 its tactic, which rewrites those loops with :mod:`xeforge.rewrite.blockio`. Which form the rewrite takes
@@ -21,8 +21,8 @@ from typing import Any
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic
 from xeforge.rewrite import blockio
 from xeforge.rewrite.tiling import NotApplicable
-from xeforge.rewrite.tiling_grid import gemm_kernels
 from xeforge.rewrite.tiling_configs import describe, kb_errors, with_configs
+from xeforge.rewrite.tiling_grid import gemm_kernels
 from xeforge.rewrite.tiling_tactics import RewriteMemo, guarded
 
 #: how many KB tile configurations to try the rewrite with on a GPU

@@ -14,6 +14,7 @@ import random
 from typing import Any
 
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic
+from stages.device_tuning_swizzle import GroupedTileOrder
 from xeforge.codemod import grid_axis_literal, set_grid_block, set_launch_kwargs
 from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, axis_blocks
 
@@ -184,6 +185,6 @@ STAGE = Stage(
     order=7,
     goal="pick tile sizes, num_warps, num_stages, grf_mode, warp_size and GROUP_SIZE_M for the device",
     kb_topics=("tiles", "warps", "grf", "slm", "swizzle"),
-    tactics=[LaunchParamSearch()],
+    tactics=[GroupedTileOrder(), LaunchParamSearch()],  # swizzle first: GROUP_SIZE_M then becomes searchable
     detectors=[_detect_defaults],
 )

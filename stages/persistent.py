@@ -4,7 +4,8 @@ Owns: this stage's goal, its detector (a launch that starts many more programs t
 and its tactic ``persistent-loop`` (KB ``persistent-grid-from-cores``), which rewrites a tiled 1D or 2D grid
 into a loop over tiles with :mod:`xeforge.rewrite.persistent`: ``min(#tiles, cores)`` programs, the core
 count read from the device at run time (SMs on NVIDIA, Xe-cores on Intel). On a GPU the rewrite is also
-proposed with the top KB tile configurations; the verifier times each one.
+proposed with the top KB tile configurations (and, on NVIDIA, with the tile loop flattened into the K loop
+as upstream's persistent matmul does); the verifier times each one.
 """
 
 from __future__ import annotations
@@ -51,6 +52,14 @@ class PersistentTileLoop(Tactic):
         except NotApplicable:
             return []
         out = [Candidate(src, self.name, plan.describe(), params={"kernel": plan.kernel})]
+        if getattr(ctx.device, "can_time", False) and getattr(ctx.device, "kind", "") == "cuda":
+            # upstream's persistent Hopper matmul flattens the tile loop with its K loop; timed, not assumed
+            try:
+                flat, _ = persistent.rewrite(ctx.source, kernel=plan.kernel, flatten=True)
+                out.append(Candidate(flat, self.name, f"{plan.describe()}; flattened tile loop",
+                                     params={"kernel": plan.kernel, "flatten": True}))
+            except NotApplicable:
+                pass
         for cfg, tiled in with_configs(ctx, src, plan.kernel, RETILE_CONFIGS):
             out.append(Candidate(tiled, self.name, f"{plan.describe()}; with {describe(cfg)}",
                                  params={"kernel": plan.kernel, **cfg}))

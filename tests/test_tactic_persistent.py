@@ -130,12 +130,15 @@ def test_block_sizes_stay_tunable_through_meta(verify):
     assert verdict.correct, verdict.feedback()
 
 
-def test_gpu_context_adds_retiled_candidates_and_reports_the_program_count():
+def test_gpu_context_adds_retiled_candidates_and_reports_the_program_count(verify):
     p = load_problem(KERNELS / "gemm_relu")
     ctx = context(p, kind="cuda", target="h200")
     cands = TACTIC.propose(ctx)
-    assert len(cands) == 1 + stage.RETILE_CONFIGS
-    assert "BLOCK_M=128" in cands[1].source and cands[1].params["BLOCK_M"] == 128
+    assert len(cands) == 2 + stage.RETILE_CONFIGS
+    assert cands[1].params.get("flatten") and ", flatten=True):" in cands[1].source
+    verdict = verify(p, cands[1].source)  # the interpreter runs the flattened loop like any other
+    assert verdict.correct, verdict.feedback()
+    assert "BLOCK_M=128" in cands[2].source and cands[2].params["BLOCK_M"] == 128
     issues = stage.STAGE.detect(ctx)
     assert any(i.code == "one-program-per-tile" and "16,384 programs" in i.message and "132 cores" in i.message
                for i in issues), [i.render() for i in issues]

@@ -17,7 +17,8 @@ used as ``W^T``), the descriptor describes the transposed view and the loaded ti
 ``.T``. The conditions are checked at run time in ``forward``: the kernel gets a ``USE_BLOCK_IO`` constexpr and
 keeps its original loop for inputs that do not qualify (ragged, unaligned or non-contiguous strides), so
 every shape stays correct. On CUDA, device-side descriptors need a scratch allocator, set in ``forward``
-(``triton.set_allocator``); Intel GPUs and the interpreter do not.
+(``triton.set_allocator``); Intel GPUs and the interpreter do not. Descriptor coordinates are int32: those
+computed from program ids that the memory_access stage made int64 are narrowed with ``.to(tl.int32)``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass, field
+
 import libcst as cst
 
 from xeforge.kernel_model import KernelModel, LaunchSite, dotted_name, parse_kernel

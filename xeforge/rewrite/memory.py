@@ -69,7 +69,10 @@ def uncoalesced(model: KernelModel) -> list[Uncoalesced]:
     out: list[Uncoalesced] = []
     for site in model.launches:
         fn = model.functions[site.kernel]
-        bind = launch_bindings(site, fn, model.source)
+        try:
+            bind = launch_bindings(site, fn, model.source)
+        except NotApplicable:
+            continue
         an = KernelAnalysis(fn)
         for acc in an.accesses:
             strides: list[Poly] = []
@@ -293,7 +296,7 @@ def launch_values(model: KernelModel, site: LaunchSite, problem: Any, variant: A
     from xeforge.problem import plan_inputs
 
     fn = enclosing_function(model, site)
-    if fn is None:
+    if fn is None or any(isinstance(a, ast.Starred) for a in site.node.args):
         return None
     inputs = [TensorVal.contiguous(tp.shape) for tp in plan_inputs(problem, variant)]
     host = HostEval.run(fn, inputs, parameter_shapes(problem, variant))

@@ -159,7 +159,10 @@ def plan_persistent(model: KernelModel, kernel: str) -> PersistentPlan:
                           {p.stmt.lineno for p in pids}, hoisted, device_arg, grid, site)
 
 
-def apply_persistent(source: str, plan: PersistentPlan) -> str:
+def apply_persistent(source: str, plan: PersistentPlan, flatten: bool = False) -> str:
+    """``source`` with ``plan`` applied; ``flatten`` asks Triton to flatten the tile loop with the K loop it
+    contains (``tl.range(..., flatten=True)``: software pipelining runs across tiles; upstream's persistent
+    Hopper matmul does this)."""
     model = parse_kernel(source)
     fn = model.functions[plan.kernel]
     taken = {n.id for n in ast.walk(fn.node) if isinstance(n, ast.Name)} | set(fn.params)
@@ -177,7 +180,8 @@ def apply_persistent(source: str, plan: PersistentPlan) -> str:
         loop_var = fresh_name(taken, "tile_id")
         lines += [f"{nm} = {plan.counts[0]}", f"{nn} = {plan.counts[1]}", f"{tiles} = {nm} * {nn}"]
         per_tile = [f"{pm} = {loop_var} % {nm}", f"{pn} = {loop_var} // {nm}"]
-    header = f"for {loop_var} in tl.range({plan.start}, {tiles}, tl.num_programs(0)):\n    pass"
+    extra = ", flatten=True" if flatten else ""
+    header = f"for {loop_var} in tl.range({plan.start}, {tiles}, tl.num_programs(0){extra}):\n    pass"
     hoisted_idx = set(plan.hoisted)
 
     def body(original, updated, line_of):
@@ -232,7 +236,7 @@ def _grid_var_used_once(model: KernelModel, site, var: str) -> bool:
     return len(uses) == 1
 
 
-def rewrite(source: str, kernel: str | None = None) -> tuple[str, PersistentPlan]:
+def rewrite(source: str, kernel: str | None = None, flatten: bool = False) -> tuple[str, PersistentPlan]:
     model = parse_kernel(source)
     names = [kernel] if kernel else _targets(model)
     errors = []
@@ -242,7 +246,7 @@ def rewrite(source: str, kernel: str | None = None) -> tuple[str, PersistentPlan
         except NotApplicable as exc:
             errors.append(f"{name}: {exc}")
             continue
-        return apply_persistent(source, plan), plan
+        return apply_persistent(source, plan, flatten), plan
     raise NotApplicable("; ".join(errors) or "no kernel launch found")
 
 

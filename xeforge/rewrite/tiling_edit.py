@@ -41,24 +41,13 @@ def stmts(code: str) -> list[cst.BaseStatement]:
     return list(cst.parse_module(textwrap.dedent(code).strip("\n") + "\n").body)
 
 
-def if_else(test: str, body: Sequence[cst.BaseStatement], orelse: Sequence[cst.BaseStatement] | None,
-            comment: str | None = None) -> cst.If:
-    leading = []
-    if comment:
-        leading = [cst.EmptyLine(comment=cst.Comment(f"# {comment}"))]
+def if_else(test: str, body: Sequence[cst.BaseStatement], orelse: Sequence[cst.BaseStatement] | None) -> cst.If:
+    """``if test: body`` (``else: orelse`` when given), statements reused as they are."""
     return cst.If(
         test=expr(test),
         body=cst.IndentedBlock(body=list(body)),
         orelse=cst.Else(body=cst.IndentedBlock(body=list(orelse))) if orelse else None,
-        leading_lines=leading,
     )
-
-
-def strip_leading(node: cst.BaseStatement) -> cst.BaseStatement:
-    """The statement without its leading blank/comment lines (they stay with the wrapper)."""
-    if hasattr(node, "leading_lines"):
-        return node.with_changes(leading_lines=[])
-    return node
 
 
 @dataclass

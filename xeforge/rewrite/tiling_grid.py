@@ -117,6 +117,9 @@ def axis_tiles(an: KernelAnalysis, pid: str) -> list[tuple[str, Poly]]:
 
 def launch_bindings(site: LaunchSite, fn: JitFunction, source: str) -> dict[str, str]:
     """Kernel parameter -> the host expression the launch passes for it (source text)."""
+    if any(isinstance(a, ast.Starred) for a in site.node.args) or any(kw.arg is None for kw in site.node.keywords):
+        raise NotApplicable(f"the launch of {site.kernel} at line {site.line} unpacks arguments (*args/**kwargs); "
+                            "the rewrite needs to see which argument each parameter gets")
     out: dict[str, str] = {}
     for p, a in zip(fn.params, site.args):
         out[p] = a
