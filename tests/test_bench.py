@@ -431,3 +431,20 @@ def test_stop_after_leaves_a_resumable_partial_run(tmp_path):
     assert [r["problem"] for r in rep["problems"]] == [p.name for p in problems]
     stored = json.loads((out / "bench.json").read_text())
     assert stored["status"] == "done" and len(stored["problems"]) == len(problems)
+
+
+def test_port_that_returned_the_start_is_timed_once_and_claims_nothing(tmp_path):
+    """A port result with the starting kernel's source is the same kernel: 1.00x by definition, not noise."""
+    problems, runs = _write_synthetic(tmp_path)
+    gemm = next(p for p in problems if p.name == "gemm_fake")
+    _fake_port_run(runs, gemm, (gemm / "kernel.py").read_text(), device="cuda", stamp="20250105-000000")  # newest
+    device = DeviceInfo("cuda", "NVIDIA H200 (synthetic)", cores=132, l2_bytes=50 * 2**20, architecture="sm_90")
+    opt = bench.BenchOptions(problems=[str(gemm)], device="cuda", runs_dir=runs, argv=["bench"])
+    kbc = SimpleNamespace(kb=None, device_id="fake-h200", entry=FakeEntry(), note="", triton=SimpleNamespace(text="3.x"))
+    ScriptedVerifier.calls = []
+    ctx = bench.BenchContext(device, kbc, Settings(), opt, tmp_path / "work", ScriptedVerifier)
+    row = bench.bench_problem(gemm, ctx)
+    timed = [name for _, entries, _ in ScriptedVerifier.calls for name, _ in entries]
+    assert timed.count("kernel.py") == 1  # the start, once; the identical port result is not timed again
+    assert row["speedups"]["final_vs_start"]["value"] == 1.0
+    assert any("same source hash" in n for n in row["notes"])

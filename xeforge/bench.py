@@ -396,9 +396,15 @@ def _time_row(v, problem, variant, row: dict, ctx: BenchContext) -> None:
         if key in ("start", "final") and e["verified"] != VERIFIED:
             e["not_timed"] = "not timed: failed verification"
             continue
+        if key == "final" and e["source_hash"] == entries["start"]["source_hash"]:
+            continue  # the port returned the starting kernel: timing it twice would only measure noise
         todo.append((key, Path(e["path"]), e.get("compile_mode")))
     pairs = ctx.options.pairs or ctx.settings.timed_pairs
     times, errors = time_entries_robust(v, todo, variant, pairs)
+    if "start" in times and entries["final"]["path"] and entries["final"]["source_hash"] == entries["start"]["source_hash"]:
+        times["final"] = times["start"]
+        row["notes"].append("the port result is the starting kernel (same source hash): no verified improvement, "
+                            "final = start by definition (1.00x), timed once")
     for key, msg in errors.items():
         entries[key]["error"] = f"timing failed: {msg}"
         entries[key]["not_timed"] = "not timed: the timing run failed"
