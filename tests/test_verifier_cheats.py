@@ -146,3 +146,18 @@ def test_kb_constraints_reject_at_gate_1_with_rule_id_and_fix(tmp_path, name, ta
     ok = kb_context(describe("cpu"), target="h200", triton="3.8.0")
     with Verifier(problem, describe("cpu"), Settings(), tmp_path / "ok", [constraint_hook(ok)]) as v:
         assert v.static((CHEATS / f"{name}.py").read_text()).passed or name != "kb_block_ptr"
+
+
+def test_constant_output_is_judged_at_the_output_precision():
+    """A bf16 output that is constant because bf16 cannot tell the oracle's values apart is not a cheat."""
+    import torch
+
+    from xeforge.compare import compare_outputs
+
+    ref = 9.06 + torch.linspace(0, 0.02, 64, dtype=torch.float64)  # all round to one bf16 value
+    got = ref.to(torch.bfloat16)
+    assert len(set(got.tolist())) == 1
+    assert compare_outputs([got], [ref], [torch.bfloat16], 1e-2, 1e-2) is None
+    wide = torch.linspace(-1, 1, 64, dtype=torch.float64)
+    bad = compare_outputs([torch.full((64,), 0.5, dtype=torch.bfloat16)], [wide], [torch.bfloat16], 1e-2, 10.0)
+    assert bad is not None and bad.reason == "constant"
