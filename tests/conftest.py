@@ -51,3 +51,44 @@ def repo_root() -> Path:
 
 
 os.environ.setdefault("XEFORGE_TEST", "1")
+
+
+def tactic_context(p, source=None, kind="cpu", target=None, cores=20, triton=None, run_dir=None):
+    """A StageContext for a tactic test: the problem, a source, a device (the interpreter or a stand-in GPU) and
+    the knowledge base as the pipeline would select it."""
+    from stages.base import StageContext
+    from xeforge.devices import DeviceInfo, describe
+    from xeforge.pipeline import kb_context
+    from xeforge.settings import Settings
+
+    device = describe("cpu") if kind == "cpu" else DeviceInfo(kind, f"test {kind}", cores=cores, interpreter=False)
+    kbc = kb_context(device, target, triton)
+    src = p.kernel_source if source is None else source
+    return StageContext(p, src, p.kernel_source, device, kbc.device_id, kbc.kb, kbc.triton, Settings(),
+                        run_dir=run_dir)
+
+
+@pytest.fixture(scope="module")
+def verify(tmp_path_factory):
+    """verify(problem, source) -> Verdict through the real cascade (KB constraints at gate 1), one verifier
+    (worker process) per problem for the module; three rounds cover the three input distributions."""
+    from xeforge.devices import describe
+    from xeforge.pipeline import constraint_hook, kb_context
+    from xeforge.settings import Settings
+    from xeforge.verifier import Verifier
+
+    made = {}
+    kbc = kb_context(describe("cpu"))
+    hooks = [h for h in [constraint_hook(kbc)] if h]
+    settings = Settings(compile_timeout_s=60.0, run_timeout_s=30.0, correctness_rounds=3)
+
+    def run(p, source: str):
+        if str(p.root) not in made:
+            made[str(p.root)] = Verifier(p, describe("cpu"), settings, tmp_path_factory.mktemp(p.name), hooks, kbc.entry)
+        path = tmp_path_factory.mktemp("cand") / "kernel.py"
+        path.write_text(source)
+        return made[str(p.root)].verify(path, p.kernel_path)
+
+    yield run
+    for v in made.values():
+        v.close()

@@ -13,15 +13,12 @@ import difflib
 import shutil
 from pathlib import Path
 
-import pytest
 
 from stages import dtype
 from stages.base import StageContext
 from tests.conftest import FIXTURES, ROOT
 from xeforge.devices import describe
 from xeforge.problem import load_problem
-from xeforge.settings import Settings
-from xeforge.verifier import Verifier
 
 KERNELS = ROOT / "kernels"
 DTYPE = FIXTURES / "tactics" / "dtype"
@@ -30,24 +27,6 @@ TACTIC = {t.name: t for t in dtype.STAGE.tactics}
 
 def context(p, source: str | None = None) -> StageContext:
     return StageContext(p, p.kernel_source if source is None else source, p.kernel_source, describe("cpu"), None)
-
-
-@pytest.fixture(scope="module")
-def verify(tmp_path_factory):
-    """verify(problem, source) -> Verdict, one verifier (worker process) per problem for the module."""
-    made: dict[str, Verifier] = {}
-
-    def run(p, source: str):
-        if str(p.root) not in made:
-            made[str(p.root)] = Verifier(p, describe("cpu"), Settings(compile_timeout_s=60.0, run_timeout_s=30.0),
-                                         tmp_path_factory.mktemp(p.name))
-        path = tmp_path_factory.mktemp("cand") / "kernel.py"
-        path.write_text(source)
-        return made[str(p.root)].verify(path, p.kernel_path)
-
-    yield run
-    for v in made.values():
-        v.close()
 
 
 def propose(tactic: str, p, source: str | None = None):

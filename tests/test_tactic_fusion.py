@@ -22,9 +22,7 @@ from tests.conftest import FIXTURES, ROOT
 from xeforge.devices import describe
 from xeforge.kernel_model import parse_kernel
 from xeforge.problem import load_problem
-from xeforge.settings import Settings
 from xeforge.static_checks import torch_compute_calls
-from xeforge.verifier import Verifier
 
 KERNELS = ROOT / "kernels"
 FUSION = FIXTURES / "tactics" / "fusion"
@@ -38,24 +36,6 @@ def problem(path: Path):
 def context(p, source: str | None = None) -> StageContext:
     src = p.kernel_source if source is None else source
     return StageContext(p, src, p.kernel_source, describe("cpu"), None)
-
-
-@pytest.fixture(scope="module")
-def verify(tmp_path_factory):
-    """verify(problem, source) -> Verdict, one verifier (worker process) per problem for the module."""
-    made: dict[str, Verifier] = {}
-
-    def run(p, source: str):
-        if str(p.root) not in made:
-            made[str(p.root)] = Verifier(p, describe("cpu"), Settings(compile_timeout_s=60.0, run_timeout_s=30.0),
-                                         tmp_path_factory.mktemp(p.name))
-        path = tmp_path_factory.mktemp("cand") / "kernel.py"
-        path.write_text(source)
-        return made[str(p.root)].verify(path, p.kernel_path)
-
-    yield run
-    for v in made.values():
-        v.close()
 
 
 def propose(tactic: str, p, source: str | None = None):

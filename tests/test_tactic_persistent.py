@@ -14,50 +14,21 @@ import ast
 import pytest
 
 from stages import persistent as stage
-from stages.base import StageContext
 from stages.device_tuning import LaunchParamSearch
-from tests.conftest import FIXTURES, ROOT
-from xeforge.devices import DeviceInfo, describe
+from tests.conftest import tactic_context, FIXTURES, ROOT
 from xeforge.kernel_model import parse_kernel
-from xeforge.pipeline import constraint_hook, kb_context
 from xeforge.problem import load_problem
 from xeforge.rewrite import blockio, persistent
 from xeforge.rewrite.tiling_configs import apply_config
-from xeforge.settings import Settings
-from xeforge.verifier import Verifier
 
 KERNELS = ROOT / "kernels"
 HERE = FIXTURES / "tactics" / "persistent"
 TACTIC = stage.PersistentTileLoop()
 
-#: three rounds cover the three input distributions (normal, uniform, outliers); ragged shapes still run
-VERIFY_SETTINGS = Settings(compile_timeout_s=60.0, run_timeout_s=30.0, correctness_rounds=3)
 
 
 def context(p, source: str | None = None, kind: str = "cpu", target: str | None = None):
-    device = describe("cpu") if kind == "cpu" else DeviceInfo(kind, f"test {kind}", cores=132, interpreter=False)
-    kbc = kb_context(device, target)
-    src = p.kernel_source if source is None else source
-    return StageContext(p, src, p.kernel_source, device, kbc.device_id, kbc.kb, kbc.triton, Settings())
-
-
-@pytest.fixture(scope="module")
-def verify(tmp_path_factory):
-    made: dict[str, Verifier] = {}
-    kbc = kb_context(describe("cpu"))
-    hooks = [h for h in [constraint_hook(kbc)] if h]
-
-    def run(p, source: str):
-        if str(p.root) not in made:
-            made[str(p.root)] = Verifier(p, describe("cpu"), VERIFY_SETTINGS,
-                                         tmp_path_factory.mktemp(p.name), hooks, kbc.entry)
-        path = tmp_path_factory.mktemp("cand") / "kernel.py"
-        path.write_text(source)
-        return made[str(p.root)].verify(path, p.kernel_path)
-
-    yield run
-    for v in made.values():
-        v.close()
+    return tactic_context(p, source, kind, target, cores=132)
 
 
 def rewritten(p, source: str | None = None) -> str:
