@@ -151,7 +151,7 @@ def cmd_env(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(out)
         return 0
-    print(f"devices: " + ", ".join(f"{k}={'yes' if v is True else ('no' if v is False else v)}" for k, v in found.items()))
+    print("devices: " + ", ".join(f"{k}={'yes' if v is True else ('no' if v is False else v)}" for k, v in found.items()))
     print(f"selected: {info.kind} — {info.name}" + (" (Triton interpreter: correctness only)" if info.interpreter else ""))
     for key in ("cores", "l2_bytes", "shared_mem_bytes", "total_memory_bytes", "subgroup_sizes", "has_fp64",
                 "architecture", "driver"):

@@ -20,7 +20,6 @@ The flow, and which module owns each step:
 from __future__ import annotations
 
 import difflib
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ from xeforge.errors import EngineError, RunError, UsageError
 from xeforge.problem import Problem, source_hash
 from xeforge.settings import Settings
 from xeforge.static_checks import Finding
-from xeforge.store import RunStore, atomic_write, write_json
+from xeforge.store import RunStore, atomic_write, read_json, write_json
 from xeforge.verifier import Verdict, Verifier
 
 
@@ -352,8 +351,6 @@ class Pipeline:
                 rec.speedup = _product(speedups) if speedups else None
                 rec.adopted_unmeasured = any(not o.verdict.timed for o in adopted)
             rec.incumbent_after = source_hash(incumbent_src)
-            if not stage.tactics and engine_name == "rules":
-                rec.reason = stage.no_tactic_message()
         final = self._final(store, verifier, device, history, start_path)
         report = self._report(store, device, kbc, engine_name, baseline, records, final)
         from xeforge.report import write_reports
@@ -365,7 +362,7 @@ class Pipeline:
     def _baseline(self, store: RunStore, verifier: Verifier, start_path: Path) -> dict[str, Any]:
         vpath = store.root / "baseline" / "verdict.json"
         if vpath.exists():
-            v = Verdict.from_dict(__import__("json").loads(vpath.read_text()))
+            v = Verdict.from_dict(read_json(vpath))
             self.say("baseline: replayed from the run folder")
         else:
             self.say("baseline: verifying the starting kernel")

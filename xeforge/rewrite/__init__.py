@@ -15,6 +15,21 @@ fusion stages (``stages/dtype.py``, ``stages/fusion.py``) use:
   trailing torch ops into the epilogue, row reductions when one tile covers the row).
 - :mod:`xeforge.rewrite.dtype_rewrites` — the precision-contract rewrites around ``tl.dot`` and fp64.
 
+The memory_access, block_io, persistent, device_tuning (swizzle) and autotuning stages use:
+
+- :mod:`xeforge.rewrite.tiling`, :mod:`~xeforge.rewrite.tiling_grid`, :mod:`~xeforge.rewrite.tiling_edit` — the model
+  of a tiled kernel (program ids, tile offsets, K loop, masks) and the grid / launch edits built on it.
+- :mod:`xeforge.rewrite.tiling_configs`, :mod:`~xeforge.rewrite.tiling_tactics` — applying a tile configuration
+  and the shared "rewrite, then also with the KB's top tiles" candidate generation.
+- :mod:`xeforge.rewrite.tiling_swizzle` — GROUP_SIZE_M grouped tile order.
+- :mod:`xeforge.rewrite.blockio` — tensor descriptors / block pointers with a pointer fallback.
+- :mod:`xeforge.rewrite.persistent` — the persistent tile loop sized from the device's core count.
+- :mod:`xeforge.rewrite.autotune` — the ``@triton.autotune`` decorator from verified configurations.
+- :mod:`xeforge.rewrite.memory` — coalescing and int32-overflow analysis, the int64 cast.
+
+(``memory``'s static evaluation of ``forward`` overlaps ``forward_env``, and ``tiling_edit`` overlaps ``cst_tools``:
+known, to be merged.)
+
 Each of these rewrites either returns new source or raises :class:`NotApplicable` with the reason.
 """
 
