@@ -16,7 +16,7 @@ from typing import Any
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic
 from stages.device_tuning_swizzle import GroupedTileOrder
 from xeforge.codemod import grid_axis_literal, set_grid_block, set_launch_kwargs
-from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, axis_blocks
+from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, axis_blocks, dotted_name
 
 BLOCK_HINTS = ("BLOCK", "TILE", "GROUP_SIZE")
 
@@ -50,10 +50,40 @@ def target_site(model: KernelModel) -> LaunchSite | None:
     return min(sites, key=score) if sites else None
 
 
+def grid_literals(model: KernelModel, site: LaunchSite) -> list[int]:
+    """The literal block sizes in ``cdiv(x, <int>)`` calls of the grid used by ``site`` (inline or a variable)."""
+    import ast
+
+    expr = model.segment(site.node.func.slice)
+    try:
+        node = ast.parse(expr, mode="eval").body
+    except SyntaxError:
+        return []
+    if isinstance(node, ast.Name):
+        fn = next((f for f in ast.walk(model.tree) if isinstance(f, ast.FunctionDef) and f.name == site.function), None)
+        assigns = [a for a in ast.walk(fn) if isinstance(a, ast.Assign) and a.lineno < site.line
+                   and any(isinstance(t, ast.Name) and t.id == node.id for t in a.targets)] if fn else []
+        node = max(assigns, key=lambda a: a.lineno).value if assigns else node
+    out = []
+    for call in ast.walk(node):
+        if isinstance(call, ast.Call) and len(call.args) == 2 and (dotted_name(call.func) or "").endswith("cdiv") \
+                and isinstance(call.args[1], ast.Constant) and isinstance(call.args[1].value, int):
+            out.append(call.args[1].value)
+    return out
+
+
 def tunable_names(model: KernelModel, site: LaunchSite) -> tuple[list[str], dict[str, str]]:
     """Constexprs at ``site`` the search may change, and why each other block-like constexpr is left alone."""
     fn = model.functions[site.kernel]
     axes = axis_blocks(fn)
+    # grid literals that no program-id axis explains (e.g. a swizzled 1D grid cdiv(M, 128) * cdiv(N, 128)): a block
+    # of that value may size the grid in a way the search cannot follow, so it is left alone
+    unexplained = list(grid_literals(model, site))
+    for ax, names in axes.items():
+        for n in names:
+            if site.constexprs.get(n) in unexplained:
+                unexplained.remove(site.constexprs[n])
+                break
     ok, why = [], {}
     for name, value in site.constexprs.items():
         if not any(h in name.upper() for h in BLOCK_HINTS):
@@ -62,6 +92,10 @@ def tunable_names(model: KernelModel, site: LaunchSite) -> tuple[list[str], dict
             why[name] = f"{name}={value!r} is not a power-of-two literal"
             continue
         coupled = [ax for ax, names in axes.items() if name in names]
+        if not coupled and value in unexplained:
+            why[name] = (f"{name}={value} may size the grid (cdiv(..., {value}) at the launch) through an index "
+                         "computation the search cannot follow")
+            continue
         if coupled:
             kind, lit = grid_axis_literal(model.source, site.kernel, site.line, coupled[0])
             if lit != value:

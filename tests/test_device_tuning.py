@@ -1,0 +1,35 @@
+"""The launch-parameter search: which constexprs it may change, and grids that follow the block sizes."""
+
+from __future__ import annotations
+
+import ast
+
+from stages.device_tuning import LaunchParamSearch, target_site, tunable_names
+from tests.conftest import ROOT, tactic_context
+from xeforge.kernel_model import parse_kernel
+from xeforge.problem import load_problem
+
+KERNELS = ROOT / "kernels"
+
+
+def test_blocks_behind_a_swizzled_grid_are_left_alone_with_a_reason():
+    p = load_problem(KERNELS / "gemm_square")
+    m = parse_kernel(p.kernel_source)
+    names, why = tunable_names(m, target_site(m))
+    assert "BLOCK_M" not in names and "BLOCK_N" not in names and "BLOCK_K" in names
+    assert "cannot follow" in why["BLOCK_M"]
+
+
+def test_candidates_resize_the_grid_with_the_blocks():
+    p = load_problem(KERNELS / "gemm_relu")
+    ctx = tactic_context(p, kind="cuda", target="h200")
+    cands = LaunchParamSearch().propose(ctx)
+    assert cands
+    for c in cands:
+        m = parse_kernel(c.source)
+        site = target_site(m) or next(s for s in m.launches if s.kernel == "matmul_kernel")
+        fn = next(f for f in ast.walk(m.tree) if isinstance(f, ast.FunctionDef) and f.name == site.function)
+        grid = next(a.value for a in ast.walk(fn) if isinstance(a, ast.Assign)
+                    and any(isinstance(t, ast.Name) and t.id == "grid" for t in a.targets))
+        lits = [call.args[1].value for call in ast.walk(grid) if isinstance(call, ast.Call) and len(call.args) == 2]
+        assert lits == [site.constexprs["BLOCK_M"], site.constexprs["BLOCK_N"]], c.description
