@@ -161,3 +161,14 @@ def test_constant_output_is_judged_at_the_output_precision():
     wide = torch.linspace(-1, 1, 64, dtype=torch.float64)
     bad = compare_outputs([torch.full((64,), 0.5, dtype=torch.bfloat16)], [wide], [torch.bfloat16], 1e-2, 10.0)
     assert bad is not None and bad.reason == "constant"
+
+
+def test_relative_work_folder_works(tmp_path, monkeypatch):
+    """The worker runs inside the work folder, so a relative folder (e.g. `bench --out bench-out/ci`) must still work."""
+    from xeforge.settings import Settings
+
+    problem = load_problem(FIXTURES / "problems" / "vadd")
+    monkeypatch.chdir(tmp_path)
+    with Verifier(problem, describe("cpu"), Settings(correctness_rounds=1), Path("rel") / "work") as v:
+        verdict = v.verify(problem.kernel_path)
+    assert verdict.correct, verdict.feedback()

@@ -58,7 +58,7 @@ class Worker:
 
     def __init__(self, device: str, workdir: Path, log_path: Path | None = None) -> None:
         self.device = device
-        self.workdir = Path(workdir)
+        self.workdir = Path(workdir).resolve()
         self.log_path = log_path or self.workdir / "worker.log"
         self.proc: subprocess.Popen | None = None
         self.restarts = 0

@@ -96,7 +96,7 @@ class Verifier:
         self.problem = problem
         self.device = device
         self.settings = settings
-        self.workdir = Path(workdir)
+        self.workdir = Path(workdir).resolve()  # the worker runs in it: every path it is given must be absolute
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.device_entry = device_entry
         self.static_checker = StaticChecker(parse_kernel(problem.kernel_source, str(problem.kernel_path)),
