@@ -153,17 +153,22 @@ class LaunchParamSearch(Tactic):
                 kb_space = ctx.kb.space(ctx.device_id, kernel_family(m, fn, ctx.problem.spec.kind), ctx.triton)
             except (KeyError, LookupError, AttributeError):
                 kb_space = None
+        n_seeds = 0
         if kb_space is not None:
             for cfg in kb_space.configs(names):
                 pool.append({k: v for k, v in cfg.items() if k in names or k in
                              ("num_warps", "num_stages", "grf_mode", "warp_size")})
+            n_seeds = len(getattr(kb_space, "seeds", []) or [])
         else:
             space = _fallback_space(site, names, ctx.device.kind)
             keys = list(space)
             pool = [dict(zip(keys, vals)) for vals in itertools.product(*(space[k] for k in keys))]
         seen, out = set(), []
-        rng = random.Random(f"{site.kernel}:{sorted(current.items())}")
-        rng.shuffle(pool)
+        # the KB's seeds (configurations known to be good on the device) first, in order; then a deterministic
+        # shuffle of the rest, so a small budget still samples the whole space rather than one corner of it
+        rest = pool[n_seeds:]
+        random.Random(f"{site.kernel}:{sorted(current.items())}").shuffle(rest)
+        pool = pool[:n_seeds] + rest
         for cfg in pool:
             full = {**current, **cfg}
             key = tuple(sorted(full.items()))

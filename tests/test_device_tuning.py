@@ -33,3 +33,16 @@ def test_candidates_resize_the_grid_with_the_blocks():
                     and any(isinstance(t, ast.Name) and t.id == "grid" for t in a.targets))
         lits = [call.args[1].value for call in ast.walk(grid) if isinstance(call, ast.Call) and len(call.args) == 2]
         assert lits == [site.constexprs["BLOCK_M"], site.constexprs["BLOCK_N"]], c.description
+
+
+def test_the_kb_seeds_come_first():
+    """With a small budget the search must still try the configurations the knowledge base says are good."""
+    p = load_problem(KERNELS / "gemm_relu")
+    ctx = tactic_context(p, kind="cuda", target="h200")
+    space = ctx.kb.space("h200", "gemm", ctx.triton)
+    cands = LaunchParamSearch().propose(ctx)
+    seeds = space.seeds
+    assert seeds and len(cands) >= len(seeds)
+    first = cands[0].params
+    assert first["BLOCK_M"] == seeds[0]["block_m"] and first["BLOCK_N"] == seeds[0]["block_n"]
+    assert first["num_warps"] == seeds[0]["num_warps"]
