@@ -158,7 +158,11 @@ def test_bad_arguments_are_clear_errors(tmp_path):
 def test_discovery_and_settings(tmp_path):
     found = bench.discover([str(ROOT / "kernels")])
     assert len(found) >= 20 and all((p / "spec.yaml").exists() for p in found)
-    assert "_selfcheck" not in {p.name for p in found}
+    suite = tmp_path / "suite"
+    shutil.copytree(VADD, suite / "vadd")
+    (suite / "_scratch").mkdir()
+    (suite / "_scratch" / "notes.py").write_text("# not a problem\n")
+    assert [p.name for p in bench.discover([str(suite)])] == ["vadd"]  # only folders that are problems
     assert bench.discover([str(VADD), str(VADD)]) == [VADD]  # de-duplicated
     with pytest.raises(UsageError):
         bench.discover([str(tmp_path / "missing")])
