@@ -46,3 +46,12 @@ def test_the_kb_seeds_come_first():
     first = cands[0].params
     assert first["BLOCK_M"] == seeds[0]["block_m"] and first["BLOCK_N"] == seeds[0]["block_n"]
     assert first["num_warps"] == seeds[0]["num_warps"]
+
+
+def test_grid_variable_is_found_by_name_not_by_position():
+    from xeforge.codemod import set_grid_block
+
+    src = ("def f(M, N):\n    grid = (triton.cdiv(M, 64),)\n    shape = (3, 4)\n"
+           "    k[grid](M, BLOCK=64)\n")
+    out = set_grid_block(src, "k", 4, 0, 64, 128)
+    assert "grid = (triton.cdiv(M, 128),)" in out and "shape = (3, 4)" in out

@@ -89,7 +89,7 @@ class _GridSetter(cst.CSTTransformer):
 
 
 def grid_axis_literal(source: str, kernel: str, line: int, axis: int) -> tuple[str, int | None]:
-    """How the grid of the launch at ``line`` sizes ``axis``: ("inline"|"variable"|"other", literal block or None)."""
+    """How the grid of the launch at ``line`` sizes ``axis``: ("inline" | "variable:<name>" | "other", literal or None)."""
     module = cst.parse_module(source)
     wrapper = MetadataWrapper(module)
     found: dict[str, Any] = {}
@@ -112,12 +112,13 @@ def grid_axis_literal(source: str, kernel: str, line: int, axis: int) -> tuple[s
     sl = found.get("slice")
     kind = "inline"
     if isinstance(sl, cst.Name):
+        found["grid_name"] = sl.value
         sl = found.get("assigns", {}).get(sl.value)
         kind = "variable"
     if isinstance(sl, cst.Tuple) and axis < len(sl.elements):
         el = sl.elements[axis].value
         if _is_cdiv(el) and isinstance(el.args[1].value, cst.Integer):
-            return kind, int(el.args[1].value.value)
+            return (f"variable:{found['grid_name']}" if kind == "variable" else kind), int(el.args[1].value.value)
     return "other", None
 
 
@@ -156,7 +157,7 @@ def set_grid_block(source: str, kernel: str, line: int, axis: int, old: int, new
         new = wrapper.visit(T())
     else:
         # the last assignment of the grid variable before the launch line
-        target_line = _last_tuple_assign_line(source, line)
+        target_line = _last_assign_line(source, kind.split(":", 1)[1], line)
 
         class A(cst.CSTTransformer):
             METADATA_DEPENDENCIES = (PositionProvider,)
@@ -172,11 +173,12 @@ def set_grid_block(source: str, kernel: str, line: int, axis: int, old: int, new
     return new.code
 
 
-def _last_tuple_assign_line(source: str, before: int) -> int:
+def _last_assign_line(source: str, name: str, before: int) -> int:
     import ast
 
     best = -1
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Tuple) and node.lineno < before:
+        if isinstance(node, ast.Assign) and node.lineno < before and isinstance(node.value, ast.Tuple) \
+                and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
             best = max(best, node.lineno)
     return best

@@ -292,7 +292,8 @@ class Pipeline:
             rec.issues = [i.render() for i in issues]
             if kbc.kb is not None and kbc.device_id:
                 rec.kb_entries = len(kbc.kb.select(stage.name, kbc.device_id, kbc.triton).ids())
-            applicable = [t for t in stage.tactics if t.check(ctx).applies]
+            checks = {t.name: t.check(ctx) for t in stage.tactics}
+            applicable = [name for name, app in checks.items() if app.applies]
             self.say(f"[stage {stage.order}/9 {stage.name}] {len(issues)} issue(s)")
             if engine_name == "rules" and not stage.tactics:
                 rec.status, rec.reason = "no-tactic", stage.no_tactic_message()
@@ -302,7 +303,7 @@ class Pipeline:
             if stage.name not in named and not issues and not applicable and engine_name == "rules":
                 rec.status, rec.reason = "skipped", "analysis found nothing for this stage and no tactic applies"
                 for t in stage.tactics:
-                    rec.tactics.append(TacticRecord(t.name, False, t.check(ctx).reason))
+                    rec.tactics.append(TacticRecord(t.name, False, checks[t.name].reason))
                 self.say(f"  skipped: {rec.reason}")
                 rec.incumbent_after = rec.incumbent_before
                 continue

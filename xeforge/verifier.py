@@ -387,7 +387,7 @@ class Verifier:
                 "b": d.candidate.as_dict()}
 
     def _time(self, paths: list[Path], variant: Variant, aa: bool = False) -> list[list[float]]:
-        slots = []
+        entries: list[tuple[Path, str | None]] = []
         for i, p in enumerate(paths):
             if (aa and i == 1) or (i == 1 and Path(p).resolve() == Path(paths[0]).resolve()):
                 # a second, independent load of the same file: A/A measures two identical slots
@@ -395,15 +395,8 @@ class Verifier:
                 alias.parent.mkdir(parents=True, exist_ok=True)
                 alias.write_text(Path(p).read_text())
                 p = alias
-            p = Path(p).resolve()
-            slots.append(self._ensure_loaded(p, variant))
-            self._slots.pop((str(p), variant.name, "first"), None)
-        entry_l2 = self.device.l2_bytes
-        free = self.worker.request("time", self.settings.compile_timeout_s + self.settings.run_timeout_s, slots=slots,
-                                   plan=plan_inputs(self.problem, variant), seed=secrets.randbits(62),
-                                   pairs=self.settings.timed_pairs, warmup=self.settings.warmup_calls,
-                                   l2_bytes=entry_l2, budget_bytes=self._rotation_budget())
-        return [free["times_ms"][s] for s in slots]
+            entries.append((Path(p), None))
+        return self.time_entries(entries, variant)
 
     def time_entries(self, entries: list[tuple[Path, str | None]], variant: Variant,
                      pairs: int | None = None) -> list[list[float]]:
