@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Port (rules engine) and bench a set of problems on every local GPU; the H200 table in BENCHMARKS.md comes
 # from this. Usage (repo root, GPU machine):
-#   bash scripts/h200-suite.sh OUTDIR [PROBLEM ...]        (default problems below)
+#   bash scripts/h200-suite.sh OUTDIR [PROBLEM ...]        (default: all 27 problems, order below)
 #   RESUME=--resume bash scripts/h200-suite.sh OUTDIR ...  continues an interrupted bench in OUTDIR
 set -uo pipefail
 OUTDIR=${1:-bench-out/h200}
 shift || true
-PROBLEMS=${*:-"kernels/gemm_relu kernels/kb09_matmul_subtract_multiply_relu kernels/kb97_matmul_batchnorm_biasadd_divide_swish kernels/kb41_gemm_batchnorm_gelu_relu kernels/kb33_gemm_scale_batchnorm kernels/kb37_matmul_swish_sum_groupnorm kernels/softmax kernels/gemm_square"}
+# default: the whole suite, GEMM + epilogue problems first (the issue-4 targets), then the rest
+PROBLEMS=${*:-"$(for k in kb09 kb97 kb41 kb33 kb22 kb64 kb18 kb98 gemm_relu kb30 kb37 kb62 kb75 kb88 kb94; do ls -d kernels/${k}*; done) \
+  kernels/gemm_square kernels/gemm_skinny_m kernels/gemm_tall_k kernels/gemv_decode kernels/softmax kernels/layernorm \
+  kernels/rmsnorm kernels/swiglu kernels/rotary kernels/vector_add kernels/flash_attn_fwd kernels/flash_attn_fwd_causal"}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 python3 -m xeforge bench $PROBLEMS --device cuda --port --engine rules --budget "${BUDGET:-6}" \

@@ -224,7 +224,7 @@ SYNTHETIC = {
 }
 # median ms of each entry on bench-gpu: start, final, eager, compile
 BASE_MS = {
-    "gemm_fake": {"start": 1.40, "final": 0.20, "eager": 0.18, "compile": 0.175},
+    "gemm_fake": {"start": 1.40, "final": 0.20, "eager": 0.18, "compile": 0.175, "blas": 0.17},
     "softmax_fake": {"start": 0.90, "final": 0.30, "eager": 0.45, "compile": 0.32},
     "broken_fake": {"start": 0.50, "eager": 0.08, "compile": 0.07},
     "compile_breaks_fake": {"start": 0.12, "eager": 0.10, "compile": 0.09},
@@ -276,8 +276,8 @@ class ScriptedVerifier:
         out = []
         for path, mode in entries:
             p = Path(path)
-            key = "compile" if mode else ("eager" if p.name == "reference.py" else
-                                          ("final" if "runs" in p.parts else "start"))
+            key = "compile" if mode else ("eager" if p.name == "reference.py" else "blas" if p.name == "blas_gemm.py"
+                                          else ("final" if "runs" in p.parts else "start"))
             if key == "compile" and self.problem.name == "compile_breaks_fake":
                 raise WorkerFailure("exception", "BackendCompilerFailed: synthetic inductor failure", "reference.py:1")
             out.append([BASE_MS[self.problem.name][key] * w for w in WOBBLE[: pairs or 20]])
@@ -350,9 +350,12 @@ def test_gpu_path_times_interleaved_and_derives_speedups(gpu_report):
     rep, calls = gpu_report
     rows = {r["problem"]: r for r in rep["problems"]}
     g = rows["gemm_fake"]
-    # one interleaved run with all four entries, the compile entry in torch.compile's default mode
+    # one interleaved run with all entries, the compile entry in torch.compile's default mode; a gemm also times
+    # the vendor BLAS doing its GEMM alone (the "% of cuBLAS" figure)
     assert calls[0] == ("gemm_fake", [("kernel.py", None), ("kernel.py", None), ("reference.py", None),
-                                      ("reference.py", "default")], 20)
+                                      ("reference.py", "default"), ("blas_gemm.py", None)], 20)
+    assert g["speedups"]["final_vs_blas"]["value"] == pytest.approx(0.17 / 0.20)
+    assert "blas" not in rows["softmax_fake"]["entries"]  # not a GEMM: no BLAS baseline
     assert g["speedups"]["final_vs_start"]["value"] == pytest.approx(1.40 / 0.20)
     assert g["speedups"]["final_vs_eager"]["value"] == pytest.approx(0.18 / 0.20)
     assert g["speedups"]["final_vs_compile"]["value"] == pytest.approx(0.175 / 0.20)
@@ -386,6 +389,24 @@ def test_gpu_path_times_interleaved_and_derives_speedups(gpu_report):
     assert gm["start_vs_eager"]["n"] == 3
     assert rep["timed"] and "geomean port result vs eager" in rep["summary"]
     assert bench.exit_code(rep) == 2  # a failed kernel and an entry error: not a clean run
+
+
+def test_blas_baseline_times_the_gemm_alone_and_ignores_the_problems_weights(tmp_path):
+    import torch
+
+    from xeforge.problem import load_problem
+
+    gemm = load_problem(ROOT / "kernels" / "gemm_relu")
+    path = bench.blas_baseline(gemm, gemm.variant("ci"), tmp_path)
+    ns: dict = {}
+    exec(compile(path.read_text(), str(path), "exec"), ns)
+    m = ns["Model"](*gemm.init_args(gemm.variant("ci")))
+    m.load_state_dict({"weight": torch.zeros(1)}, strict=True)  # the worker loads the problem's weights into it
+    d = gemm.variant("ci").dims
+    out = m(torch.zeros(3))
+    assert out.shape == (d["M"], d["N"]) and torch.allclose(out, m.a @ m.b)
+    assert bench.blas_baseline(load_problem(ROOT / "kernels" / "softmax"), load_problem(ROOT / "kernels" / "softmax")
+                               .variant("ci"), tmp_path) is None
 
 
 def test_gpu_bench_record_golden(gpu_report):

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import FIXTURES, skip_without_gpu
-from xeforge.timing import Stats, decide, noise_margin, roofline_floor
+from xeforge.timing import Stats, decide, delay_flushes, noise_margin, roofline_floor
 
 
 def test_stats_median_and_iqr():
@@ -45,6 +45,42 @@ def test_below_roofline_is_rejected():
     floor = roofline_floor(flop=2e12, nbytes=None, peak_flops=1e15, bw=None)  # 2 ms at best
     d = decide([5.0] * 10, [1.0] * 10, 0.02, floor, 10.0)
     assert not d.accepted and d.implausible and "roofline" in d.implausible
+
+
+@given(st.floats(0.0, 50.0), st.floats(0.001, 5.0))
+def test_launch_delay_covers_the_host_time_within_its_cap(host_ms, flush_ms):
+    k = delay_flushes(host_ms, flush_ms)
+    assert k >= 1
+    assert k * flush_ms <= max(20.0, flush_ms) + 1e-9  # never more than the cap (or one flush)
+    if 1.5 * host_ms + flush_ms <= 20.0:  # within the cap: the queued writes outlast the host's launch work
+        assert k * flush_ms >= 1.5 * host_ms
+
+
+def test_launch_delay_degenerate_inputs_fall_back_to_one_flush():
+    assert delay_flushes(0.1, 0.0) == 1
+    assert delay_flushes(float("nan"), 0.03) == 1
+    assert delay_flushes(0.0, 0.03) == 1
+    assert delay_flushes(0.1, 0.025) == 7  # 150 us of host work / 25 us per write, rounded up, + 1
+
+
+def test_aa_alias_follows_the_source_not_the_file_name(tmp_path):
+    """Every trial's file is called candidate.py; the A/A copy of a new incumbent must load the new source
+    (an alias named after the file let the worker time the previous incumbent's module instead)."""
+    from xeforge import devices
+    from xeforge.problem import load_problem
+    from xeforge.settings import Settings
+    from xeforge.verifier import Verifier
+
+    problem = load_problem(FIXTURES / "problems" / "vadd")
+    v = Verifier(problem, devices.describe("cpu"), Settings(), tmp_path / "work")
+    first, second = tmp_path / "t1" / "candidate.py", tmp_path / "t2" / "candidate.py"
+    for path, text in ((first, "# incumbent 1\n"), (second, "# incumbent 2\n")):
+        path.parent.mkdir()
+        path.write_text(text)
+    a1, a2 = v.aa_alias(first), v.aa_alias(second)
+    assert a1 != a2
+    assert a1.read_text() == "# incumbent 1\n" and a2.read_text() == "# incumbent 2\n"
+    assert v.aa_alias(first) == a1  # the same source reuses its alias
 
 
 def test_aa_on_gpu_is_never_accepted(tmp_path):

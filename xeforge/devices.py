@@ -149,14 +149,19 @@ class Runtime:
     def event(self):
         return self.mod.Event(enable_timing=True)
 
-    def flush_l2(self, l2_bytes: int | None) -> None:
-        """Overwrite a buffer of at least twice the L2 size, so no timed call starts with a warm cache."""
+    def flush_l2(self, l2_bytes: int | None, repeats: int = 1) -> None:
+        """Overwrite a buffer of at least twice the L2 size, so no timed call starts with a warm cache.
+
+        ``repeats`` > 1 queues the write several times: device work that keeps the device busy while the host
+        issues the timed call (see :func:`xeforge.timing.delay_flushes`).
+        """
         if self.kind == "cpu":
             return
         if self._flush_buf is None:
             n = max(2 * (l2_bytes or 64 * 2**20), 64 * 2**20)
             self._flush_buf = self.torch.empty(n // 4, dtype=self.torch.int32, device=self.kind)
-        self._flush_buf.zero_()
+        for _ in range(max(1, repeats)):
+            self._flush_buf.zero_()
 
     def free_memory(self) -> int | None:
         if self.kind == "cuda":

@@ -461,7 +461,7 @@ class Pipeline:
             "engine": engine_name,
             "engine_fallback": self.fallback,
             "timing_method": None if device.interpreter else
-            "device events, full sync, L2 flush, rotated inputs, interleaved A/B, median + IQR, A/A margin",
+            "device events, full sync, L2 flush (repeated to hide host launch overhead), rotated inputs, interleaved A/B, median + IQR, A/A margin",
             "oracle": "float64 PyTorch reference" if self.problem.has_reference else "starting kernel (no reference.py)",
             "notes": self.problem.notes,
             "baseline": baseline,

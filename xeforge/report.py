@@ -96,7 +96,8 @@ def _arrow(start: str, final: str, final_present: bool) -> str:
 
 # ------------------------------------------------------------------------------------------------ bench view
 BENCH_HEADERS = ["problem", "start", "port result", "start ms [IQR]", "final ms [IQR]", "eager ms [IQR]",
-                 "compile ms [IQR]", "final/start", "final/eager", "final/compile", "achieved", "% roofline"]
+                 "compile ms [IQR]", "final/start", "final/eager", "final/compile", "final/BLAS GEMM", "achieved",
+                 "% roofline"]
 
 
 def bench_table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -106,7 +107,7 @@ def bench_table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     for r in report.get("problems", []):
         e = r.get("entries") or {}
         if r.get("status") == "error" and not e:
-            rows.append([r["problem"] + " (error)", "not run", "not run"] + [DASH] * 9)
+            rows.append([r["problem"] + " (error)", "not run", "not run"] + [DASH] * 10)
             continue
         start, final = e.get("start"), e.get("final")
         cells = [r["problem"] + (" (error)" if r.get("status") == "error" else ""), verified_text(start),
@@ -114,7 +115,8 @@ def bench_table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         cells += [time_text(e.get(k), timed) for k in ("start", "final", "eager", "compile")]
         if timed:
             sp = r.get("speedups") or {}
-            cells += [speedup_text(sp.get(k)) for k in ("final_vs_start", "final_vs_eager", "final_vs_compile")]
+            cells += [speedup_text(sp.get(k)) for k in ("final_vs_start", "final_vs_eager", "final_vs_compile",
+                                                        "final_vs_blas")]
             bound = (r.get("roofline") or {}).get("bound")
             has_final = bool(final and final.get("time"))
             cells.append(_arrow(rate_text((start or {}).get("achieved"), bound),
@@ -122,12 +124,12 @@ def bench_table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             cells.append(_arrow(pct_text((start or {}).get("achieved")), pct_text((final or {}).get("achieved")),
                                 has_final))
         else:
-            cells += [NOT_TIMED] * 5
+            cells += [NOT_TIMED] * 6
         rows.append(cells)
     gm = report.get("geomean") or {}
     if timed:
         foot = ["geomean", "", "", "", "", "", ""]
-        for k in ("final_vs_start", "final_vs_eager", "final_vs_compile"):
+        for k in ("final_vs_start", "final_vs_eager", "final_vs_compile", "final_vs_blas"):
             g = gm.get(k) or {}
             foot.append(f"{g['value']:.2f}x (n={g['n']})" if g.get("value") else DASH)
         rows.append(foot + ["", ""])
@@ -162,7 +164,8 @@ def _entry_view(key: str, e: dict, row: dict, timed: bool) -> dict:
 
 _SPEEDUP_LABELS = {"final_vs_start": "port result vs start", "final_vs_eager": "port result vs PyTorch eager",
                    "final_vs_compile": "port result vs torch.compile", "start_vs_eager": "start vs PyTorch eager",
-                   "start_vs_compile": "start vs torch.compile"}
+                   "start_vs_compile": "start vs torch.compile",
+                   "final_vs_blas": "port result vs the vendor BLAS doing the GEMM alone"}
 
 
 def bench_view(report: dict[str, Any]) -> dict[str, Any]:

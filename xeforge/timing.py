@@ -1,11 +1,13 @@
 """Gate 3's statistics: medians, IQRs, the A/A noise margin, the speedup decision and roofline plausibility.
 
-Owns: turning the interleaved per-call times the worker measured into a decision. The measurement itself
-(events, full sync, L2 flush, rotated buffers, A B A B order) happens in :mod:`xeforge.worker`.
+Owns: turning the interleaved per-call times the worker measured into a decision, and sizing the GPU-side
+delay that hides host launch overhead (:func:`delay_flushes`). The measurement itself (events, full sync, L2
+flush, rotated buffers, A B A B order) happens in :mod:`xeforge.worker`.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import asdict, dataclass
 
@@ -34,6 +36,22 @@ class Stats:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def delay_flushes(host_ms: float, flush_ms: float, cap_ms: float = 20.0) -> int:
+    """How many L2-flush writes to queue before a timed call's start event so the device is still busy with them
+    when the host finishes issuing the call.
+
+    After the full synchronisation the device queue is empty; without a delay the start event fires at once and
+    the measured interval includes the host's Python and launch overhead (``host_ms``), which varies from call
+    to call and is not the kernel's time (in a model, the next launch overlaps the previous kernel). Enough
+    flush writes (``flush_ms`` of device time each) to cover 1.5x the host time plus one keep the device busy
+    until the call's kernels are queued. At least 1 (the L2 flush itself); at most ``cap_ms`` of delay.
+    """
+    if flush_ms <= 0 or host_ms != host_ms or flush_ms != flush_ms:
+        return 1
+    need = math.ceil(round(1.5 * max(host_ms, 0.0) / flush_ms, 6)) + 1
+    return max(1, min(need, max(1, int(cap_ms // flush_ms))))
 
 
 def paired_ratios(a: list[float], b: list[float]) -> list[float]:

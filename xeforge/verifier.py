@@ -21,9 +21,11 @@ from xeforge.compare import compare_outputs
 from xeforge.devices import DeviceInfo
 from xeforge.errors import ProblemError
 from xeforge.isolation import Worker, WorkerFailure
-from xeforge.problem import DISTRIBUTIONS, Problem, Variant, default_tolerance, generate_inputs, plan_inputs
+from xeforge.problem import (DISTRIBUTIONS, Problem, Variant, default_tolerance, generate_inputs, plan_inputs,
+                             source_hash)
 from xeforge.settings import Settings
 from xeforge.static_checks import ConstraintHook, StaticChecker
+from xeforge.store import atomic_write
 from xeforge.timing import decide, noise_margin, paired_ratios, roofline_floor
 from xeforge.kernel_model import parse_kernel
 
@@ -107,6 +109,7 @@ class Verifier:
         self._ref_models: dict[str, Any] = {}
         self._weights: dict[str, Path] = {}
         self._margins: dict[str, tuple[float, dict]] = {}
+        self.last_timing: dict = {}  # launch-overhead delay of the latest timing request (see timing.delay_flushes)
         self._oracle_device = device.kind if (device.kind != "xpu" or device.has_fp64) else "cpu"
 
     def __enter__(self) -> "Verifier":
@@ -356,14 +359,15 @@ class Verifier:
         d = decide(inc_t, cand_t, margin, floor, self.settings.speedup_flag)
         details = {"variant": variant.name, "speedup": d.speedup, "margin": margin, "incumbent": d.incumbent.as_dict(),
                    "candidate": d.candidate.as_dict(), "aa": aa, "floor_ms": None if floor is None else floor * 1e3,
-                   "flagged_over_10x": d.flagged, "method": self._method()}
+                   "flagged_over_10x": d.flagged, "method": self._method(), "launch_delay": dict(self.last_timing)}
         if d.implausible:
             return GateResult(GATES[3], "fail", d.implausible, details)
         return GateResult(GATES[3], "pass" if d.accepted else "fail", d.summary(), details)
 
     def _method(self) -> str:
-        return (f"{self.device.kind} events, full sync, L2 flush (2x L2), rotated inputs, interleaved A/B, "
-                f"{self.settings.timed_pairs} pairs after {self.settings.warmup_calls} warm-ups; median and IQR")
+        return (f"{self.device.kind} events, full sync, L2 flush (2x L2) repeated to cover the host's launch overhead, "
+                f"rotated inputs, interleaved A/B, {self.settings.timed_pairs} pairs after "
+                f"{self.settings.warmup_calls} warm-ups; median and IQR")
 
     def margin_for(self, inc_path: Path, variant: Variant) -> tuple[float, dict]:
         """The A/A noise margin of the incumbent against itself (cached per incumbent source)."""
@@ -390,13 +394,22 @@ class Verifier:
         entries: list[tuple[Path, str | None]] = []
         for i, p in enumerate(paths):
             if (aa and i == 1) or (i == 1 and Path(p).resolve() == Path(paths[0]).resolve()):
-                # a second, independent load of the same file: A/A measures two identical slots
-                alias = self.workdir / "io" / f"aa-{Path(p).stem}.py"
-                alias.parent.mkdir(parents=True, exist_ok=True)
-                alias.write_text(Path(p).read_text())
-                p = alias
+                p = self.aa_alias(Path(p))
             entries.append((Path(p), None))
         return self.time_entries(entries, variant)
+
+    def aa_alias(self, path: Path) -> Path:
+        """A second file with ``path``'s source, for an independent load of it (A/A measures two identical slots).
+
+        Named by the source's hash: the worker keeps a loaded module per path, so an alias named after the file
+        (every trial's ``candidate.py``) would time an earlier incumbent's module against the new one.
+        """
+        text = Path(path).read_text()
+        alias = self.workdir / "io" / f"aa-{source_hash(text)}.py"
+        if not alias.exists():
+            alias.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(alias, text)
+        return alias
 
     def time_entries(self, entries: list[tuple[Path, str | None]], variant: Variant,
                      pairs: int | None = None) -> list[list[float]]:
@@ -414,6 +427,7 @@ class Verifier:
                                     plan=plan_inputs(self.problem, variant), seed=secrets.randbits(62),
                                     pairs=pairs or self.settings.timed_pairs, warmup=self.settings.warmup_calls,
                                     l2_bytes=self.device.l2_bytes, budget_bytes=self._rotation_budget())
+        self.last_timing = {k: reply.get(k) for k in ("host_ms_max", "flush_ms", "delay_flushes")}
         return [reply["times_ms"][s] for s in slots]
 
     def _rotation_budget(self) -> int | None:

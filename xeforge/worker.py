@@ -15,6 +15,7 @@ import os
 import pickle
 import struct
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,7 @@ class WorkerState:
     def time(self, slots: list[str], plan: list, seed: int, pairs: int, warmup: int, l2_bytes: int | None,
              budget_bytes: int | None) -> dict:
         from xeforge.problem import generate_inputs
+        from xeforge.timing import delay_flushes
 
         torch = self.torch
         base = generate_inputs(plan, seed, "normal", self.device)
@@ -168,11 +170,18 @@ class WorkerState:
             n_sets = max(2, min(calls, budget_bytes // set_bytes))
         sets = [[x.clone() for x in base] for _ in range(n_sets)]
         models = [self.models[s] for s in slots]
+        host_ms: list[float] = []
         with torch.no_grad():
             for m in models:
-                for _ in range(warmup):
+                for w in range(max(warmup, 2)):
+                    self.rt.synchronize()
+                    t0 = time.perf_counter()
                     m(*sets[0])
+                    if w:  # the first call may compile; the host time of later ones is the launch overhead
+                        host_ms.append((time.perf_counter() - t0) * 1e3)
             self.rt.synchronize()
+            flush_ms = self._flush_ms(l2_bytes)
+            delay = delay_flushes(max(host_ms, default=0.0), flush_ms)
             times: dict[str, list[float]] = {s: [] for s in slots}
             k = 0
             for i in range(pairs):
@@ -182,15 +191,29 @@ class WorkerState:
                 for j in order:
                     args = sets[k % n_sets]
                     k += 1
-                    self.rt.flush_l2(l2_bytes)
                     self.rt.synchronize()
+                    # the L2 flush, repeated so the device is still busy when the host has queued the call
+                    self.rt.flush_l2(l2_bytes, repeats=delay)
                     start, end = self.rt.event(), self.rt.event()
                     start.record()
                     models[j](*args)
                     end.record()
                     self.rt.synchronize()
                     times[slots[j]].append(start.elapsed_time(end))
-        return {"ok": True, "times_ms": times, "rotated_sets": n_sets, "calls": calls}
+        return {"ok": True, "times_ms": times, "rotated_sets": n_sets, "calls": calls,
+                "host_ms_max": max(host_ms, default=0.0), "flush_ms": flush_ms, "delay_flushes": delay}
+
+    def _flush_ms(self, l2_bytes: int | None) -> float:
+        """Device time of one L2-flush write (median of 5)."""
+        samples = []
+        for _ in range(5):
+            start, end = self.rt.event(), self.rt.event()
+            start.record()
+            self.rt.flush_l2(l2_bytes)
+            end.record()
+            self.rt.synchronize()
+            samples.append(start.elapsed_time(end))
+        return sorted(samples)[2]
 
 
 def _same_bits(torch, a, b) -> bool:
