@@ -43,7 +43,13 @@ class RulesEngine:
 
     name = "rules"
 
-    def run_stage(self, stage: Stage, ctx: StageContext, evaluate: Evaluate, choose: Callable) -> list[TacticRecord]:
+    def run_stage(self, stage: Stage, ctx: StageContext, evaluate: Evaluate, choose: Callable,
+                  basis: str | None = None) -> list[TacticRecord]:
+        """Each tactic of ``stage`` on ``ctx``'s source; candidates are judged by ``evaluate`` against the incumbent.
+
+        ``basis`` names the trial whose source ``ctx`` holds when it is not the incumbent (a correct rewrite whose
+        gain was below the noise margin, carried into this stage); its candidates say so.
+        """
         records = []
         for tactic in stage.tactics:
             app = tactic.check(ctx)
@@ -52,6 +58,10 @@ class RulesEngine:
             if not app.applies:
                 continue
             candidates = tactic.propose(ctx)
+            if basis:
+                rec.note = f"proposed on top of trial {basis}, not on the incumbent"
+                for c in candidates:
+                    c.description = f"{c.description} [on top of trial {basis}]"
             if not candidates:
                 rec.note = "the tactic applied but produced no candidate"
                 continue

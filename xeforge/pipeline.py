@@ -284,6 +284,9 @@ class Pipeline:
         history: list[Path] = [start_path]
         records: list[StageRecord] = []
         named = set(self.opt.stages or [])
+        # (source, trial) of a correct rewrite whose gain was below the noise margin: tried again as the basis of
+        # the next stage's candidates, where the incumbent is faster and the same gain is a larger fraction
+        carried: tuple[str, str] | None = None
         for stage in self.selected_stages():
             rec = StageRecord(stage.name, stage.order, stage.goal, incumbent_before=source_hash(incumbent_src))
             records.append(rec)
@@ -339,6 +342,12 @@ class Pipeline:
                 engine_name, engine = "rules", make_engine("rules", self.opt)
                 self.fallback = f"llm engine failed at stage {stage.name}: {exc.what}; rules engine used from there"
                 rec.tactics = engine.run_stage(stage, ctx, evaluate, choose)
+            if carried is not None and engine.name == "rules":
+                self.say(f"  again on top of trial {carried[1]} (correct, its gain was below the noise margin)")
+                more = engine.run_stage(stage, ctx.with_source(carried[0]), evaluate, choose, basis=carried[1])
+                if any(t.outcomes for t in more):
+                    rec.tactics += [t for t in more if t.outcomes]
+                    carried = None
             if llm_engine is not None:
                 rec.tactics += llm_engine.run_stage(stage, ctx.with_source(inc_holder["src"]), evaluate, choose)
             for t in rec.tactics:
@@ -351,6 +360,8 @@ class Pipeline:
                 speedups = [o.verdict.speedup for o in adopted if o.verdict.timed and o.verdict.speedup]
                 rec.speedup = _product(speedups) if speedups else None
                 rec.adopted_unmeasured = any(not o.verdict.timed for o in adopted)
+            elif device.can_time:
+                carried = _hidden_gain(rec.tactics) or carried
             rec.incumbent_after = source_hash(incumbent_src)
         final = self._final(store, verifier, device, history, start_path)
         report = self._report(store, device, kbc, engine_name, baseline, records, final)
@@ -474,6 +485,16 @@ class Pipeline:
 def _new_at(path: Path) -> RunStore:
     Path(path).mkdir(parents=True, exist_ok=True)
     return RunStore(Path(path))
+
+
+def _hidden_gain(tactics: list[TacticRecord]) -> tuple[str, str] | None:
+    """The best rewrite that passed gates 0-2 and was timed not slower than the incumbent, but not beyond the
+    margin (e.g. fusing a 2% epilogue into a GEMM still running at a fifth of its final speed)."""
+    near = [o for t in tactics for o in t.outcomes
+            if o.verdict.correct and o.verdict.timed and not o.verdict.accepted and o.candidate.kind == "rewrite"
+            and (o.verdict.speedup or 0.0) >= 1.0]
+    best = max(near, key=lambda o: o.verdict.speedup, default=None)
+    return (best.candidate.source, best.trial) if best is not None else None
 
 
 def _product(xs: list[float]) -> float:
