@@ -52,15 +52,15 @@ def test_launch_delay_covers_the_host_time_within_its_cap(host_ms, flush_ms):
     k = delay_flushes(host_ms, flush_ms)
     assert k >= 1
     assert k * flush_ms <= max(20.0, flush_ms) + 1e-9  # never more than the cap (or one flush)
-    if 1.5 * host_ms + flush_ms <= 20.0:  # within the cap: the queued writes outlast the host's launch work
-        assert k * flush_ms >= 1.5 * host_ms
+    if max(4 * host_ms, 0.5) + flush_ms <= 20.0:  # within the cap: the writes outlast 4x the host's launch work
+        assert k * flush_ms >= max(4 * host_ms, 0.5)
 
 
 def test_launch_delay_degenerate_inputs_fall_back_to_one_flush():
     assert delay_flushes(0.1, 0.0) == 1
     assert delay_flushes(float("nan"), 0.03) == 1
-    assert delay_flushes(0.0, 0.03) == 1
-    assert delay_flushes(0.1, 0.025) == 7  # 150 us of host work / 25 us per write, rounded up, + 1
+    assert delay_flushes(0.0, 0.025) == 21  # the 0.5 ms floor: 20 writes of 25 us, + 1
+    assert delay_flushes(0.2, 0.025) == 33  # 4 x 200 us of host work / 25 us per write, + 1
 
 
 def test_aa_alias_follows_the_source_not_the_file_name(tmp_path):

@@ -38,19 +38,21 @@ class Stats:
         return asdict(self)
 
 
-def delay_flushes(host_ms: float, flush_ms: float, cap_ms: float = 20.0) -> int:
+def delay_flushes(host_ms: float, flush_ms: float, cover: float = 4.0, floor_ms: float = 0.5,
+                  cap_ms: float = 20.0) -> int:
     """How many L2-flush writes to queue before a timed call's start event so the device is still busy with them
     when the host finishes issuing the call.
 
     After the full synchronisation the device queue is empty; without a delay the start event fires at once and
     the measured interval includes the host's Python and launch overhead (``host_ms``), which varies from call
-    to call and is not the kernel's time (in a model, the next launch overlaps the previous kernel). Enough
-    flush writes (``flush_ms`` of device time each) to cover 1.5x the host time plus one keep the device busy
-    until the call's kernels are queued. At least 1 (the L2 flush itself); at most ``cap_ms`` of delay.
+    to call and is not the kernel's time (in a model, the next launch overlaps the previous kernel). The writes
+    cover ``cover`` times the host time measured in the warm-up, and at least ``floor_ms``: host time jitters
+    (another process compiling on the same CPUs doubles it), and a write more costs only device time outside
+    the timed interval. At least 1 (the L2 flush itself), at most ``cap_ms`` of delay.
     """
     if flush_ms <= 0 or host_ms != host_ms or flush_ms != flush_ms:
         return 1
-    need = math.ceil(round(1.5 * max(host_ms, 0.0) / flush_ms, 6)) + 1
+    need = math.ceil(round(max(cover * max(host_ms, 0.0), floor_ms) / flush_ms, 6)) + 1
     return max(1, min(need, max(1, int(cap_ms // flush_ms))))
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import secrets
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,12 +129,17 @@ class Verifier:
         cand_path = Path(cand_path).resolve()
         source = cand_path.read_text()
         verdict = Verdict(source_hash=source_hash)
+        t0 = time.monotonic()
         g1 = self.static(source, str(cand_path))
+        g1.details["seconds"] = round(time.monotonic() - t0, 3)  # where a port's time goes, per gate
         # gate 0 runs around everything below; gate 1 is purely static and reported first in order
         if not g1.passed:
             verdict.gates += [GateResult(GATES[0], "skipped", "not run: static checks failed"), g1]
             return verdict
+        t0 = time.monotonic()
         g0, g2 = self.correctness(cand_path)
+        if g2 is not None:
+            g2.details["seconds"] = round(time.monotonic() - t0, 3)  # load and compile (gate 0) included
         verdict.gates += [g0, g1]
         if g2 is not None:
             verdict.gates.append(g2)
@@ -142,7 +148,9 @@ class Verifier:
         verdict.correct = True
         if incumbent_path is None or not time_it:
             return verdict
+        t0 = time.monotonic()
         g3 = self.performance(Path(incumbent_path), cand_path)
+        g3.details["seconds"] = round(time.monotonic() - t0, 3)
         verdict.gates.append(g3)
         if g3.status == "fail" and g3.details.get("phase") == "isolation":
             verdict.gates[0] = GateResult(GATES[0], "fail", g3.summary, g3.details)
