@@ -97,3 +97,54 @@ def test_aa_on_gpu_is_never_accepted(tmp_path):
             r = v.aa_test(problem.kernel_path)
             assert r["margin"] >= 0.02
             assert not r["accepted"], r
+
+
+class _FakeRuntime:
+    """Stands in for xeforge.devices.Runtime on the CPU: a clock instead of device events, a log of flushes."""
+
+    def __init__(self) -> None:
+        self.log: list = []
+        self.now = 0.0
+
+    def synchronize(self) -> None:
+        self.log.append("sync")
+
+    def event(self):
+        rt = self
+
+        class Event:
+            def record(self):
+                rt.now += 0.25  # every recorded event is 0.25 "ms" after the previous one
+                self.t = rt.now
+                rt.log.append("record")
+
+            def elapsed_time(self, other):
+                return other.t - self.t
+
+        return Event()
+
+    def flush_l2(self, l2_bytes, repeats: int = 1) -> None:
+        self.log.append(("flush", repeats))
+
+
+def test_worker_timing_loop_delays_every_call_and_interleaves():
+    """The GPU-only timing loop, driven on the CPU with a fake runtime: sync, then the flush repeated as many
+    times as delay_flushes says for the measured host time, then the call between its two events."""
+    from xeforge.problem import TensorPlan
+    from xeforge.worker import WorkerState
+
+    w = WorkerState("cpu")
+    w.rt = fake = _FakeRuntime()
+    calls: list[str] = []
+    w.models = {"a": lambda x: calls.append("a"), "b": lambda x: calls.append("b")}
+    reply = w.time(["a", "b"], [TensorPlan("x", (4,), "float32")], seed=1, pairs=4, warmup=2, l2_bytes=None,
+                   budget_bytes=None)
+    assert reply["delay_flushes"] == delay_flushes(reply["host_ms_max"], reply["flush_ms"])
+    assert reply["flush_ms"] == pytest.approx(0.25)
+    timed = calls[4:]  # after 2 warm-up calls of each model
+    assert timed == ["a", "b", "b", "a", "a", "b", "b", "a"]  # interleaved, order reversed every other pair
+    assert all(len(t) == 4 for t in reply["times_ms"].values())
+    flushes = [e for e in fake.log if isinstance(e, tuple)]
+    assert flushes[-8:] == [("flush", reply["delay_flushes"])] * 8  # every timed call, after the flush probes
+    i = len(fake.log) - 1 - fake.log[::-1].index(("flush", reply["delay_flushes"]))
+    assert fake.log[i - 1] == "sync" and fake.log[i + 1] == "record"  # sync, flush+delay, start event
