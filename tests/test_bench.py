@@ -173,6 +173,15 @@ def test_discovery_and_settings(tmp_path):
     with pytest.raises(UsageError):
         bench.bench_settings(bench.BenchOptions(problems=[], pairs=1), "cuda", env={})
     assert bench.gpu_slots("cpu", 3) == [{}, {}, {}]
+    # GPU lanes: one device each, and a share of the CPUs for torch.compile's workers unless the user set it
+    two = bench.gpu_slots("cuda", 2, env={}, count=2, cpus=32)
+    assert two == [{"CUDA_VISIBLE_DEVICES": "0", "TORCHINDUCTOR_COMPILE_THREADS": "8"},
+                   {"CUDA_VISIBLE_DEVICES": "1", "TORCHINDUCTOR_COMPILE_THREADS": "8"}]
+    assert bench.gpu_slots("xpu", 1, env={"ZE_AFFINITY_MASK": "3"}, count=4, cpus=32) == [{"ZE_AFFINITY_MASK": "3"}]
+    assert "TORCHINDUCTOR_COMPILE_THREADS" not in bench.gpu_slots(
+        "cuda", 2, env={"TORCHINDUCTOR_COMPILE_THREADS": "4"}, count=2)[0]
+    with pytest.raises(UsageError):
+        bench.gpu_slots("cuda", 3, env={}, count=2)
 
 
 def test_port_result_prefers_the_device_and_skips_failed_runs(tmp_path):

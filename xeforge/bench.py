@@ -784,22 +784,34 @@ def _write_partial(out: Path, report: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ --workers
-def gpu_slots(kind: str, n: int, env: dict[str, str] | None = None) -> list[dict[str, str]]:
+def gpu_slots(kind: str, n: int, env: dict[str, str] | None = None, count: int | None = None,
+              cpus: int | None = None) -> list[dict[str, str]]:
     """The environment of each worker subprocess: one GPU each (``CUDA_VISIBLE_DEVICES`` / ``ZE_AFFINITY_MASK``).
-    On the CPU interpreter the workers are plain parallel processes."""
+    On the CPU interpreter the workers are plain parallel processes.
+
+    With several GPU workers each also gets its share of the host's CPUs for torch.compile's compile workers
+    (``TORCHINDUCTOR_COMPILE_THREADS``, unless set; half the CPUs over all lanes): a lane compiling with every
+    CPU slows the other lane's host side while it is being timed.
+    """
     env = os.environ if env is None else env
     if kind == "cpu":
         return [{} for _ in range(n)]
-    import torch
-
     var = "CUDA_VISIBLE_DEVICES" if kind == "cuda" else "ZE_AFFINITY_MASK"
-    count = torch.cuda.device_count() if kind == "cuda" else torch.xpu.device_count()
+    if count is None:
+        import torch
+
+        count = torch.cuda.device_count() if kind == "cuda" else torch.xpu.device_count()
     if n > count:
         raise UsageError("--workers", f"{n} workers asked for, but {count} {kind} GPU(s) are visible",
                          f"use --workers {count} or fewer")
     listed = [s.strip() for s in env.get(var, "").split(",") if s.strip()]
     ids = listed if listed else [str(i) for i in range(count)]
-    return [{var: ids[i]} for i in range(n)]
+    slots = [{var: ids[i]} for i in range(n)]
+    if n > 1 and "TORCHINDUCTOR_COMPILE_THREADS" not in env:
+        share = str(max(1, (cpus or os.cpu_count() or 2) // (2 * n)))
+        for s in slots:
+            s["TORCHINDUCTOR_COMPILE_THREADS"] = share
+    return slots
 
 
 def child_argv(opt: BenchOptions, problem: Path, device_kind: str, out: Path) -> list[str]:
