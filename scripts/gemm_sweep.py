@@ -29,7 +29,7 @@ CONFIGS = [  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
 ]
 
 
-def _load(path: Path, text: str, tag: str):
+def _load(text: str, tag: str):
     tmp = Path(tempfile.mkdtemp()) / f"sweep_{tag}.py"
     tmp.write_text(text)
     spec = importlib.util.spec_from_file_location(tmp.stem, tmp)
@@ -67,7 +67,7 @@ def main() -> int:
         torch.manual_seed(0)
         return mod.Model(*prob.init_args(var)).to(dtype).cuda().eval()
 
-    ref = _load(prob.root / "reference.py", (prob.root / "reference.py").read_text(), "ref")
+    ref = _load((prob.root / "reference.py").read_text(), "ref")
     ref_model = model_of(ref)
     with torch.no_grad():
         want = ref_model(*inputs).float()
@@ -87,7 +87,7 @@ def main() -> int:
         bm, bn, bk, nw, ns = cfg
         row = {"variant": vname, "config": cfg}
         try:
-            mod = _load(Path(a.kernel), text, f"{vname}_{bm}_{bn}_{bk}_{nw}_{ns}")
+            mod = _load(text, f"{vname}_{bm}_{bn}_{bk}_{nw}_{ns}")
             model = model_of(mod)
             tuner = next(v for v in vars(mod).values() if isinstance(v, triton.runtime.Autotuner))
             kw = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}
