@@ -20,6 +20,7 @@ from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Ta
 from xeforge.rewrite import autotune
 from xeforge.rewrite.tiling import KernelAnalysis, NotApplicable
 from xeforge.rewrite.tiling_configs import kb_configs, kb_errors, measured_configs, tunable
+from xeforge.rewrite.tiling_grid import launched_kernels_gemm_first
 from xeforge.rewrite.tiling_tactics import RewriteMemo, guarded
 
 
@@ -56,7 +57,7 @@ class AutotuneFromSpace(Tactic):
     def _build(self, ctx: StageContext) -> tuple[str, autotune.AutotunePlan, str]:
         kind = getattr(ctx.device, "kind", "cpu")
         errors = []
-        for kernel in autotune._targets(ctx.model):
+        for kernel in launched_kernels_gemm_first(ctx.model):
             try:
                 pool, why = config_pool(ctx, kernel)
                 src, plan = autotune.rewrite(ctx.source, pool, kind, kernel=kernel)

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from xeforge.errors import UsageError, XeforgeError
+from xeforge.store import atomic_write
 
 # Correctness rounds per variant for a bench on the CPU interpreter (unless --rounds or XEFORGE_ROUNDS says
 # otherwise): the suite is re-checked in CI on 2 cores, and 2 fresh-input rounds per variant (plus the ragged
@@ -420,8 +421,6 @@ class Model(torch.nn.Module):
 
 def blas_baseline(problem, variant, workdir: Path) -> Path | None:
     """A Model file timing the problem's GEMM alone with ``torch.matmul`` (None unless a gemm with M, N, K)."""
-    from xeforge.store import atomic_write
-
     dims = variant.dims
     if problem.spec.kind != "gemm" or not all(isinstance(dims.get(d), int) for d in "MNK"):
         return None

@@ -8,28 +8,10 @@ errors that name the allowed keys and the closest one).
 from __future__ import annotations
 
 import difflib
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, model_validator
 from pydantic_core import PydanticCustomError
-
-STAGES: tuple[str, ...] = (
-    "algorithmic",
-    "dtype",
-    "fusion",
-    "memory_access",
-    "block_io",
-    "persistent",
-    "device_tuning",
-    "autotuning",
-    "discovery",
-)
-BACKENDS: tuple[str, ...] = ("xpu", "cuda", "cpu")
-FAMILIES: tuple[str, ...] = ("gemm", "reduction", "elementwise", "attention")
-CONFIDENCE: tuple[str, ...] = ("verified", "derived", "unverified")
-SEVERITIES: tuple[str, ...] = ("error", "warning")
-#: dtype keys of ``peak_tflops`` (aliases such as ``bfloat16`` / ``torch.float16`` are accepted by helpers)
-DTYPE_KEYS: tuple[str, ...] = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8", "int4")
 
 Stage = Literal[
     "algorithmic",
@@ -46,7 +28,15 @@ Backend = Literal["xpu", "cuda", "cpu"]
 Family = Literal["gemm", "reduction", "elementwise", "attention"]
 Confidence = Literal["verified", "derived", "unverified"]
 Severity = Literal["error", "warning"]
+#: dtype keys of ``peak_tflops`` (aliases such as ``bfloat16`` / ``torch.float16`` are accepted by helpers)
 DtypeKey = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8", "int4"]
+
+STAGES: tuple[str, ...] = get_args(Stage)
+BACKENDS: tuple[str, ...] = get_args(Backend)
+FAMILIES: tuple[str, ...] = get_args(Family)
+CONFIDENCE: tuple[str, ...] = get_args(Confidence)
+SEVERITIES: tuple[str, ...] = get_args(Severity)
+DTYPE_KEYS: tuple[str, ...] = get_args(DtypeKey)
 
 ID_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
 

@@ -36,50 +36,38 @@ def _calls(node: ast.AST) -> list[ast.Call]:
     return [n for n in ast.walk(node) if isinstance(n, ast.Call)]
 
 
-def direct_uses_dot(fn: JitFunction) -> bool:
-    return any(dotted_name(c.func) in DOT_CALLS for c in _calls(fn.node))
+def _reachable_calls(fn: JitFunction, functions: dict[str, JitFunction] | None):
+    """(dotted name, call) of every call in ``fn`` and in the jit functions of the module it calls, transitively."""
+    functions = functions or {}
+    seen: set[str] = set()
+    stack = [fn]
+    while stack:
+        cur = stack.pop()
+        if cur.name in seen:
+            continue
+        seen.add(cur.name)
+        for call in _calls(cur.node):
+            name = dotted_name(call.func)
+            yield name, call
+            if name in functions:
+                stack.append(functions[name])
 
 
 def uses_dot(fn: JitFunction, functions: dict[str, JitFunction] | None = None) -> bool:
     """True when ``fn`` calls ``tl.dot`` itself or through jit functions of the same module."""
-    functions = functions or {}
-    seen: set[str] = set()
-    stack = [fn]
-    while stack:
-        cur = stack.pop()
-        if cur.name in seen:
-            continue
-        seen.add(cur.name)
-        for call in _calls(cur.node):
-            name = dotted_name(call.func)
-            if name in DOT_CALLS:
-                return True
-            if name in functions:
-                stack.append(functions[name])
-    return False
+    return any(name in DOT_CALLS for name, _ in _reachable_calls(fn, functions))
 
 
 def arange_bounds(fn: JitFunction, functions: dict[str, JitFunction] | None = None) -> frozenset[str]:
     """Names used as the end of ``tl.arange(start, END)`` in ``fn`` and the jit helpers it calls."""
-    functions = functions or {}
     out: set[str] = set()
-    seen: set[str] = set()
-    stack = [fn]
-    while stack:
-        cur = stack.pop()
-        if cur.name in seen:
-            continue
-        seen.add(cur.name)
-        for call in _calls(cur.node):
-            name = dotted_name(call.func)
-            if name in ARANGE_CALLS:
-                end = call.args[1] if len(call.args) >= 2 else next(
-                    (k.value for k in call.keywords if k.arg == "end"), None
-                )
-                if isinstance(end, ast.Name):
-                    out.add(end.id)
-            elif name in functions:
-                stack.append(functions[name])
+    for name, call in _reachable_calls(fn, functions):
+        if name in ARANGE_CALLS:
+            end = call.args[1] if len(call.args) >= 2 else next(
+                (k.value for k in call.keywords if k.arg == "end"), None
+            )
+            if isinstance(end, ast.Name):
+                out.add(end.id)
     return frozenset(out)
 
 

@@ -236,21 +236,10 @@ class TuningSpace:
             problems = kb.check_launch_config(probe, self.device_id, self.triton)
             return not any(v.is_error for v in problems)
 
-        for seed in self.seeds:
-            cfg: dict[str, Any] = {}
-            for fieldname, value in seed.items():
-                for key in self._keyed(fieldname, role_names):
-                    cfg[key] = value
-            if accept(cfg):
-                yield cfg
-                count += 1
-                if limit is not None and count >= limit:
-                    return
-        for combo in itertools.product(*(vals for _, vals in axes)):
-            cfg = {}
-            for (keys, _), value in zip(axes, combo):
-                for key in keys:
-                    cfg[key] = value
+        seeds = ([(self._keyed(f, role_names), v) for f, v in seed.items()] for seed in self.seeds)
+        grid = (zip((keys for keys, _ in axes), combo) for combo in itertools.product(*(vals for _, vals in axes)))
+        for pairs in itertools.chain(seeds, grid):
+            cfg = {key: value for keys, value in pairs for key in keys}
             if accept(cfg):
                 yield cfg
                 count += 1

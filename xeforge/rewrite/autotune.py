@@ -23,7 +23,7 @@ from typing import Any
 
 from xeforge.kernel_model import KernelModel, axis_blocks, parse_kernel
 from xeforge.rewrite.tiling import BlockPtr, KernelAnalysis, Mask, NotApplicable, Ptr, is_tl_call
-from xeforge.rewrite.tiling_grid import GridTranslator, launch_grid, single_launch
+from xeforge.rewrite.tiling_grid import GridTranslator, launch_grid, launched_kernels_gemm_first, single_launch
 from xeforge.rewrite.tiling_configs import OPTION_KEYS, tunable
 from xeforge.rewrite.tiling_edit import LaunchEdit, add_decorator, edit_launch
 
@@ -170,7 +170,7 @@ def apply_autotune(source: str, plan: AutotunePlan, device_kind: str) -> str:
 def rewrite(source: str, configs: list[dict[str, Any]], device_kind: str, kernel: str | None = None,
             include_incumbent: bool = True) -> tuple[str, AutotunePlan]:
     model = parse_kernel(source)
-    names = [kernel] if kernel else _targets(model)
+    names = [kernel] if kernel else launched_kernels_gemm_first(model)
     errors = []
     for name in names:
         try:
@@ -181,11 +181,3 @@ def rewrite(source: str, configs: list[dict[str, Any]], device_kind: str, kernel
         return apply_autotune(source, plan, device_kind), plan
     raise NotApplicable("; ".join(errors) or "no kernel launch found")
 
-
-def _targets(model: KernelModel) -> list[str]:
-    order: list[str] = []
-    for site in model.launches:
-        if site.kernel not in order:
-            order.append(site.kernel)
-    dots = [k for k in order if any(is_tl_call(n, "dot") for n in ast.walk(model.functions[k].node))]
-    return dots + [k for k in order if k not in dots]

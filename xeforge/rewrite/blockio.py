@@ -32,7 +32,8 @@ import libcst as cst
 from xeforge.kernel_model import KernelModel, LaunchSite, dotted_name, parse_kernel
 from xeforge.rewrite.tiling import Access, BlockPtr, KernelAnalysis, LoopInfo, Mask, NotApplicable, Poly, Ptr
 from xeforge.rewrite.tiling_grid import fresh_name, gemm_kernels, launch_bindings, pid_derived_names, single_launch
-from xeforge.rewrite.tiling_edit import FunctionEdit, LaunchEdit, edit_function, edit_launch, expr, if_else, stmts
+from xeforge.rewrite.cst_tools import expr, statements
+from xeforge.rewrite.tiling_edit import FunctionEdit, LaunchEdit, edit_function, edit_launch, if_else
 
 FLAG = "USE_BLOCK_IO"
 DESCRIPTOR = "descriptor"
@@ -386,7 +387,7 @@ def apply_block_io(source: str, plan: BlockIOPlan, allocator: bool) -> str:
                 note = ("tensor descriptors (2D block I/O, TMA) when the operands qualify, else the original code"
                         if plan.mode == DESCRIPTOR else
                         "block pointers when the operands qualify, else the original code")
-                out.append(if_else(FLAG, [s for c in creations for s in stmts(c)], None).with_changes(
+                out.append(if_else(FLAG, [s for c in creations for s in statements(c)], None).with_changes(
                     leading_lines=[*lead, cst.EmptyLine(comment=cst.Comment(f"# {note}"))]))
                 lead = []
                 placed = True

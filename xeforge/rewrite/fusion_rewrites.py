@@ -525,13 +525,7 @@ def _translate_reduction(ch: Chain, red: tuple[str, bool], s: ast.stmt) -> None:
 
 
 def _alloc_stmt(c: Ctx, name: str, before: int) -> ast.Assign | None:
-    found = None
-    for s in c.fwd:
-        if s.lineno >= before:
-            break
-        if isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name) \
-                and s.targets[0].id == name:
-            found = s
+    found = _last_assign(c, name, before)
     if found is not None and isinstance(found.value, ast.Call):
         fname = dotted_name(found.value.func) or ""
         if fname.startswith("torch.") and fname.rsplit(".", 1)[-1] in {"empty", "zeros", "empty_like", "zeros_like"}:
@@ -738,13 +732,14 @@ def _grid_tuple(c: Ctx, site: LaunchSite) -> ast.Tuple | None:
         users = [s for s in c.model.launches if isinstance(s.node.func.slice, ast.Name) and s.node.func.slice.id == g.id]
         if len(users) != 1:
             return None
-        a = _alloc_free_assign(c, g.id, site.line)
+        a = _last_assign(c, g.id, site.line)
         if a is not None and isinstance(a.value, ast.Tuple):
             return a.value
     return None
 
 
-def _alloc_free_assign(c: Ctx, name: str, before: int) -> ast.Assign | None:
+def _last_assign(c: Ctx, name: str, before: int) -> ast.Assign | None:
+    """The last ``name = ...`` statement of forward before line ``before``."""
     found = None
     for s in c.fwd:
         if s.lineno >= before:

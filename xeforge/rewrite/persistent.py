@@ -31,9 +31,9 @@ import libcst as cst
 from xeforge.kernel_model import KernelModel, parse_kernel
 from xeforge.rewrite.tiling import KernelAnalysis, NotApplicable, _assign_counts, is_tl_call, names_in
 from xeforge.rewrite.tiling_grid import (GridTranslator, enclosing_function, fresh_name, launch_bindings, launch_grid,
-                                         program_id_vars, single_launch)
-from xeforge.rewrite.tiling_edit import (FunctionEdit, LaunchEdit, add_module_function, edit_function, edit_launch,
-                                         stmts)
+                                         launched_kernels_gemm_first, program_id_vars, single_launch)
+from xeforge.rewrite.cst_tools import statements
+from xeforge.rewrite.tiling_edit import FunctionEdit, LaunchEdit, add_module_function, edit_function, edit_launch
 
 HELPER = "_device_core_count"
 HELPER_CODE = f'''
@@ -200,12 +200,12 @@ def apply_persistent(source: str, plan: PersistentPlan, flatten: bool = False) -
                 hoisted.append(u)
             else:
                 inner.append(u)
-        loop = stmts(header)[0]
+        loop = statements(header)[0]
         comment = cst.EmptyLine(comment=cst.Comment("# persistent: program p handles tiles p, p + num_programs, "
                                                     "p + 2 * num_programs, ..."))
-        new_inner = [s for code in per_tile for s in stmts(code)] + inner
+        new_inner = [s for code in per_tile for s in statements(code)] + inner
         loop = loop.with_changes(body=loop.body.with_changes(body=new_inner), leading_lines=[comment])
-        head = [s for code in lines for s in stmts(code)]
+        head = [s for code in lines for s in statements(code)]
         return out + head + hoisted + [loop]
 
     source = edit_function(source, FunctionEdit(plan.kernel, body=body))
@@ -238,7 +238,7 @@ def _grid_var_used_once(model: KernelModel, site, var: str) -> bool:
 
 def rewrite(source: str, kernel: str | None = None, flatten: bool = False) -> tuple[str, PersistentPlan]:
     model = parse_kernel(source)
-    names = [kernel] if kernel else _targets(model)
+    names = [kernel] if kernel else launched_kernels_gemm_first(model)
     errors = []
     for name in names:
         try:
@@ -249,15 +249,6 @@ def rewrite(source: str, kernel: str | None = None, flatten: bool = False) -> tu
         return apply_persistent(source, plan, flatten), plan
     raise NotApplicable("; ".join(errors) or "no kernel launch found")
 
-
-def _targets(model: KernelModel) -> list[str]:
-    """Launched kernels, GEMM-like (tl.dot) first, then the rest in launch order."""
-    order: list[str] = []
-    for site in model.launches:
-        if site.kernel not in order:
-            order.append(site.kernel)
-    dots = [k for k in order if any(is_tl_call(n, "dot") for n in ast.walk(model.functions[k].node))]
-    return dots + [k for k in order if k not in dots]
 
 
 def launched_programs(model: KernelModel, kernel: str, problem, variant) -> int | None:

@@ -16,29 +16,8 @@ from typing import Callable, Sequence
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+from xeforge.rewrite.cst_tools import dotted, expr, statements
 from xeforge.rewrite.tiling import NotApplicable
-
-
-def dotted(node: cst.CSTNode) -> str:
-    parts: list[str] = []
-    while isinstance(node, cst.Attribute):
-        parts.append(node.attr.value)
-        node = node.value
-    if isinstance(node, cst.Name):
-        parts.append(node.value)
-        return ".".join(reversed(parts))
-    return ""
-
-
-def expr(code: str) -> cst.BaseExpression:
-    return cst.parse_expression(code)
-
-
-def stmts(code: str) -> list[cst.BaseStatement]:
-    """Statements parsed from ``code`` (dedented, may span several lines)."""
-    import textwrap
-
-    return list(cst.parse_module(textwrap.dedent(code).strip("\n") + "\n").body)
 
 
 def if_else(test: str, body: Sequence[cst.BaseStatement], orelse: Sequence[cst.BaseStatement] | None) -> cst.If:
@@ -221,7 +200,7 @@ class _LaunchEditor(cst.CSTTransformer):
             self.edit.hits["before"] = 1
             new = []
             for code in self.edit.before:
-                new.extend(stmts(code))
+                new.extend(statements(code))
             if new and hasattr(updated, "leading_lines"):
                 new[0] = new[0].with_changes(leading_lines=updated.leading_lines)
                 updated = updated.with_changes(leading_lines=[])
@@ -250,7 +229,7 @@ def add_module_function(source: str, name: str, code: str) -> str:
             return source
     body = list(module.body)
     idx = next((i for i, st in enumerate(body) if isinstance(st, (cst.FunctionDef, cst.ClassDef))), len(body))
-    new = stmts(code)
+    new = statements(code)
     new[0] = new[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
     if idx < len(body):
         first = body[idx]

@@ -224,15 +224,23 @@ class GridTranslator:
                                 f"(candidates for {bound_param}: {', '.join(cands) or 'none'})")
         return match[0]
 
+    def _cdiv(self, node: ast.AST) -> tuple[str, str, str] | None:
+        """(host numerator, kernel parameter, block constexpr) of a ``cdiv(num, BLOCK)`` grid element, else None."""
+        cd = _cdiv_args(node)
+        if cd is None:
+            return None
+        num, div = cd
+        param = self.host_to_param.get(self._src(num).strip())
+        if param is None:
+            raise NotApplicable(f"grid size {self._src(num)} is not passed to {self.site.kernel}")
+        return self._src(num), param, self.block_of(param, div)
+
     def kernel_expr(self, node: ast.AST) -> str:
         """The grid element in kernel terms, e.g. ``tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)``."""
-        cd = _cdiv_args(node)
+        cd = self._cdiv(node)
         if cd is not None:
-            num, div = cd
-            param = self.host_to_param.get(self._src(num).strip())
-            if param is None:
-                raise NotApplicable(f"grid size {self._src(num)} is not passed to {self.site.kernel}")
-            return f"tl.cdiv({param}, {self.block_of(param, div)})"
+            _, param, blk = cd
+            return f"tl.cdiv({param}, {blk})"
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
             return f"{self.kernel_expr(node.left)} * {self.kernel_expr(node.right)}"
         src = self._src(node).strip()
@@ -242,14 +250,10 @@ class GridTranslator:
 
     def meta_expr(self, node: ast.AST, meta: str = "META") -> str:
         """The grid element with literal block sizes replaced by ``META["BLOCK"]`` (host code)."""
-        cd = _cdiv_args(node)
+        cd = self._cdiv(node)
         if cd is not None:
-            num, div = cd
-            param = self.host_to_param.get(self._src(num).strip())
-            if param is None:
-                raise NotApplicable(f"grid size {self._src(num)} is not passed to {self.site.kernel}")
-            blk = self.block_of(param, div)
-            return f"triton.cdiv({self._src(num)}, {meta}[{blk!r}])"
+            num, _, blk = cd
+            return f"triton.cdiv({num}, {meta}[{blk!r}])"
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
             return f"{self.meta_expr(node.left, meta)} * {self.meta_expr(node.right, meta)}"
         src = self._src(node).strip()
@@ -284,6 +288,13 @@ def gemm_kernels(model: KernelModel) -> list[str]:
         if site.kernel not in out and any(is_tl_call(n, "dot") for n in ast.walk(fn.node)):
             out.append(site.kernel)
     return out
+
+
+def launched_kernels_gemm_first(model: KernelModel) -> list[str]:
+    """Launched kernels, GEMM-like (tl.dot) first, then the rest in launch order."""
+    dots = gemm_kernels(model)
+    rest = [s.kernel for s in model.launches if s.kernel not in dots]
+    return dots + list(dict.fromkeys(rest))
 
 
 def fresh_name(taken: Iterable[str], base: str) -> str:

@@ -24,7 +24,8 @@ from xeforge.kernel_model import KernelModel, dotted_name, parse_kernel
 from xeforge.rewrite.tiling import KernelAnalysis, NotApplicable, is_tl_call
 from xeforge.rewrite.tiling_grid import (GridTranslator, axis_tiles, fresh_name, launch_grid, program_id_vars,
                                          single_launch)
-from xeforge.rewrite.tiling_edit import FunctionEdit, LaunchEdit, edit_function, edit_launch, stmts
+from xeforge.rewrite.cst_tools import statements
+from xeforge.rewrite.tiling_edit import FunctionEdit, LaunchEdit, edit_function, edit_launch
 
 PARAM = "GROUP_SIZE_M"
 
@@ -146,7 +147,7 @@ def apply_swizzle(source: str, plan: SwizzlePlan) -> str:
                 *_mapping(plan, taken, index, num_m, num_n)]
     else:
         code = _mapping(plan, taken, plan.index, plan.num_m, plan.num_n)
-    new_stmts = [s for c in code for s in stmts(c)]
+    new_stmts = [s for c in code for s in statements(c)]
     new_stmts[0] = new_stmts[0].with_changes(leading_lines=[comment])
 
     def body(original, updated, line_of):
