@@ -482,3 +482,27 @@ def test_port_that_returned_the_start_is_timed_once_and_claims_nothing(tmp_path)
     assert timed.count("kernel.py") == 1  # the start, once; the identical port result is not timed again
     assert row["speedups"]["final_vs_start"]["value"] == 1.0
     assert any("same source hash" in n for n in row["notes"])
+
+
+def test_bench_port_reuses_only_its_own_matching_passed_verdicts(tmp_path):
+    """bench --port takes the baseline and final-gate verdicts of the port it just ran instead of verifying the
+    same two kernels again; a verdict of another source, a failed one, or one of an older run is not reused."""
+    run = tmp_path / "run"
+
+    def write(folder: str, h: str, g2: str = "pass", correct: bool = True) -> None:
+        gates = [GateResult("0-isolation", "pass", "ok"), GateResult("1-static", "pass", "ok"),
+                 GateResult("2-correctness", g2, "matches the reference on 14 rounds", {"rounds": 14})]
+        (run / folder).mkdir(parents=True, exist_ok=True)
+        (run / folder / "verdict.json").write_text(json.dumps(Verdict(h, gates, correct=correct).as_dict()))
+
+    write("baseline", "s" * 16)
+    write("final", "f" * 16)
+    port = {"run_dir": str(run), "ported_now": True}
+    got = bench.port_verdicts(port, "s" * 16, "f" * 16)
+    assert set(got) == {"start", "final"} and got["final"].source_hash == "f" * 16
+    assert set(bench.port_verdicts(port, "s" * 16, "x" * 16)) == {"start"}  # another source: verify again
+    assert bench.port_verdicts({**port, "ported_now": False}, "s" * 16, "f" * 16) == {}  # an older run's
+    write("final", "f" * 16, g2="fail", correct=False)
+    assert set(bench.port_verdicts(port, "s" * 16, "f" * 16)) == {"start"}
+    (run / "baseline" / "verdict.json").write_text("{not json")
+    assert bench.port_verdicts(port, "s" * 16, "f" * 16) == {}

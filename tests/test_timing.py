@@ -148,3 +148,39 @@ def test_worker_timing_loop_delays_every_call_and_interleaves():
     assert flushes[-8:] == [("flush", reply["delay_flushes"])] * 8  # every timed call, after the flush probes
     i = len(fake.log) - 1 - fake.log[::-1].index(("flush", reply["delay_flushes"]))
     assert fake.log[i - 1] == "sync" and fake.log[i + 1] == "record"  # sync, flush+delay, start event
+
+
+def test_prewarm_compiles_every_correctness_shape(tmp_path, monkeypatch):
+    """Prewarm must compile each candidate on the timing variant and on every shape gate 2 runs (each shape is a
+    separate Triton specialization); the cascade's serial first calls are what it exists to avoid."""
+    import dataclasses
+
+    from xeforge import devices, verifier as vmod
+    from xeforge.problem import load_problem
+    from xeforge.settings import Settings
+
+    seen: list[tuple[str, str]] = []
+
+    class FakeWorker:
+        def __init__(self, kind, workdir, log=None):
+            self.loaded: dict[str, list] = {}
+
+        def request(self, op, timeout, **kw):
+            if op == "load":
+                self.loaded[kw["slot"]] = kw["init_args"]
+            else:
+                seen.append((kw["slot"], repr(kw["plan"])))
+            return {}
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(vmod, "Worker", FakeWorker)
+    problem = load_problem(FIXTURES / "problems" / "vadd")
+    gpu = dataclasses.replace(devices.describe("cpu"), kind="cuda", interpreter=False)
+    v = vmod.Verifier(problem, gpu, Settings(), tmp_path)
+    wanted = {problem.timing_variant("cuda").name} | {var.name for var, _ in v.correctness_variants()}
+    assert len(wanted) >= 2  # the fixture has ci, bench-gpu and ragged shapes on a GPU
+    assert v.prewarm(["# a\n", "# b\n"]) == 2
+    plans = {plan for _, plan in seen}
+    assert len(seen) == 2 * len(wanted) and len(plans) == len(wanted)

@@ -191,6 +191,30 @@ def _run_port(problem, opt: BenchOptions, device_kind: str) -> dict:
             "is_start": final.get("is_start"), "source_hash": final.get("source_hash"), "ported_now": True}
 
 
+def port_verdicts(port: dict, start_hash: str, final_hash: str | None) -> dict:
+    """The baseline and final-gate verdicts of a port this bench ran itself (``--port``), keyed start / final.
+
+    Those are the same cascade on the same device with the same code, minutes old: verifying them again would
+    double the bench's correctness time for nothing. A verdict is used only when it belongs to the source benched
+    (by hash) and carries a passed correctness gate; anything else is verified again by the caller.
+    """
+    from xeforge.verifier import Verdict
+
+    if not port.get("ported_now") or not port.get("run_dir"):
+        return {}
+    out = {}
+    for key, folder, want in (("start", "baseline", start_hash), ("final", "final", final_hash)):
+        path = Path(port["run_dir"]) / folder / "verdict.json"
+        try:
+            verdict = Verdict.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            continue
+        g2 = next((g for g in verdict.gates if g.gate == "2-correctness"), None)
+        if verdict.source_hash == want and verdict.correct and g2 is not None and g2.status == "pass":
+            out[key] = verdict
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ statistics
 def time_stats(times: list[float]) -> dict:
     from xeforge.timing import Stats
@@ -380,7 +404,12 @@ def _bench_problem(path: Path, ctx: BenchContext, row: dict, workdir: Path) -> N
         entries["blas"] = e
     with ctx.verifier(problem, workdir) as v:
         start = entries["start"]
-        _record_verdict(start, v.verify(problem.kernel_path, None, source_hash=start["source_hash"]))
+        fresh = port_verdicts(port, start["source_hash"], final["source_hash"]) if port else {}
+        if fresh:
+            row["notes"].append("start and port result: gate verdicts of the port run made just now by this bench "
+                                "(its baseline and final gate, same device and code), not verified a second time")
+        _record_verdict(start, fresh.get("start") or v.verify(problem.kernel_path, None,
+                                                               source_hash=start["source_hash"]))
         if final["path"]:
             if final["source_hash"] == start["source_hash"]:
                 for k in ("verified", "verification", "gates", "checked_variants", "rounds", "oracle"):
@@ -388,7 +417,8 @@ def _bench_problem(path: Path, ctx: BenchContext, row: dict, workdir: Path) -> N
                         final[k] = start[k]
                 final["verification"] = "same source as the starting kernel (verdict shared): " + start["verification"]
             else:
-                _record_verdict(final, v.verify(Path(final["path"]), None, source_hash=final["source_hash"]))
+                _record_verdict(final, fresh.get("final") or v.verify(Path(final["path"]), None,
+                                                                      source_hash=final["source_hash"]))
         if not device.can_time:
             for e in entries.values():
                 if e["path"]:

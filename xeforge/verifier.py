@@ -112,6 +112,7 @@ class Verifier:
         self._margins: dict[str, tuple[float, dict]] = {}
         self.last_timing: dict = {}  # launch-overhead delay of the latest timing request (see timing.delay_flushes)
         self._oracle_device = device.kind if (device.kind != "xpu" or device.has_fp64) else "cpu"
+        self._oracle_models: dict[str, tuple[Any, list]] = {}  # variant -> (float64 reference on the device, dtypes)
 
     def __enter__(self) -> "Verifier":
         return self
@@ -194,7 +195,11 @@ class Verifier:
                     return self._ok0(), GateResult(GATES[2], "fail", problem, {"variant": variant.name, "seed": seed,
                                                                                  "distribution": dist})
                 refs, dtypes = self.oracle(variant, seed, dist)
+                # compared where the oracle lives: on a GPU the float64 arithmetic over bench-sized outputs takes
+                # milliseconds there and seconds on the host
+                outs = [o.to(self._oracle_device) if hasattr(o, "to") else o for o in outs]
                 mm = compare_outputs(outs, refs, dtypes, rtol, atol)
+                del outs, refs
                 if mm is not None:
                     return self._ok0(), GateResult(
                         GATES[2], "fail", f"variant {variant.describe()}, {dist} inputs: {mm.message}",
@@ -322,34 +327,39 @@ class Verifier:
         return self._weights[variant.name]
 
     def oracle(self, variant: Variant, seed: int, dist: str) -> tuple[list, list]:
-        """Expected outputs (float64) and the dtypes the kernel must return, for these inputs."""
+        """Expected outputs (float64, on the oracle device) and the dtypes the kernel must return, for these inputs."""
         import torch
 
         plan = plan_inputs(self.problem, variant)
+        dev = self._oracle_device
         if not self.problem.has_reference:
             outs, _ = self._run(self.problem.kernel_path, variant, seed, dist, rerun=False)
-            return [o.to(torch.float64) if o.dtype.is_floating_point else o for o in outs], [o.dtype for o in outs]
-        model = self._reference_model(variant)
-        dev = self._oracle_device
+            return ([o.to(dev, torch.float64) if o.dtype.is_floating_point else o.to(dev) for o in outs],
+                    [o.dtype for o in outs])
         inputs = generate_inputs(plan, seed, dist, self.device.kind)
         with torch.no_grad():
-            low = model.to(dev)(*[x.to(dev) for x in inputs])
-            lows = list(low) if isinstance(low, (tuple, list)) else [low]
-            dtypes = [o.dtype for o in lows]
+            if variant.name not in self._oracle_models:
+                # the output dtypes come from one run of the reference in the variant's dtype; the float64 copy
+                # (weights rounded to that dtype, then cast up) stays on the oracle device for every later round
+                model = self._reference_model(variant)
+                low = model.to(dev)(*[x.to(dev) for x in inputs])
+                lows = list(low) if isinstance(low, (tuple, list)) else [low]
+                self._oracle_models[variant.name] = (_double_copy(model).to(dev), [o.dtype for o in lows])
+                model.to("cpu")
+                del low, lows
+            m64, dtypes = self._oracle_models[variant.name]
             prev = torch.backends.cuda.matmul.allow_tf32 if dev == "cuda" else None
             if dev == "cuda":
                 torch.backends.cuda.matmul.allow_tf32 = False
                 torch.backends.cudnn.allow_tf32 = False
             try:
-                m64 = _double_copy(model).to(dev)
                 x64 = [x.to(dev).to(torch.float64) if x.dtype.is_floating_point else x.to(dev) for x in inputs]
                 ref = m64(*x64)
             finally:
                 if dev == "cuda":
                     torch.backends.cuda.matmul.allow_tf32 = prev
             refs = list(ref) if isinstance(ref, (tuple, list)) else [ref]
-            model.to("cpu")
-        return [r.detach().cpu() for r in refs], dtypes
+        return [r.detach() for r in refs], dtypes
 
     # ------------------------------------------------------------------------------------------ gate 3
     def performance(self, inc_path: Path, cand_path: Path) -> GateResult:
@@ -460,15 +470,17 @@ class Verifier:
     def prewarm(self, sources: list[str], jobs: int | None = None) -> int:
         """Compile candidates in parallel on the host before the cascade runs them one by one.
 
-        Each source runs once on the timing variant in a throw-away worker; Triton's on-disk cache then makes
-        the verifier's own first call fast. Failures are ignored here: the cascade reports them. Interpreter: no-op.
+        Each source runs once on the timing variant and once on every correctness variant (each shape is its own
+        specialization, so its own compile) in a throw-away worker; Triton's on-disk cache then makes the
+        verifier's own first calls fast. Failures are ignored here: the cascade reports them. Interpreter: no-op.
         """
         import concurrent.futures
         import os
 
         if self.device.interpreter or not sources:
             return 0
-        variant = self.problem.timing_variant(self.device.kind)
+        timing = self.problem.timing_variant(self.device.kind)
+        variants = [timing] + [v for v, _ in self.correctness_variants() if v.name != timing.name]
         jobs = jobs or max(1, min(len(sources), (os.cpu_count() or 2) // 2, 8))
         folder = self.workdir / "io" / "prewarm"
         folder.mkdir(parents=True, exist_ok=True)
@@ -477,19 +489,19 @@ class Verifier:
             path = folder / f"c{source_hash_of(src)}.py"
             path.write_text(src)
             paths.append(path)
-        weights = self._weights_file(variant)
-        plan = plan_inputs(self.problem, variant)
+        setups = [(v, self._weights_file(v), plan_inputs(self.problem, v)) for v in variants]
 
         def one(path: Path) -> bool:
             w = Worker(self.device.kind, self.workdir, self.workdir / "prewarm.log")
             try:
-                w.request("load", self.settings.compile_timeout_s, slot="p", path=str(path),
-                          init_args=self.problem.init_args(variant), weights_file=str(weights) if weights else None,
-                          dtype=variant.dtype)
-                out = self.workdir / "io" / f"prewarm-{path.stem}.pt"
-                w.request("run", self.settings.compile_timeout_s, slot="p", plan=plan, seed=0, distribution="normal",
-                          out_file=str(out), rerun=False)
-                out.unlink(missing_ok=True)
+                for i, (variant, weights, plan) in enumerate(setups):
+                    w.request("load", self.settings.compile_timeout_s, slot=f"p{i}", path=str(path),
+                              init_args=self.problem.init_args(variant),
+                              weights_file=str(weights) if weights else None, dtype=variant.dtype)
+                    out = self.workdir / "io" / f"prewarm-{path.stem}-{i}.pt"
+                    w.request("run", self.settings.compile_timeout_s, slot=f"p{i}", plan=plan, seed=0,
+                              distribution="normal", out_file=str(out), rerun=False)
+                    out.unlink(missing_ok=True)
                 return True
             except WorkerFailure:
                 return False
