@@ -1,6 +1,6 @@
 """Stage 3, fusion: fewer launches and round trips: epilogues into the GEMM, elementwise chains, torch ops in forward into the kernel.
 
-Owns: this stage's goal, its issue detectors and three deterministic tactics, codemods from
+Owns: this stage's goal, its issue detectors and five deterministic tactics, codemods from
 :mod:`xeforge.rewrite.fusion_rewrites`, tried in this order:
 
 - ``fuse-epilogue``: trailing elementwise torch ops in ``Model.forward`` (add, sub, mul, div, relu,
@@ -11,6 +11,10 @@ Owns: this stage's goal, its issue detectors and three deterministic tactics, co
   another kernel wrote runs inside the producer, before its one store.
 - ``fuse-row-reduction``: a row reduction after a 2D-tiled kernel (sum/mean/max/min/logsumexp over the
   last dim, with elementwise ops around it) when one tile can cover the row at the spec's shapes.
+- ``fuse-split-row-reduction``: the same when no tile covers the row (sum/max/min/logsumexp): each tile
+  writes its row partial into a small buffer, forward's reduction runs on the partials (same torch call).
+- ``fuse-group-norm``: ``F.group_norm`` on a (rows, channels) tensor and the elementwise ops after it become
+  one generated kernel, one program per (row, group).
 
 Each tactic's candidate is its rewrite followed by whatever other fusion then applies (torch ops fused
 first can make a consumer kernel adjacent to its producer); the single-step rewrite is proposed as a
@@ -87,6 +91,18 @@ class FuseRowReduction(FusionTactic):
     first = "row-reduction"
 
 
+class FuseSplitRowReduction(FusionTactic):
+    name = "fuse-split-row-reduction"
+    summary = "split a row reduction too wide for one tile: per-tile partials in the GEMM, the reduction on them"
+    first = "split-row-reduction"
+
+
+class FuseGroupNorm(FusionTactic):
+    name = "fuse-group-norm"
+    summary = "run F.group_norm and the elementwise ops after it as one generated kernel (one read, one write)"
+    first = "group-norm"
+
+
 # ------------------------------------------------------------------------------------------------ detectors
 def _detect_consumer_kernels(ctx: StageContext) -> list[Issue]:
     try:
@@ -129,6 +145,6 @@ STAGE = Stage(
     order=3,
     goal='fewer launches and round trips: epilogues into the GEMM, elementwise chains, torch ops in forward into the kernel',
     kb_topics=('fusion',),
-    tactics=[FuseEpilogue(), FuseElementwiseChain(), FuseRowReduction()],
+    tactics=[FuseEpilogue(), FuseElementwiseChain(), FuseRowReduction(), FuseSplitRowReduction(), FuseGroupNorm()],
     detectors=[_detect_consumer_kernels, _detect_torch_ops],
 )

@@ -55,3 +55,62 @@ def test_grid_variable_is_found_by_name_not_by_position():
            "    k[grid](M, BLOCK=64)\n")
     out = set_grid_block(src, "k", 4, 0, 64, 128)
     assert "grid = (triton.cdiv(M, 128),)" in out and "shape = (3, 4)" in out
+
+
+OVER = ("variant ci@bfloat16: raised: OutOfResources: out of resource: shared memory, Required: 240000, "
+        "Hardware limit: 232448. Reducing block sizes or `num_stages` may help.")
+
+
+def _launch_option(source: str, name: str):
+    m = parse_kernel(source)
+    return next(s.options.get(name) for s in m.launches if s.kernel == "matmul_kernel")
+
+
+def test_fit_stages_keeps_the_tile_and_drops_just_enough_stages():
+    from xeforge.rewrite.tiling_configs import fit_stages
+
+    src = load_problem(KERNELS / "gemm_square").kernel_source
+    assert _launch_option(src, "num_stages") == 3
+    new, how = fit_stages(src, OVER, elem_bytes=2)
+    # 128x128x32 bf16: 16 KB per stage; 240000 B at 3 stages leaves 190848 B that are not stages -> 2 fit
+    assert how["num_stages"] == 2 and how["estimate"] <= 232448
+    assert _launch_option(new, "num_stages") == 2
+    assert parse_kernel(new).launches[0].constexprs == parse_kernel(src).launches[0].constexprs
+    assert fit_stages(src, "RuntimeError: something else") is None
+    assert fit_stages(src, OVER.replace("240000", "999999")) is None  # not even one stage fits: no candidate
+
+
+def test_rules_engine_retries_a_shared_memory_failure_with_fewer_stages():
+    from stages.base import Candidate, Stage, Tactic
+    from xeforge.engines import RulesEngine, TrialOutcome
+    from xeforge.verifier import GateResult, Verdict
+
+    p = load_problem(KERNELS / "gemm_square")
+    ctx = tactic_context(p, kind="cuda", target="h200")
+
+    class Propose(Tactic):
+        name = "fixed"
+
+        def check(self, ctx):
+            from stages.base import Applicability
+            return Applicability(True, "test")
+
+        def propose(self, ctx):
+            return [Candidate(ctx.source, self.name, "as launched", kind="search", params={"num_stages": 3})]
+
+    seen = []
+
+    def evaluate(c):
+        seen.append(c)
+        if _launch_option(c.source, "num_stages") == 3:
+            v = Verdict("h", [GateResult("0-isolation", "fail", OVER, {"kind": "exception", "detail": OVER})])
+        else:
+            v = Verdict("h", [GateResult("0-isolation", "pass", "ok"), GateResult("2-correctness", "pass", "ok")],
+                        correct=True, accepted=True)
+        return TrialOutcome(f"{len(seen):04d}", c, v)
+
+    stage = Stage("device_tuning", 7, "test", (), tactics=[Propose()])
+    rec, = RulesEngine().run_stage(stage, ctx, evaluate, lambda outs: next((o for o in outs if o.verdict.correct), None))
+    assert len(seen) == 2 and _launch_option(seen[1].source, "num_stages") == 2
+    assert "num_stages 3 -> 2" in seen[1].description and seen[1].params["num_stages"] == 2
+    assert rec.best is not None and rec.best.candidate is seen[1]

@@ -58,7 +58,7 @@ def launches(source: str) -> list[str]:
 ])
 def test_consumer_kernel_folds_into_the_gemm_store(verify, name, consumer):
     p = problem(KERNELS / name)
-    cand = propose("fuse-elementwise-chain", p)[0]
+    cand = propose("fuse-elementwise-chain", p)[-1]  # the single step (kb37's first candidate also takes the GroupNorm)
     assert f"def {consumer}" not in cand.source and f"{consumer}[" not in cand.source
     assert consumer in cand.description
     assert len(launches(cand.source)) == len(launches(p.kernel_source)) - 1
@@ -117,7 +117,7 @@ def test_torch_op_between_kernels_fuses_then_the_chain_follows(verify):
 
 def test_kb22_fuses_the_elementwise_prefix_and_keeps_the_reduction():
     p = problem(KERNELS / "kb22_matmul_scale_residualadd_clamp_logsumexp_mish")
-    cand = propose("fuse-epilogue", p)[0]
+    cand = propose("fuse-epilogue", p)[-1]  # the single step; the first candidate also splits the reduction
     assert "mul, add, clamp" in cand.description
     assert "torch.logsumexp" in cand.source and "torch.clamp" not in cand.source
     # the logsumexp stays: N = 8192 at bench-gpu needs a tile wider than one kept in registers
@@ -156,11 +156,76 @@ def test_row_reduction_is_not_applicable_when_n_is_too_wide_at_bench_shapes():
     assert TACTIC["fuse-row-reduction"].propose(ctx) == []
 
 
+@pytest.mark.parametrize("name,kind,tail", [
+    ("kb64_gemm_logsumexp_leakyrelu_leakyrelu_gelu_gelu", "logsumexp", "F.leaky_relu"),
+    ("kb18_matmul_sum_max_avgpool_logsumexp_logsumexp", "sum", "torch.max(y, dim=1, keepdim=True)[0]"),
+])
+def test_split_row_reduction_writes_tile_partials_and_reduces_them(verify, name, kind, tail):
+    """N = 8192 at bench-gpu: no tile covers the row, so each tile reduces its columns into a partials buffer and
+    forward runs the same reduction on it; the GEMM's full output is no longer written."""
+    p = problem(KERNELS / name)
+    cand = propose("fuse-split-row-reduction", p)[0]
+    src = cand.source
+    assert f"partial {kind} per row" in cand.description
+    assert "row_part = torch.full((y.shape[0], triton.cdiv(y.shape[-1], 16))" in src
+    assert f"torch.{kind}(row_part, dim=1, keepdim=True)" in src and tail in src  # the rest stays in forward
+    assert "tl.store(part_ptr + offs_m * stride_part + pid_n" in src and "c_ptr + offs_m" not in src
+    assert torch_compute_calls(parse_kernel(src)) <= torch_compute_calls(parse_kernel(p.kernel_source))
+    verdict = verify(p, src)
+    assert verdict.correct, verdict.feedback()
+
+
+def test_kb22_epilogue_then_split_reduction_in_one_candidate(verify):
+    p = problem(KERNELS / "kb22_matmul_scale_residualadd_clamp_logsumexp_mish")
+    full = propose("fuse-epilogue", p)[0]
+    assert "split over matmul_bias_kernel's column tiles" in full.description
+    assert "torch.clamp" not in full.source and "torch.logsumexp(row_part" in full.source
+    verdict = verify(p, full.source)
+    assert verdict.correct, verdict.feedback()
+
+
+def test_split_is_not_proposed_for_a_mean_or_a_windowed_pool():
+    p = problem(KERNELS / "kb98_matmul_avgpool_gelu_scale_max")
+    app = TACTIC["fuse-split-row-reduction"].check(context(p))
+    assert not app.applies and "avg_pool1d" in app.reason
+    rowlse = problem(FUSION / "gemm_rowlse")
+    src = rowlse.kernel_source
+    lse = next(line for line in src.splitlines() if "torch.logsumexp(" in line)
+    meaned = src.replace(lse, lse.replace("torch.logsumexp(", "torch.mean("))
+    app = TACTIC["fuse-split-row-reduction"].check(context(rowlse, meaned))
+    assert not app.applies and "mean of tile sums is not the row mean" in app.reason
+
+
+@pytest.mark.parametrize("name,tail,run", [  # three run through the verifier (CI time); all six are rewritten
+    ("kb30_gemm_groupnorm_hardtanh", "hardtanh", True),  # ragged N=68 with G=4: 17-channel groups, BLOCK=32 masked
+    ("kb37_matmul_swish_sum_groupnorm", None, True),  # then the swish kernel folds into the GEMM
+    ("kb62_matmul_groupnorm_leakyrelu_sum", None, True),  # a Triton kernel reads the result afterwards
+    ("kb75_gemm_groupnorm_min_biasadd", None, False),
+    ("kb88_gemm_groupnorm_swish_multiply_swish", None, False),
+    ("kb94_gemm_biasadd_hardtanh_mish_groupnorm", None, False),
+])
+def test_group_norm_becomes_one_generated_kernel(verify, name, tail, run):
+    p = problem(KERNELS / name)
+    cand = propose("fuse-group-norm", p)[0]
+    src = cand.source
+    assert "= F.group_norm(" not in src and "def group_norm_kernel(" in src
+    assert "group_norm_kernel[(y.shape[0]" in src or "group_norm_kernel[(z.shape[0]" in src
+    if tail:
+        assert f"({tail})" in cand.description and f"F.{tail}" not in src
+    assert torch_compute_calls(parse_kernel(src)) < torch_compute_calls(parse_kernel(p.kernel_source))
+    if run:
+        verdict = verify(p, src)
+        assert verdict.correct, verdict.feedback()
+
+
 # ------------------------------------------------------------------------------------------------ unsupported
 def test_groupnorm_between_kernels_is_left_alone_with_reasons():
+    """Every tactic but fuse-group-norm (which replaces it) says why it leaves a GroupNorm between two kernels."""
     p = problem(KERNELS / "kb62_matmul_groupnorm_leakyrelu_sum")
     ctx = context(p)
     for tactic in fusion.STAGE.tactics:
+        if tactic.name == "fuse-group-norm":
+            continue
         app = tactic.check(ctx)
         assert not app.applies and app.reason.startswith("no fusion tactic applies: "), (tactic.name, app.reason)
         assert "group_norm" in app.reason, (tactic.name, app.reason)

@@ -69,10 +69,40 @@ class RulesEngine:
             if prepare is not None and len(candidates) > 1:
                 prepare(candidates)  # e.g. compile them in parallel on the host before the one-by-one cascade
             rec.outcomes = [evaluate(c) for c in candidates]
+            seen = {c.source for c in candidates}
+            refits = [c for o in rec.outcomes if (c := refit_stages(ctx, o)) is not None and c.source not in seen]
+            rec.outcomes += [evaluate(c) for c in {c.source: c for c in refits}.values()]
             rec.best = choose(rec.outcomes)
             if rec.best is not None:
                 ctx = ctx.with_source(rec.best.candidate.source)
         return records
+
+
+_ELEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+
+def refit_stages(ctx: StageContext, outcome: TrialOutcome) -> Candidate | None:
+    """A candidate that failed to compile for shared memory, again with the ``num_stages`` that fits.
+
+    The compiler's figure is exact where the knowledge base's estimate is not (a 128x256 tile whose fp32
+    epilogue is staged through shared memory needs 128 KB more than its operand stages), so a tile that the
+    search rightly wanted is not lost to one stage too many. None for any other failure.
+    """
+    from xeforge.rewrite.tiling_configs import fit_stages
+
+    failed = outcome.verdict.failed_gate if outcome.verdict is not None else None
+    if failed is None or failed.gate != "0-isolation":
+        return None
+    variant = ctx.problem.timing_variant(ctx.device.kind) if ctx.problem is not None else None
+    elem = _ELEM_BYTES.get(getattr(variant, "dtype", None) or "", 2)
+    fitted = fit_stages(outcome.candidate.source, f"{failed.summary} {failed.details.get('detail', '')}", elem)
+    if fitted is None:
+        return None
+    source, how = fitted
+    c = outcome.candidate
+    return Candidate(source, c.tactic, f"{c.description}; num_stages {how['was']} -> {how['num_stages']} (the compiler "
+                     f"needed more than the {how['limit']} B of shared memory)", kind=c.kind,
+                     params={**c.params, "num_stages": how["num_stages"]})
 
 
 def make_engine(name: str, options: Any) -> Any:

@@ -1,4 +1,4 @@
-"""The three fusion rewrites: fewer launches and fewer round trips of an intermediate through memory.
+"""The fusion rewrites: fewer launches and fewer round trips of an intermediate through memory.
 
 Owns:
 
@@ -13,6 +13,11 @@ Owns:
   the column block becomes ``next_power_of_2(N)`` (one program per row block) and the kernel stores one
   value per row. Not applicable, with the reason, when N at the spec's largest shapes needs a tile wider
   than :data:`MAX_ROW_TILE`.
+- :func:`fuse_split_row_reduction` — the same reduction when no tile covers the row (sum, max, min,
+  logsumexp): each tile writes its row partial into a small partials buffer and forward's reduction runs on
+  that buffer with the same torch call; the full output is no longer written.
+- ``group-norm`` (:mod:`xeforge.rewrite.fusion_norm`) — ``F.group_norm`` and the elementwise ops after it as
+  one generated kernel.
 - :func:`fuse_all` — one of them followed by any others that then apply (e.g. torch ops fused first make a
   consumer kernel adjacent to its producer).
 
@@ -23,6 +28,7 @@ The fused kernels keep the producer's masks (ragged shapes stay correct) and out
 from __future__ import annotations
 
 import ast
+import copy
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -42,6 +48,11 @@ MAX_ROW_TILE = 256
 #: smallest column tile (tl.dot needs N >= 16 on the GPUs we target)
 MIN_DOT_N = 16
 REDUCTIONS = {"sum", "mean", "max", "min", "amax", "amin", "logsumexp"}
+#: reductions whose per-tile partials combine with the same torch op, and the partials' fill for empty slots
+SPLIT_IDENTITY = {"sum": "0.0", "max": 'float("-inf")', "amax": 'float("-inf")', "min": 'float("inf")',
+                  "amin": 'float("inf")', "logsumexp": 'float("-inf")'}
+#: partial slots per row: cdiv(N, SPLIT_MIN_BLOCK) covers any column tile a later stage may choose
+SPLIT_MIN_BLOCK = 16
 
 
 def _store_stmt(ts: TileStore, value: str, pointer: str | None = None, mask: str | None = "__keep__") -> str:
@@ -409,8 +420,11 @@ def _operand_resolver(c: Ctx, site: LaunchSite, yv: Val, fresh, taken_srcs: dict
     return resolve
 
 
-def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool) -> Chain:
-    """The forward statements after ``site`` that translate into its epilogue (raises NotApplicable if none)."""
+def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = False) -> Chain:
+    """The forward statements after ``site`` that translate into its epilogue (raises NotApplicable if none).
+
+    ``split``: the chain ends with its first row reduction, computed per tile (see :func:`fuse_split_row_reduction`).
+    """
     c.stmt_of(site)
     ts = tile_store(c.parsed, site.kernel)
     bind = c.env.binding(site)
@@ -471,7 +485,7 @@ def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool) -> Chain:
             if red is not None:
                 if not allow_reduction:
                     raise Unsupported(f"{c.seg(s.value)} is a row reduction (the fuse-row-reduction tactic's shape)")
-                _translate_reduction(ch, red, s)
+                _translate_reduction(ch, red, s, split)
             else:
                 b.value_names = {ch.cur}
                 b.assign(s.value)
@@ -486,14 +500,20 @@ def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool) -> Chain:
         if target != ch.cur:
             older.add(ch.cur)
         ch.cur = target
+        if split and ch.reduction is not None:
+            ch.stop = f"line {s.lineno}: the ops after the row reduction run on the combined partials"
+            break
     ch.ops = list(b.ops)
     ch.older = older
     return ch
 
 
-def _translate_reduction(ch: Chain, red: tuple[str, bool], s: ast.stmt) -> None:
+def _translate_reduction(ch: Chain, red: tuple[str, bool], s: ast.stmt, split: bool = False) -> None:
     kind, keep = red
     b, ts = ch.builder, ch.tile
+    if split and kind not in SPLIT_IDENTITY:
+        raise Unsupported(f"{ast.unparse(s.value)}: per-tile partials of a {kind} do not combine with the same op "
+                          "(the mean of tile sums is not the row mean)")
     if ch.reduction is not None:
         # the value is already one per row: a reduction over a size-1 last dim is the identity
         if not ch.reduction["keepdim"]:
@@ -713,6 +733,102 @@ def fuse_row_reduction(source: str, problem: Any) -> tuple[str, str]:
     raise NotApplicable("; ".join(why) or "no kernel launch in forward")
 
 
+def fuse_split_row_reduction(source: str, problem: Any) -> tuple[str, str]:
+    """A row reduction too wide for one tile, split: each tile reduces its own columns into a partials buffer
+    (one slot per row and column tile) and the reduction in forward runs on the partials instead of the full
+    output, with the same torch call (sum of sums, max of maxes, logsumexp of tile logsumexps)."""
+    c = Ctx(source, problem)
+    why = []
+    for site in c.model.launches:
+        if site.function != "forward":
+            continue
+        try:
+            ch = op_chain(c, site, allow_reduction=True, split=True)
+            if ch.reduction is None:
+                raise NotApplicable(ch.stop or "no row reduction follows it")
+            new, part = _apply_split(c, ch, site)
+        except NotApplicable as exc:
+            why.append(f"{site.kernel}: {exc}")
+            continue
+        ops = ", ".join(dict.fromkeys(ch.ops))
+        return new, (f"{ch.reduction['src']} split over {site.kernel}'s column tiles ({ops}): each tile writes its "
+                     f"partial {ch.reduction['kind']} per row into {part}, forward reduces the partials; the full "
+                     "output is no longer written")
+    raise NotApplicable("; ".join(why) or "no kernel launch in forward")
+
+
+def _col_tile_index(c: Ctx, ts: TileStore, block: str) -> str:
+    """``pid_n`` from ``offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)``: which column tile a program stores."""
+    fn = c.model.functions[ts.fn].node
+    offs_n = ts.cols[0]
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and node.targets[0].id == offs_n and isinstance(node.value, ast.BinOp) \
+                and isinstance(node.value.op, ast.Add):
+            for start in (node.value.left, node.value.right):
+                if isinstance(start, ast.BinOp) and isinstance(start.op, ast.Mult):
+                    for idx, blk in ((start.left, start.right), (start.right, start.left)):
+                        if isinstance(blk, ast.Name) and blk.id == block:
+                            return ast.unparse(idx)
+    raise NotApplicable(f"{ts.fn}'s column offsets {offs_n} are not `tile * {block} + tl.arange(0, {block})`")
+
+
+def _apply_split(c: Ctx, ch: Chain, site: LaunchSite) -> tuple[str, str]:
+    ts, b, y = ch.tile, ch.builder, ch.y
+    if not ts.two_d or ts.rows[1] is None:
+        raise NotApplicable(f"{ts.fn}'s store is not a 2D tile with a row bound")
+    block, _ = _col_block(c, ts, site)
+    tile = _col_tile_index(c, ts, block)
+    red_stmt = ch.stmts[-1]
+    rest = c.after(red_stmt.lineno)
+    stale = sorted(n for n in (ch.older | {y}) - {ch.cur} if loads(rest, n))
+    if stale:
+        raise NotApplicable(f"{', '.join(stale)} is read after the row reduction (the full output is no longer "
+                            "written)")
+    launch_stmt = c.stmt_of(site)
+    before = [s for s in c.fwd if s.lineno < launch_stmt.lineno]
+    if not before:
+        raise NotApplicable("nothing precedes the launch in forward to allocate the partials after")
+    fwd_names = {n.id for s in c.fwd for n in ast.walk(s) if isinstance(n, ast.Name)} | set(c.env.params)
+    part = fresh_namer(fwd_names)("row_part")
+    part_ptr, part_stride = b.fresh("part_ptr"), b.fresh("stride_part")
+    # forward: the partials buffer (the reduction's identity in slots no tile writes), the reduction on it
+    combine = copy.deepcopy(red_stmt)
+    call = combine.value
+    while not isinstance(call, ast.Call):  # torch.max(y, dim=1)[0] / .values
+        call = call.value
+    call.args[0] = ast.Name(part)
+    edits = Edits()
+    edits.insert_after[before[-1].lineno] = statements(
+        f"{part} = torch.full(({y}.shape[0], triton.cdiv({y}.shape[-1], {SPLIT_MIN_BLOCK})), "
+        f"{SPLIT_IDENTITY[ch.reduction['kind']]}, device={y}.device, dtype={y}.dtype)")
+    edits.replace[red_stmt.lineno] = statements(ast.unparse(combine))
+    for s in ch.stmts[:-1]:
+        edits.replace[s.lineno] = []
+    # kernel: the epilogue up to the tile's row partial, stored in the tile's slot instead of the full tile
+    lines = list(b.lines)
+    if not ts.value_is_name:
+        lines.insert(0, f"{ch.tile_var} = {ts.value_src}")
+    offs_m, m = ts.rows
+    store = (f"tl.store({part_ptr} + {offs_m} * {part_stride} + {tile}, {b.var}.to({part_ptr}.dtype.element_ty), "
+             f"mask={offs_m} < {m})")
+    what = ", ".join(dict.fromkeys(ch.ops))
+    edits.replace[ts.line] = _comment_stmts(f"fused from Model.forward: {what}; one partial per row for this column "
+                                            "tile, reduced in forward", [*lines, store])
+    if ts.cast_line:
+        edits.replace[ts.cast_line] = []
+    edits.params[site.kernel] = [op.param for op in b.operands.values()] + [part_ptr, part_stride]
+    kwargs = {op.param: op.src for op in b.operands.values()}
+    kwargs.update({part_ptr: part, part_stride: f"{part}.stride(0)"})
+    edits.calls[site.line] = lambda call: set_call_kwargs(call, kwargs)
+    try:
+        new = apply_edits(c.source, edits, c.parsed)
+    except LookupError as exc:
+        raise NotApplicable(f"could not rewrite the launch: {exc}") from None
+    dead = {n.id for s in ch.stmts[:-1] for n in ast.walk(s) if isinstance(n, ast.Name)}
+    return dead_code(new, dead), part
+
+
 def _dim_values(c: Ctx, v: Val) -> list[tuple[str, int]]:
     out = []
     if v.kind != "scalar":
@@ -750,11 +866,19 @@ def _last_assign(c: Ctx, name: str, before: int) -> ast.Assign | None:
     return found
 
 
+def _group_norm(source: str, problem: Any) -> tuple[str, str]:
+    from xeforge.rewrite.fusion_norm import group_norm_kernel  # it builds on this module's chain helpers
+
+    return group_norm_kernel(source, problem)
+
+
 # ------------------------------------------------------------------------------------------------ combined
 REWRITES: dict[str, Callable[[str, Any], tuple[str, str]]] = {
     "consumer-kernel": fuse_consumer_kernel,
     "forward-ops": fuse_forward_ops,
     "row-reduction": fuse_row_reduction,
+    "split-row-reduction": fuse_split_row_reduction,
+    "group-norm": _group_norm,
 }
 
 

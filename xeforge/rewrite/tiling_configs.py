@@ -3,7 +3,8 @@
 Owns: reading a kernel's current launch configuration (literal block sizes and launch options), drawing
 KB-valid alternatives from the device's tuning space (seeds first, filtered by ``kb.check_config``), applying
 a configuration to a launch site while keeping a tuple grid consistent with the block sizes, and ranking the
-configurations that earlier ``device_tuning`` trials measured (from the run folder's trial store).
+configurations that earlier ``device_tuning`` trials measured (from the run folder's trial store), and refitting
+``num_stages`` when the compiler reports a configuration over the device's shared memory.
 
 A structural rewrite that only pays off with larger tiles (descriptors, persistence, swizzling) is proposed
 as-is and, on a GPU, also with the top few KB configurations: the verifier times each one, so the stage can
@@ -14,12 +15,14 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from xeforge.kernel_model import KernelModel, LaunchSite, axis_blocks, literal, parse_kernel
 from xeforge.rewrite.tiling import NotApplicable
-from xeforge.rewrite.tiling_grid import _cdiv_args, launch_grid, single_launch
+from xeforge.kb.roles import first_int
+from xeforge.rewrite.tiling_grid import _cdiv_args, launch_grid, launched_kernels_gemm_first, single_launch
 from xeforge.rewrite.tiling_edit import LaunchEdit, edit_launch
 
 #: launch options a configuration may carry besides constexprs
@@ -200,3 +203,44 @@ def with_configs(ctx: Any, source: str, kernel: str, limit: int) -> list[tuple[d
             continue
     return out
 
+
+
+#: Triton's OutOfResources message for shared memory (NVIDIA and Intel backends word it the same)
+SMEM_OVER = re.compile(r"out of resource: shared memory, Required: (\d+), Hardware limit: (\d+)")
+
+
+def fit_stages(source: str, failure: str, elem_bytes: int = 2) -> tuple[str, dict[str, Any]] | None:
+    """``source`` with fewer ``num_stages`` at its GEMM launch, so that what the compiler said it needs fits.
+
+    ``failure`` is the text of a compile failure. The compiler's figure includes what the pipeline stages do not
+    (the epilogue's staging tile, e.g. an fp32 C tile stored through a descriptor, which the knowledge base's
+    estimate cannot see); each stage holds one BM x BK and one BN x BK operand tile of ``elem_bytes``. The largest
+    stage count that fits is chosen. None when the failure is not a shared-memory one or no count fits.
+    """
+    m = SMEM_OVER.search(failure or "")
+    if m is None:
+        return None
+    required, limit = int(m.group(1)), int(m.group(2))
+    model = parse_kernel(source)
+    for kernel in launched_kernels_gemm_first(model):
+        try:
+            site = single_launch(model, kernel)
+        except NotApplicable:
+            continue
+        cfg = current_config(model, site)
+        stages = cfg.get("num_stages")
+        bm, bn, bk = (first_int(r, cfg) for r in ("block_m", "block_n", "block_k"))
+        if not (isinstance(stages, int) and stages > 1 and bm and bn and bk):
+            continue
+        per_stage = (bm + bn) * bk * elem_bytes
+        fixed = required - stages * per_stage
+        fits = [n for n in range(stages - 1, 0, -1) if fixed + n * per_stage <= limit]
+        if not fits:
+            continue
+        try:
+            new = apply_config(source, kernel, {"num_stages": fits[0]})
+        except (NotApplicable, LookupError):
+            continue
+        return new, {"kernel": kernel, "num_stages": fits[0], "was": stages,
+                     "estimate": fixed + fits[0] * per_stage, "limit": limit}
+    return None
