@@ -184,10 +184,21 @@ def test_kb22_epilogue_then_split_reduction_in_one_candidate(verify):
     assert verdict.correct, verdict.feedback()
 
 
-def test_split_is_not_proposed_for_a_mean_or_a_windowed_pool():
+def test_split_takes_an_avg_pool_inside_the_tile_before_the_row_max(verify):
+    """kb98: avg_pool1d over POOL adjacent features, GELU, scale, then the row max: the pool is a reshape-and-mean
+    of the tile (POOL a constexpr), the pooled columns get their own mask (odd N drops the last partial window,
+    as avg_pool1d does), and the max is split like any other row reduction."""
     p = problem(KERNELS / "kb98_matmul_avgpool_gelu_scale_max")
-    app = TACTIC["fuse-split-row-reduction"].check(context(p))
-    assert not app.applies and "avg_pool1d" in app.reason
+    cand = propose("fuse-split-row-reduction", p)[0]
+    src = cand.source
+    assert "avg_pool1d, gelu, mul, max" in cand.description and "F.avg_pool1d" not in src
+    assert "POOL: tl.constexpr" in src and "POOL=self.pool_kernel_size" in src
+    assert "offs_pool[None, :] < (N // POOL)" in src and "torch.max(row_part, dim=1).values" in src
+    verdict = verify(p, src)
+    assert verdict.correct, verdict.feedback()
+
+
+def test_split_is_not_proposed_for_a_mean():
     rowlse = problem(FUSION / "gemm_rowlse")
     src = rowlse.kernel_source
     lse = next(line for line in src.splitlines() if "torch.logsumexp(" in line)

@@ -128,7 +128,12 @@ class Worker:
             self.kill()
             raise
         if not reply.get("ok"):
-            raise WorkerFailure("exception", f"{reply.get('error')}: {reply.get('message')}", reply.get("where", ""))
+            detail = f"{reply.get('error')}: {reply.get('message')}"
+            if reply.get("poisoned"):
+                # the fault left the device context unusable; the worker exits and the next request starts anew
+                self.kill()
+                detail += " [the fault left the worker's device context unusable: the next candidate gets a new worker]"
+            raise WorkerFailure("exception", detail, reply.get("where", ""))
         return reply
 
     def _write(self, obj: Any) -> None:

@@ -61,6 +61,17 @@ class WorkerState:
         self.models: dict[str, Any] = {}
         self.counter = 0
 
+    def healthy(self) -> bool:
+        """Whether the device still runs a trivial op (False after a sticky fault of a candidate's kernel)."""
+        if self.device == "cpu":
+            return True
+        try:
+            ok = float(self.torch.ones(8, device=self.device).sum().item()) == 8.0
+            self.rt.synchronize()
+            return ok
+        except Exception:  # noqa: BLE001 — any failure here means the context is gone
+            return False
+
     # -- loading ---------------------------------------------------------------------------------
     def load(self, slot: str, path: str, init_args: list, weights_file: str | None, dtype: str | None,
              compile_mode: str | None = None) -> dict:
@@ -262,16 +273,29 @@ def main(argv: list[str] | None = None) -> int:
         try:
             reply = getattr(state, op)(**req)
         except BaseException as exc:  # noqa: BLE001 — anything the candidate raises is data for the verdict
-            tb = traceback.extract_tb(exc.__traceback__)
-            user = [f for f in tb if "xeforge" not in f.filename or "candidates" in f.filename]
-            frame = (user or tb)[-1] if tb else None
-            reply = {"ok": False, "error": type(exc).__name__, "message": str(exc)[:2000],
-                     "where": f"{Path(frame.filename).name}:{frame.lineno}" if frame else "",
-                     "traceback": "".join(traceback.format_exception(exc))[-4000:]}
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            reply = failure_reply(exc, state)
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)) or reply.get("poisoned"):
                 _send(proto_out, reply)
                 return 1
         _send(proto_out, reply)
+
+
+def failure_reply(exc: BaseException, state: Any) -> dict:
+    """The reply for an exception in a request; ``poisoned`` when the device is unusable after it.
+
+    A kernel that faults on a GPU (illegal instruction, illegal address) leaves a sticky error in the process's
+    device context: every later launch in this worker would fail the same way, whatever it runs. The worker then
+    exits after replying, and the parent starts a fresh one for the next candidate.
+    """
+    tb = traceback.extract_tb(exc.__traceback__)
+    user = [f for f in tb if "xeforge" not in f.filename or "candidates" in f.filename]
+    frame = (user or tb)[-1] if tb else None
+    reply = {"ok": False, "error": type(exc).__name__, "message": str(exc)[:2000],
+             "where": f"{Path(frame.filename).name}:{frame.lineno}" if frame else "",
+             "traceback": "".join(traceback.format_exception(exc))[-4000:]}
+    if not isinstance(exc, (KeyboardInterrupt, SystemExit)) and not state.healthy():
+        reply["poisoned"] = True
+    return reply
 
 
 if __name__ == "__main__":

@@ -352,10 +352,15 @@ def _insert_after(items: list, at: int, new: list) -> list:
 
 
 def add_params(params: cst.Parameters, names: list[str]) -> cst.Parameters:
-    """``params`` with ``names`` added after the last runtime parameter (before the first constexpr one)."""
+    """``params`` with ``names`` added: runtime ones after the last runtime parameter (before the first constexpr
+    one), ``"NAME: tl.constexpr"`` ones at the end."""
     items = list(params.params)
+    plain = [n for n in names if ":" not in n]
+    annotated = [cst.Param(cst.Name(n.split(":")[0].strip()), annotation=cst.Annotation(expr(n.split(":", 1)[1].strip())))
+                 for n in names if ":" in n]
     at = next((i for i, p in enumerate(items) if _is_constexpr(p)), len(items))
-    return params.with_changes(params=_insert_after(items, at, [cst.Param(cst.Name(n)) for n in names]))
+    items = _insert_after(items, at, [cst.Param(cst.Name(n)) for n in plain]) if plain else items
+    return params.with_changes(params=_insert_after(items, len(items), annotated) if annotated else items)
 
 
 def set_call_kwargs(call: cst.Call, kwargs: dict[str, str]) -> cst.Call:

@@ -15,7 +15,8 @@ Owns:
   than :data:`MAX_ROW_TILE`.
 - :func:`fuse_split_row_reduction` — the same reduction when no tile covers the row (sum, max, min,
   logsumexp): each tile writes its row partial into a small partials buffer and forward's reduction runs on
-  that buffer with the same torch call; the full output is no longer written.
+  that buffer with the same torch call; the full output is no longer written. An ``avg_pool1d`` over the
+  features before it (stride = window, a power of two up to 16) runs inside the tile as a reshape-and-mean.
 - ``group-norm`` (:mod:`xeforge.rewrite.fusion_norm`) — ``F.group_norm`` and the elementwise ops after it as
   one generated kernel.
 - :func:`fuse_all` — one of them followed by any others that then apply (e.g. torch ops fused first make a
@@ -345,6 +346,7 @@ class Chain:
     cur: str = ""  # the name holding the result after the chain
     tile_var: str = ""  # the kernel variable the epilogue starts from
     reduction: dict | None = None  # {"kind", "keepdim", "line", "src"}
+    pool: dict | None = None  # split mode: {"param": constexpr name or None, "size": its source} of an avg_pool1d
     to_dtype: ast.AST | None = None  # a trailing .to(D) absorbed into the output buffer
     ret: ast.Return | None = None  # the return statement when the chain ends there
     stop: str = ""  # why the chain ended before the return
@@ -374,6 +376,63 @@ def _reduction(node: ast.AST, cur: str) -> tuple[str, bool] | None:
     if not isinstance(k, bool):
         raise Unsupported(f"{ast.unparse(node)}: keepdim is not a literal")
     return key, k
+
+
+def _avg_pool(node: ast.AST, cur: str) -> ast.expr | None:
+    """The window of ``F.avg_pool1d(cur.unsqueeze(1), k).squeeze(1)`` (stride = window, no padding), else None."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "squeeze"
+            and [literal(a) for a in node.args] == [1] and isinstance(node.func.value, ast.Call)):
+        return None
+    pool = node.func.value
+    if (dotted_name(pool.func) or "").rsplit(".", 1)[-1] != "avg_pool1d" or not pool.args:
+        return None
+    src = pool.args[0]
+    if not (isinstance(src, ast.Call) and isinstance(src.func, ast.Attribute) and src.func.attr == "unsqueeze"
+            and isinstance(src.func.value, ast.Name) and src.func.value.id == cur
+            and [literal(a) for a in src.args] == [1]):
+        return None
+    kw = {k.arg: k.value for k in pool.keywords}
+    size = pool.args[1] if len(pool.args) > 1 else kw.pop("kernel_size", None)
+    kw.pop("kernel_size", None)
+    stride = pool.args[2] if len(pool.args) > 2 else kw.pop("stride", None)
+    if size is None or len(pool.args) > 3 or (stride is not None and ast.dump(stride) != ast.dump(size)) \
+            or any(literal(v) not in (0, False, True) or k not in ("padding", "ceil_mode", "count_include_pad")
+                   for k, v in kw.items()) or literal(kw.get("padding", ast.Constant(0))) != 0 \
+            or literal(kw.get("ceil_mode", ast.Constant(False))) is not False:
+        raise Unsupported(f"{ast.unparse(node)}: only avg_pool1d with stride = window and no padding is fused")
+    return size
+
+
+def _translate_pool(c: Ctx, ch: Chain, site: LaunchSite, size: ast.expr, line: int) -> None:
+    """A windowed mean over ``size`` adjacent columns, inside the tile (split mode: a row reduction must follow)."""
+    b, ts = ch.builder, ch.tile
+    if ch.pool is not None or ch.reduction is not None or b.column is None:
+        raise Unsupported("only one avg_pool1d, on the full tile before the row reduction, is fused")
+    val = c.env.eval(size, line)
+    sizes = _dim_values(c, val) if val.kind == "scalar" else []
+    if isinstance(literal(size), int):
+        sizes = [("all", literal(size))]
+    if not sizes or len(sizes) < len(c.problem.spec.variants) and not isinstance(literal(size), int):
+        raise Unsupported(f"cannot tell the pool window {ast.unparse(size)} at every spec variant")
+    bad = [f"{k}={v}" for k, v in sizes if v < 1 or v & (v - 1) or v > MIN_DOT_N]
+    if bad:
+        raise Unsupported(f"pool window {', '.join(bad)}: only powers of two up to {MIN_DOT_N} divide every column tile")
+    block, _ = _col_block(c, ts, site)
+    tile = _col_tile_index(c, ts, block)
+    if isinstance(literal(size), int):
+        p, pool = str(literal(size)), {"param": None, "size": str(literal(size))}
+    else:
+        src = c.env.canonical(size, line)
+        if src is None:
+            raise Unsupported(f"the pool window {ast.unparse(size)} is a forward local, not a model attribute or dim")
+        p = b.fresh("POOL")
+        pool = {"param": p, "size": src}
+    v, pooled, offs = b.var, b.fresh("pooled"), b.fresh("offs_pool")
+    b.lines.append(f"{pooled} = tl.sum(tl.reshape({v}, ({v}.shape[0], {v}.shape[1] // {p}, {p})), axis=2) / {p}")
+    b.lines.append(f"{offs} = {tile} * ({block} // {p}) + tl.arange(0, {block} // {p})")
+    b.var, b.column = pooled, (offs, f"({ts.cols[1]} // {p})")
+    b.ops.append("avg_pool1d")
+    ch.pool = pool
 
 
 def _is_to_dtype(node: ast.AST, cur: str) -> ast.AST | None:
@@ -479,10 +538,13 @@ def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = Fals
                 older.add(ch.cur)
             ch.cur = target
             continue
-        snap = (len(b.lines), dict(b.operands), dict(b.loaded), len(b.ops), b.var, b.column, b.value_names)
+        snap = (len(b.lines), dict(b.operands), dict(b.loaded), len(b.ops), b.var, b.column, b.value_names, ch.pool)
         try:
-            red = _reduction(s.value, ch.cur)
-            if red is not None:
+            pool = _avg_pool(s.value, ch.cur) if split else None
+            red = None if pool is not None else _reduction(s.value, ch.cur)
+            if pool is not None:
+                _translate_pool(c, ch, site, pool, s.lineno)
+            elif red is not None:
                 if not allow_reduction:
                     raise Unsupported(f"{c.seg(s.value)} is a row reduction (the fuse-row-reduction tactic's shape)")
                 _translate_reduction(ch, red, s, split)
@@ -494,6 +556,7 @@ def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = Fals
             b.operands, b.loaded = snap[1], snap[2]
             b.ops[snap[3]:] = []
             b.var, b.column, b.value_names = snap[4], snap[5], snap[6]
+            ch.pool = snap[7]
             ch.stop = f"line {s.lineno}: {exc}"
             break
         ch.stmts.append(s)
@@ -523,7 +586,7 @@ def _translate_reduction(ch: Chain, red: tuple[str, bool], s: ast.stmt, split: b
         return
     if not ts.two_d or ts.row_stride is None:
         raise Unsupported(f"{ts.fn}'s store is not a 2D tile with row and column offsets")
-    offs_n, n = ts.cols
+    offs_n, n = b.column or ts.cols  # after an avg_pool1d: the pooled columns
     cm = b.fresh("col_mask")
     row = b.fresh("row")
     v = b.var
@@ -820,6 +883,9 @@ def _apply_split(c: Ctx, ch: Chain, site: LaunchSite) -> tuple[str, str]:
     edits.params[site.kernel] = [op.param for op in b.operands.values()] + [part_ptr, part_stride]
     kwargs = {op.param: op.src for op in b.operands.values()}
     kwargs.update({part_ptr: part, part_stride: f"{part}.stride(0)"})
+    if ch.pool is not None and ch.pool["param"]:
+        edits.params[site.kernel].append(f"{ch.pool['param']}: tl.constexpr")
+        kwargs[ch.pool["param"]] = ch.pool["size"]
     edits.calls[site.line] = lambda call: set_call_kwargs(call, kwargs)
     try:
         new = apply_edits(c.source, edits, c.parsed)

@@ -1,6 +1,7 @@
-"""Naive port: Triton GEMM (y = x @ W^T, W in nn.Linear layout [out, in]) followed by a SEPARATE
-Triton ReLU kernel (two launches, the GEMM result round-trips through memory)."""
+"""Naive port of KernelBench L2 #64: Linear -> logsumexp(dim=1) -> LeakyReLU x2 -> GELU x2.
+Triton GEMM writes the full [M, N] fp32 product, the tail runs as torch ops."""
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -16,9 +17,11 @@ def _device_core_count(device):
 
 
 @triton.jit
-def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
-                  stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_BLOCK_IO: tl.constexpr):
+def matmul_bias_kernel(a_ptr, w_ptr, bias_ptr, c_ptr, M, N, K,
+                       stride_am, stride_ak, stride_wn, stride_wk, stride_cm, stride_cn,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_BLOCK_IO: tl.constexpr):
+    """C = A @ W^T + bias, W in nn.Linear layout [N, K]. Straight CUDA-style port: one C tile per
+    program on a 2D grid, both operands up-cast to fp32 before the dot."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
@@ -26,10 +29,10 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
     # tensor descriptors (2D block I/O, TMA) when the operands qualify, else the original code
     if USE_BLOCK_IO:
         a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1], block_shape=[BLOCK_M, BLOCK_K])
-        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[stride_bn, 1], block_shape=[BLOCK_N, BLOCK_K])
+        w_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[stride_wn, 1], block_shape=[BLOCK_N, BLOCK_K])
         c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1], block_shape=[BLOCK_M, BLOCK_N])
     # persistent: program p handles tiles p, p + num_programs, p + 2 * num_programs, ...
-    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
+    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
         pid_m = tile_id % num_pid_m
         pid_n = tile_id // num_pid_m
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -39,65 +42,59 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
             for k0 in range(0, K, BLOCK_K):
                 k = k0 + offs_k
                 a = a_desc.load([pid_m * BLOCK_M, k0])
-                b = b_desc.load([pid_n * BLOCK_N, k0]).T
+                b = w_desc.load([pid_n * BLOCK_N, k0]).T
                 acc += tl.dot(a, b)
         else:
             for k0 in range(0, K, BLOCK_K):
                 k = k0 + offs_k
                 a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak,
                             mask=(offs_m[:, None] < M) & (k[None, :] < K), other=0.0)
-                b = tl.load(b_ptr + k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+                b = tl.load(w_ptr + k[:, None] * stride_wk + offs_n[None, :] * stride_wn,
                             mask=(k[:, None] < K) & (offs_n[None, :] < N), other=0.0)
                 acc += tl.dot(a, b)
-        c = acc.to(c_ptr.dtype.element_ty)
+        bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+        acc = acc + bias[None, :]
         if USE_BLOCK_IO:
-            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], c)
+            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_ptr.dtype.element_ty))
         else:
-            tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, c,
+            tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
+                     acc.to(c_ptr.dtype.element_ty),
                      mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
-
-
-@triton.jit
-def relu_kernel(x_ptr, y_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
-    pid = tl.program_id(0)
-    offs = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    mask = offs < n_elements
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
-    y = tl.maximum(x, 0.0)
-    tl.store(y_ptr + offs, y, mask=mask)
 
 
 class Model(torch.nn.Module):
     def __init__(self, in_features, out_features):
         super().__init__()
-        self.linear = torch.nn.Linear(in_features, out_features, bias=False)
+        self.linear = torch.nn.Linear(in_features, out_features)
 
     def forward(self, x):
-        w = self.linear.weight
         M, K = x.shape
-        N = w.shape[0]
-        c = torch.empty((M, N), device=x.device, dtype=x.dtype)
+        N = self.linear.weight.shape[0]
+        y = torch.empty((M, N), device=x.device, dtype=torch.float32)
         grid = lambda META: (min(num_programs, triton.cdiv(M, META['BLOCK_M']) * triton.cdiv(N, META['BLOCK_N'])),)
         use_block_io = all((
             x.data_ptr() % 16 == 0,
             x.stride(1) == 1,
             (x.stride(0) * x.element_size()) % 16 == 0,
-            w.data_ptr() % 16 == 0,
-            w.stride(1) == 1,
-            (w.stride(0) * w.element_size()) % 16 == 0,
-            c.data_ptr() % 16 == 0,
-            c.stride(1) == 1,
-            (c.stride(0) * c.element_size()) % 16 == 0,
+            self.linear.weight.data_ptr() % 16 == 0,
+            self.linear.weight.stride(1) == 1,
+            (self.linear.weight.stride(0) * self.linear.weight.element_size()) % 16 == 0,
+            y.data_ptr() % 16 == 0,
+            y.stride(1) == 1,
+            (y.stride(0) * y.element_size()) % 16 == 0,
         ))
         if use_block_io and x.device.type == "cuda":
             # device-side tensor descriptors (TMA) need a scratch allocation on NVIDIA GPUs
             triton.set_allocator(lambda size, align, stream, dev=x.device: torch.empty(size, dtype=torch.int8, device=dev))
-        num_programs = _device_core_count(c.device)
-        matmul_kernel[grid](x, w, c, M, N, K,
-                            x.stride(0), x.stride(1), w.stride(1), w.stride(0),
-                            c.stride(0), c.stride(1),
-                            BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, USE_BLOCK_IO=use_block_io, num_stages=3)
-        y = torch.empty_like(c)
-        n = c.numel()
-        relu_kernel[(triton.cdiv(n, 1024),)](c, y, n, BLOCK_SIZE=1024, num_warps=4)
-        return y
+        num_programs = _device_core_count(self.linear.bias.device)
+        matmul_bias_kernel[grid](
+            x, self.linear.weight, self.linear.bias, y, M, N, K,
+            x.stride(0), x.stride(1), self.linear.weight.stride(0), self.linear.weight.stride(1),
+            y.stride(0), y.stride(1),
+            BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=4, USE_BLOCK_IO=use_block_io, num_stages=4)
+        y = torch.logsumexp(y, dim=1, keepdim=True)
+        y = F.leaky_relu(y, negative_slope=0.01)
+        y = F.leaky_relu(y, negative_slope=0.01)
+        y = F.gelu(y)
+        y = F.gelu(y)
+        return y.to(x.dtype)

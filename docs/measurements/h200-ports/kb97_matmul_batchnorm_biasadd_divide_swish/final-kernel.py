@@ -1,6 +1,6 @@
-"""Naive port of KernelBench L2 #9: Linear -> (x - subtract_value) * multiply_value -> ReLU.
-Triton GEMM (32x32x32 tiles, fp32 up-cast operands) writes y, then a separate Triton
-elementwise kernel applies the tail (two launches, y round-trips through memory)."""
+"""Naive port of KernelBench L2 #97: Linear -> BatchNorm1d (inference form) -> + bias (scalar)
+-> / divide_value -> Swish. Triton GEMM writes fp32 y, BatchNorm runs as a torch op, then a
+separate Triton elementwise kernel does bias, divide, swish."""
 import torch
 import torch.nn.functional as F
 import triton
@@ -20,6 +20,8 @@ def _device_core_count(device):
 @triton.jit
 def matmul_bias_kernel(a_ptr, w_ptr, bias_ptr, c_ptr, M, N, K,
                        stride_am, stride_ak, stride_wn, stride_wk, stride_cm, stride_cn,
+                       bn_eps, bn_running_mean_ptr, bn_running_var_ptr, bn_weight_ptr, bn_bias_ptr,
+                       bias_ptr_1, divide_value,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_BLOCK_IO: tl.constexpr):
     """C = A @ W^T + bias, W in nn.Linear layout [N, K]. Straight CUDA-style port: one C tile per
     program on a 2D grid, both operands up-cast to fp32 before the dot."""
@@ -55,60 +57,65 @@ def matmul_bias_kernel(a_ptr, w_ptr, bias_ptr, c_ptr, M, N, K,
                 acc += tl.dot(a, b)
         bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
         acc = acc + bias[None, :]
+        # fused from Model.forward: batch_norm
+        bn_running_mean = tl.load(bn_running_mean_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        bn_running_var = tl.load(bn_running_var_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        bn_weight = tl.load(bn_weight_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        bn_bias = tl.load(bn_bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        acc = ((acc - bn_running_mean) / tl.sqrt(bn_running_var + bn_eps) * bn_weight) + bn_bias
+        # fused from bias_div_swish_kernel: its elementwise body runs on this tile before the one store
+        b_1 = tl.load(bias_ptr_1).to(tl.float32)
+        y = acc.to(tl.float32)
+        y = (y + b_1) / divide_value
+        y = y * tl.sigmoid(y)
         if USE_BLOCK_IO:
-            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_ptr.dtype.element_ty))
+            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], y.to(c_ptr.dtype.element_ty))
         else:
             tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
-                     acc.to(c_ptr.dtype.element_ty),
+                     y.to(c_ptr.dtype.element_ty),
                      mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
-@triton.jit
-def sub_mul_relu_kernel(y_ptr, out_ptr, n_elements, subtract_value, multiply_value,
-                        BLOCK_SIZE: tl.constexpr):
-    pid = tl.program_id(0)
-    offs = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    mask = offs < n_elements
-    y = tl.load(y_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    y = (y - subtract_value) * multiply_value
-    y = tl.maximum(y, 0.0)
-    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
-
-
 class Model(torch.nn.Module):
-    def __init__(self, in_features, out_features, subtract_value, multiply_value):
+    def __init__(self, in_features, out_features, bn_eps=1e-5, bn_momentum=0.1, divide_value=1.0):
         super().__init__()
-        self.linear = torch.nn.Linear(in_features, out_features)
-        self.subtract_value = subtract_value
-        self.multiply_value = multiply_value
+        self.matmul = torch.nn.Linear(in_features, out_features)
+        self.bn = torch.nn.BatchNorm1d(out_features, eps=bn_eps, momentum=bn_momentum)
+        self.bias = torch.nn.Parameter(torch.randn(1))
+        self.divide_value = divide_value
+        with torch.no_grad():  # inference-form BatchNorm with non-trivial running stats
+            self.bn.running_mean.copy_(torch.linspace(-0.5, 0.5, out_features))
+            self.bn.running_var.copy_(torch.linspace(0.5, 2.0, out_features))
+            self.bn.weight.copy_(torch.linspace(0.75, 1.25, out_features))
+            self.bn.bias.copy_(torch.linspace(-0.1, 0.1, out_features))
 
     def forward(self, x):
         M, K = x.shape
-        N = self.linear.weight.shape[0]
-        y = torch.empty((M, N), device=x.device, dtype=x.dtype)
+        N = self.matmul.weight.shape[0]
         grid = lambda META: (min(num_programs, triton.cdiv(M, META['BLOCK_M']) * triton.cdiv(N, META['BLOCK_N'])),)
+        out = torch.empty((M, N), device=x.device, dtype=x.dtype)
         use_block_io = all((
             x.data_ptr() % 16 == 0,
             x.stride(1) == 1,
             (x.stride(0) * x.element_size()) % 16 == 0,
-            self.linear.weight.data_ptr() % 16 == 0,
-            self.linear.weight.stride(1) == 1,
-            (self.linear.weight.stride(0) * self.linear.weight.element_size()) % 16 == 0,
-            y.data_ptr() % 16 == 0,
-            y.stride(1) == 1,
-            (y.stride(0) * y.element_size()) % 16 == 0,
+            self.matmul.weight.data_ptr() % 16 == 0,
+            self.matmul.weight.stride(1) == 1,
+            (self.matmul.weight.stride(0) * self.matmul.weight.element_size()) % 16 == 0,
+            out.data_ptr() % 16 == 0,
+            out.stride(1) == 1,
+            (out.stride(0) * out.element_size()) % 16 == 0,
         ))
         if use_block_io and x.device.type == "cuda":
             # device-side tensor descriptors (TMA) need a scratch allocation on NVIDIA GPUs
             triton.set_allocator(lambda size, align, stream, dev=x.device: torch.empty(size, dtype=torch.int8, device=dev))
-        num_programs = _device_core_count(self.linear.bias.device)
+        num_programs = _device_core_count(self.matmul.bias.device)
         matmul_bias_kernel[grid](
-            x, self.linear.weight, self.linear.bias, y, M, N, K,
-            x.stride(0), x.stride(1), self.linear.weight.stride(0), self.linear.weight.stride(1),
-            y.stride(0), y.stride(1),
+            x, self.matmul.weight, self.matmul.bias, out, M, N, K,
+            x.stride(0), x.stride(1), self.matmul.weight.stride(0), self.matmul.weight.stride(1),
+            out.stride(0), out.stride(1),
+            bias_ptr_1=self.bias, divide_value=self.divide_value,
+            bn_eps=self.bn.eps, bn_running_mean_ptr=self.bn.running_mean,
+            bn_running_var_ptr=self.bn.running_var, bn_weight_ptr=self.bn.weight,
+            bn_bias_ptr=self.bn.bias,
             BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, USE_BLOCK_IO=use_block_io, num_stages=3)
-        out = torch.empty_like(y)
-        n = y.numel()
-        sub_mul_relu_kernel[(triton.cdiv(n, 1024),)](y, out, n, self.subtract_value, self.multiply_value,
-                                                     BLOCK_SIZE=1024, num_warps=4)
         return out
