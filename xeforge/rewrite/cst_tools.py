@@ -356,8 +356,8 @@ def add_params(params: cst.Parameters, names: list[str]) -> cst.Parameters:
     one), ``"NAME: tl.constexpr"`` ones at the end."""
     items = list(params.params)
     plain = [n for n in names if ":" not in n]
-    annotated = [cst.Param(cst.Name(n.split(":")[0].strip()), annotation=cst.Annotation(expr(n.split(":", 1)[1].strip())))
-                 for n in names if ":" in n]
+    annotated = [cst.Param(cst.Name(name.strip()), annotation=cst.Annotation(expr(ann.strip())))
+                 for name, ann in (n.split(":", 1) for n in names if ":" in n)]
     at = next((i for i, p in enumerate(items) if _is_constexpr(p)), len(items))
     items = _insert_after(items, at, [cst.Param(cst.Name(n)) for n in plain]) if plain else items
     return params.with_changes(params=_insert_after(items, len(items), annotated) if annotated else items)

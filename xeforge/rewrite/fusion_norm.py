@@ -173,7 +173,8 @@ def _rewrite(c: Ctx, s: ast.Assign) -> tuple[str, str]:
     kwargs = "".join(f", {op.param}={op.src}" for op in b.operands.values())
     lines = [f"{out} = torch.empty({ys}.shape, device={ys}.device, dtype={dtype})",
              f"{kernel}[({ys}.shape[0], {groups})](\n"
-             f"    {ys}, {w}, {bias}, {out}, {ys}.shape[1], {ys}.shape[1] // {groups}, {ys}.stride(0), {out}.stride(0),\n"
+             f"    {ys}, {w}, {bias}, {out}, {ys}.shape[1], {ys}.shape[1] // {groups},\n"
+             f"    {ys}.stride(0), {out}.stride(0),\n"
              f"    {eps}{kwargs},\n"
              f"    BLOCK=triton.next_power_of_2({ys}.shape[1] // {groups}), num_warps=4)"]
     edits = Edits()
