@@ -22,15 +22,24 @@ BLOCK_HINTS = ("BLOCK", "TILE", "GROUP_SIZE")
 
 
 def kernel_family(model: KernelModel, fn: JitFunction, declared: str | None = None) -> str:
-    if declared in {"gemm", "reduction", "elementwise", "attention"}:
-        return declared
+    """The knowledge-base family whose tuning space fits ``fn``: the spec's kind, unless the kernel cannot be one.
+
+    A matrix product written without ``tl.dot`` (a decode GEMV: each program reduces its outputs' rows over K
+    with ``tl.sum``) is ``gemv``: GEMM tiles (64-256 outputs a program) starve it of programs. Any other kernel
+    without ``tl.dot`` in a gemm/attention problem (an epilogue kernel) is classified by its body.
+    """
     calls = [c.name for c in model.calls if c.function == fn.name]
     dots = sum(1 for c in calls if c.endswith(".dot"))
+    reduces = any(c.rsplit(".", 1)[-1] in {"sum", "max", "min", "reduce", "argmax"} for c in calls)
+    if declared in {"gemm", "attention"} and not dots:
+        return "gemv" if declared == "gemm" and reduces else ("reduction" if reduces else "elementwise")
+    if declared in {"gemm", "gemv", "reduction", "elementwise", "attention"}:
+        return declared
     if dots >= 2 and any(c.endswith(".exp") or c.endswith(".exp2") for c in calls):
         return "attention"
     if dots:
         return "gemm"
-    if any(c.rsplit(".", 1)[-1] in {"sum", "max", "min", "reduce", "argmax"} for c in calls):
+    if reduces:
         return "reduction"
     return "elementwise"
 

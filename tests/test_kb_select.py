@@ -63,7 +63,7 @@ def test_selection_excludes_other_devices_entries() -> None:
 def test_spaces_reach_tuning_stages_only() -> None:
     kb = load_kb()
     assert {s.family for s in kb.select("device_tuning", "arc-b580", XPU36).spaces} == {
-        "gemm", "reduction", "elementwise", "attention"
+        "gemm", "gemv", "reduction", "elementwise", "attention"
     }
     assert kb.select("autotuning", "arc-b580", XPU36).spaces
     assert kb.select("fusion", "arc-b580", XPU36).spaces == []

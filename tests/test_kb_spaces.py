@@ -14,6 +14,7 @@ KERNELS = Path(__file__).parent / "fixtures" / "kb" / "kernels"
 
 NAMES = {
     "gemm": ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_SIZE_M"],
+    "gemv": ["BLOCK_N", "BLOCK_K"],
     "attention": ["BLOCK_M", "BLOCK_N", "HEAD_DIM"],
     "reduction": ["BLOCK_SIZE"],
     "elementwise": ["BLOCK_SIZE"],
@@ -100,7 +101,7 @@ def test_limit_and_unknown_family() -> None:
     triton = TritonInfo.parse("3.8.0")
     assert len(list(kb.space("h200", "gemm", triton).configs(NAMES["gemm"], limit=3))) == 3
     with pytest.raises(KnowledgeBaseError):
-        kb.space("h200", "gemv", triton)
+        kb.space("h200", "conv", triton)
 
 
 def test_space_to_dict_names_its_source() -> None:

@@ -25,7 +25,7 @@ Stage = Literal[
     "discovery",
 ]
 Backend = Literal["xpu", "cuda", "cpu"]
-Family = Literal["gemm", "reduction", "elementwise", "attention"]
+Family = Literal["gemm", "gemv", "reduction", "elementwise", "attention"]
 Confidence = Literal["verified", "derived", "unverified"]
 Severity = Literal["error", "warning"]
 #: dtype keys of ``peak_tflops`` (aliases such as ``bfloat16`` / ``torch.float16`` are accepted by helpers)

@@ -532,7 +532,7 @@ class KnowledgeBase:
         )
 
     def space(self, device_id: str, family: str, triton: TritonInfo) -> TuningSpace:
-        """The tuning space for a device and kernel family (gemm | reduction | elementwise | attention)."""
+        """The tuning space for a device and kernel family (gemm | gemv | reduction | elementwise | attention)."""
         if family not in FAMILIES:
             raise KnowledgeBaseError("family", f"unknown kernel family {family!r}", f"use one of: {', '.join(FAMILIES)}")
         device = self.device(device_id)
