@@ -452,16 +452,21 @@ def test_stop_after_leaves_a_resumable_partial_run(tmp_path):
     problems, runs = _write_synthetic(tmp_path)
     out = tmp_path / "out"
     opt = bench.BenchOptions(problems=[str(p) for p in problems], device="cpu", runs_dir=runs, out=out,
-                             stop_after=1e-9)
+                             stop_after=1e-9, argv=["bench", "--stop-after", "1e-9"])
     rep = bench.run_bench(opt, make_verifier=ScriptedVerifier)
     assert rep["status"] == "partial" and len(rep["pending"]) == len(problems) and not rep["problems"]
     assert "continue with --resume" in rep["summary"] and bench.exit_code(rep) == 2
     with pytest.raises(UsageError, match="already holds a bench run"):
         bench.run_bench(bench.BenchOptions(problems=opt.problems, device="cpu", runs_dir=runs, out=out),
                         make_verifier=ScriptedVerifier)
-    rep = bench.run_bench(bench.BenchOptions(problems=opt.problems, device="cpu", runs_dir=runs, out=out, resume=True),
-                          make_verifier=ScriptedVerifier)
+    rep = bench.run_bench(bench.BenchOptions(problems=opt.problems, device="cpu", runs_dir=runs, out=out, resume=True,
+                                             argv=["bench", "--resume"]), make_verifier=ScriptedVerifier)
     assert rep["status"] == "done" and rep["pending"] == []
+    # the record names both calls, and the rendered command says the run was continued
+    assert [c["argv"] for c in rep["calls"]] == [["bench", "--stop-after", "1e-9"], ["bench", "--resume"]]
+    assert all(c["elapsed_s"] is not None for c in rep["calls"])
+    assert "--stop-after 1e-9" in (out / "bench.md").read_text() and "; then xeforge bench --resume" in \
+        (out / "bench.md").read_text()
     assert [r["problem"] for r in rep["problems"]] == [p.name for p in problems]
     stored = json.loads((out / "bench.json").read_text())
     assert stored["status"] == "done" and len(stored["problems"]) == len(problems)

@@ -724,9 +724,11 @@ def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
         kbc = None
         say(f"note: knowledge base unavailable ({type(exc).__name__}: {exc}); no roofline")
     settings = bench_settings(opt, kind)
-    out, kept = _prepare_out(opt, device)
+    out, kept, earlier = _prepare_out(opt, device)
     report = new_report(opt, device, kbc, settings, out)
     report["problems"] = kept
+    # every call that wrote into this folder (a resumed run is several), so the record says how it was made
+    report["calls"] = [*earlier, {"created": report["created"], "argv": opt.argv, "elapsed_s": None}]
     done = {r["path"] for r in kept}
     todo = [p for p in paths if str(p) not in done]
     if kept:
@@ -769,6 +771,7 @@ def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
     finally:
         progress.close()
         report["elapsed_s"] = round(time.monotonic() - t0, 1)
+        report["calls"][-1]["elapsed_s"] = report["elapsed_s"]
         finalize(report)
         try:
             write_bench_reports(out, report)
@@ -780,8 +783,9 @@ def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
     return report
 
 
-def _prepare_out(opt: BenchOptions, device) -> tuple[Path, list[dict]]:
-    """The output folder, and with ``--resume`` the rows of the earlier run worth keeping (those without an error)."""
+def _prepare_out(opt: BenchOptions, device) -> tuple[Path, list[dict], list[dict]]:
+    """The output folder, and with ``--resume`` the rows of the earlier run worth keeping (those without an error)
+    and the calls that made it."""
     if opt.resume:
         if opt.out is None:
             raise UsageError("--resume", "needs the folder of the run to continue", "pass --out bench-out/<stamp>")
@@ -797,13 +801,15 @@ def _prepare_out(opt: BenchOptions, device) -> tuple[Path, list[dict]]:
         if pdev.get("kind") != device.kind or pdev.get("name") != device.name:
             raise UsageError("--resume", f"{out} was benched on {pdev.get('kind')} ({pdev.get('name')}), this is "
                              f"{device.kind} ({device.name})", "resume on the same device, or start a new run")
-        return out, [r for r in prev.get("problems", []) if r.get("status") == "ok"]
+        calls = prev.get("calls") or [{"created": prev.get("created"), "argv": prev.get("argv"),
+                                       "elapsed_s": prev.get("elapsed_s")}]
+        return out, [r for r in prev.get("problems", []) if r.get("status") == "ok"], calls
     out = Path(opt.out) if opt.out else default_out()
     if (out / "bench.json").exists():
         raise UsageError("--out", f"{out} already holds a bench run",
                          "pass --resume to continue it, choose another --out, or delete that folder")
     out.mkdir(parents=True, exist_ok=True)
-    return out, []
+    return out, [], []
 
 
 def _write_partial(out: Path, report: dict) -> None:

@@ -214,7 +214,7 @@ def bench_view(report: dict[str, Any]) -> dict[str, Any]:
         "compile_mode": report.get("compile_mode", "default"),
         "variant_choice": report.get("variant_choice", ""),
         "port_source": report.get("port_source", ""),
-        "command": "xeforge " + " ".join(shlex.quote(a) for a in report.get("argv") or []),
+        "command": _command(report),
         "created": report.get("created", ""), "status": report.get("status", ""),
         "elapsed": report.get("elapsed_s"),
         "settings": ", ".join(f"{k}={settings[k]}" for k in ("correctness_rounds", "ragged_shapes", "warmup_calls",
@@ -227,6 +227,17 @@ def bench_view(report: dict[str, Any]) -> dict[str, Any]:
         "table_md": bench_table_markdown(report),
         "table": bench_table(report),
     }
+
+
+def _command(report: dict[str, Any]) -> str:
+    """The command that made the bench; a run continued with --resume names each of its calls."""
+    def one(argv) -> str:
+        return "xeforge " + " ".join(shlex.quote(a) for a in argv or [])
+
+    calls = report.get("calls") or []
+    if len(calls) <= 1:
+        return one(report.get("argv"))
+    return "; then ".join(f"{one(c.get('argv'))} ({c.get('created') or '?'})" for c in calls)
 
 
 def _issues(report: dict[str, Any]) -> list[dict[str, str]]:
