@@ -211,7 +211,7 @@ def test_split_is_not_proposed_for_a_mean():
     ("kb30_gemm_groupnorm_hardtanh", "hardtanh", True),  # ragged N=68 with G=4: 17-channel groups, BLOCK=32 masked
     ("kb37_matmul_swish_sum_groupnorm", None, True),  # then the swish kernel folds into the GEMM
     ("kb62_matmul_groupnorm_leakyrelu_sum", None, True),  # a Triton kernel reads the result afterwards
-    ("kb75_gemm_groupnorm_min_biasadd", None, False),
+    ("kb75_gemm_groupnorm_min_biasadd", None, True),  # the row min after it: per-group partials
     ("kb88_gemm_groupnorm_swish_multiply_swish", None, False),
     ("kb94_gemm_biasadd_hardtanh_mish_groupnorm", None, False),
 ])
@@ -223,6 +223,8 @@ def test_group_norm_becomes_one_generated_kernel(verify, name, tail, run):
     assert "group_norm_kernel[(y.shape[0]" in src or "group_norm_kernel[(z.shape[0]" in src
     if tail:
         assert f"({tail})" in cand.description and f"F.{tail}" not in src
+    if name.startswith("kb75"):
+        assert "torch.min(gn_part, dim=1, keepdim=True)[0]" in src and "partial of torch.min" in cand.description
     assert torch_compute_calls(parse_kernel(src)) < torch_compute_calls(parse_kernel(p.kernel_source))
     if run:
         verdict = verify(p, src)
