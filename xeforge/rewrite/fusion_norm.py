@@ -131,7 +131,7 @@ def _rewrite(c: Ctx, s: ast.Assign) -> tuple[str, str]:
     kernel = fresh_namer(module_names)("group_norm_kernel")
     fresh_k = fresh_namer({"x_ptr", "gamma_ptr", "beta_ptr", "out_ptr", "N", "GROUP", "stride_x", "stride_out",
                            "eps", "BLOCK", "row", "offs", "offs_n", "in_group", "x", "mean", "diff", "var", "gamma",
-                           "beta", "v"})
+                           "beta", "v", "part", "part_max"})
     target = s.targets[0].id
     b = EpilogueBuilder("v", {target}, lambda n: None, fresh_k, column=("offs_n", "N"))
     from xeforge.rewrite.fusion_rewrites import _is_to_dtype, _operand_resolver, _reduction
