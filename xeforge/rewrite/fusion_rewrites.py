@@ -716,18 +716,25 @@ def _apply_chain(c: Ctx, ch: Chain, extra_launch: dict[str, str] | None = None,
     return dead_code(new, dead), absorb is not None
 
 
-def fuse_forward_ops(source: str, problem: Any) -> tuple[str, str]:
-    c = Ctx(source, problem)
+def _first_forward_launch(c: Ctx, attempt: Callable[[LaunchSite], tuple[str, str]]) -> tuple[str, str]:
+    """``attempt(site)`` on each launch in ``forward``; the first that applies, else every launch's reason."""
     why = []
     for site in c.model.launches:
         if site.function != "forward":
             continue
         try:
-            ch = op_chain(c, site, allow_reduction=False)
-            new, absorbed = _apply_chain(c, ch)
+            return attempt(site)
         except NotApplicable as exc:
             why.append(f"{site.kernel}: {exc}")
-            continue
+    raise NotApplicable("; ".join(why) or "no kernel launch in forward")
+
+
+def fuse_forward_ops(source: str, problem: Any) -> tuple[str, str]:
+    c = Ctx(source, problem)
+
+    def attempt(site: LaunchSite) -> tuple[str, str]:
+        ch = op_chain(c, site, allow_reduction=False)
+        new, absorbed = _apply_chain(c, ch)
         ops = ", ".join(dict.fromkeys(ch.ops))
         parts = []
         if ch.stmts:
@@ -735,7 +742,8 @@ def fuse_forward_ops(source: str, problem: Any) -> tuple[str, str]:
         if absorbed:
             parts.append(f"{site.kernel} writes {c.seg(ch.to_dtype)} directly (no trailing cast pass)")
         return new, "; ".join(parts)
-    raise NotApplicable("; ".join(why) or "no kernel launch in forward")
+
+    return _first_forward_launch(c, attempt)
 
 
 def _col_block(c: Ctx, ts: TileStore, site: LaunchSite) -> tuple[str, int]:
@@ -757,43 +765,38 @@ def _col_block(c: Ctx, ts: TileStore, site: LaunchSite) -> tuple[str, int]:
 
 def fuse_row_reduction(source: str, problem: Any) -> tuple[str, str]:
     c = Ctx(source, problem)
-    why = []
-    for site in c.model.launches:
-        if site.function != "forward":
-            continue
-        try:
-            ch = op_chain(c, site, allow_reduction=True)
-            if ch.reduction is None:
-                raise NotApplicable(ch.stop or "no row reduction follows it")
-            ts = ch.tile
-            block, axis = _col_block(c, ts, site)
-            bind = c.env.binding(site)
-            nparam = ts.cols[1]
-            if nparam not in bind:
-                raise NotApplicable(f"the column bound {nparam} is not a kernel argument")
-            nval = c.env.eval(bind[nparam], site.line)
-            widths = _dim_values(c, nval)
-            if not widths:
-                raise NotApplicable(f"cannot tell the row width {c.seg(bind[nparam])} at the spec's shapes")
-            worst_variant, worst = max(widths, key=lambda kv: kv[1])
-            need = max(MIN_DOT_N, 1 << max(0, (worst - 1).bit_length()))
-            if need > MAX_ROW_TILE:
-                raise NotApplicable(
-                    f"{ch.reduction['src']} needs one tile to cover a row, but N={worst} at {worst_variant} would "
-                    f"need {block}={need} (> {MAX_ROW_TILE}, the widest tile kept in registers)")
-            gnode = _grid_tuple(c, site)
-            if gnode is None or axis >= len(gnode.elts):
-                raise NotApplicable(f"{site.kernel}'s grid is not a literal tuple in forward")
-            nsrc = c.seg(bind[nparam])
-            new, _ = _apply_chain(c, ch, {block: f"max({MIN_DOT_N}, triton.next_power_of_2({nsrc}))"},
-                                  grid_edit=(gnode, axis), row_store=True)
-        except NotApplicable as exc:
-            why.append(f"{site.kernel}: {exc}")
-            continue
+
+    def attempt(site: LaunchSite) -> tuple[str, str]:
+        ch = op_chain(c, site, allow_reduction=True)
+        if ch.reduction is None:
+            raise NotApplicable(ch.stop or "no row reduction follows it")
+        ts = ch.tile
+        block, axis = _col_block(c, ts, site)
+        bind = c.env.binding(site)
+        nparam = ts.cols[1]
+        if nparam not in bind:
+            raise NotApplicable(f"the column bound {nparam} is not a kernel argument")
+        nval = c.env.eval(bind[nparam], site.line)
+        widths = _dim_values(c, nval)
+        if not widths:
+            raise NotApplicable(f"cannot tell the row width {c.seg(bind[nparam])} at the spec's shapes")
+        worst_variant, worst = max(widths, key=lambda kv: kv[1])
+        need = max(MIN_DOT_N, 1 << max(0, (worst - 1).bit_length()))
+        if need > MAX_ROW_TILE:
+            raise NotApplicable(
+                f"{ch.reduction['src']} needs one tile to cover a row, but N={worst} at {worst_variant} would "
+                f"need {block}={need} (> {MAX_ROW_TILE}, the widest tile kept in registers)")
+        gnode = _grid_tuple(c, site)
+        if gnode is None or axis >= len(gnode.elts):
+            raise NotApplicable(f"{site.kernel}'s grid is not a literal tuple in forward")
+        nsrc = c.seg(bind[nparam])
+        new, _ = _apply_chain(c, ch, {block: f"max({MIN_DOT_N}, triton.next_power_of_2({nsrc}))"},
+                              grid_edit=(gnode, axis), row_store=True)
         ops = ", ".join(dict.fromkeys(ch.ops))
         return new, (f"{ch.reduction['src']} fused into {site.kernel} ({ops}): {block} = next_power_of_2(N) so one "
                      f"tile covers each row (N <= {worst} at the spec's shapes); the kernel stores one value per row")
-    raise NotApplicable("; ".join(why) or "no kernel launch in forward")
+
+    return _first_forward_launch(c, attempt)
 
 
 def fuse_split_row_reduction(source: str, problem: Any) -> tuple[str, str]:
@@ -801,23 +804,18 @@ def fuse_split_row_reduction(source: str, problem: Any) -> tuple[str, str]:
     (one slot per row and column tile) and the reduction in forward runs on the partials instead of the full
     output, with the same torch call (sum of sums, max of maxes, logsumexp of tile logsumexps)."""
     c = Ctx(source, problem)
-    why = []
-    for site in c.model.launches:
-        if site.function != "forward":
-            continue
-        try:
-            ch = op_chain(c, site, allow_reduction=True, split=True)
-            if ch.reduction is None:
-                raise NotApplicable(ch.stop or "no row reduction follows it")
-            new, part = _apply_split(c, ch, site)
-        except NotApplicable as exc:
-            why.append(f"{site.kernel}: {exc}")
-            continue
+
+    def attempt(site: LaunchSite) -> tuple[str, str]:
+        ch = op_chain(c, site, allow_reduction=True, split=True)
+        if ch.reduction is None:
+            raise NotApplicable(ch.stop or "no row reduction follows it")
+        new, part = _apply_split(c, ch, site)
         ops = ", ".join(dict.fromkeys(ch.ops))
         return new, (f"{ch.reduction['src']} split over {site.kernel}'s column tiles ({ops}): each tile writes its "
                      f"partial {ch.reduction['kind']} per row into {part}, forward reduces the partials; the full "
                      "output is no longer written")
-    raise NotApplicable("; ".join(why) or "no kernel launch in forward")
+
+    return _first_forward_launch(c, attempt)
 
 
 def _col_tile_index(c: Ctx, ts: TileStore, block: str) -> str:
