@@ -210,9 +210,9 @@ def test_split_is_not_proposed_for_a_mean():
 @pytest.mark.parametrize("name,tail,run", [  # three run through the verifier (CI time); all six are rewritten
     ("kb30_gemm_groupnorm_hardtanh", "hardtanh", True),  # ragged N=68 with G=4: 17-channel groups, BLOCK=32 masked
     ("kb37_matmul_swish_sum_groupnorm", None, True),  # then the swish kernel folds into the GEMM
-    ("kb62_matmul_groupnorm_leakyrelu_sum", None, True),  # a Triton kernel reads the result afterwards
+    ("kb62_matmul_groupnorm_leakyrelu_sum", None, True),  # the Triton kernel reading it afterwards is folded in
     ("kb75_gemm_groupnorm_min_biasadd", None, True),  # the row min after it: per-group partials
-    ("kb88_gemm_groupnorm_swish_multiply_swish", None, False),
+    ("kb88_gemm_groupnorm_swish_multiply_swish", None, True),  # folded in, with its per-column weight (offs % N)
     ("kb94_gemm_biasadd_hardtanh_mish_groupnorm", None, False),
 ])
 def test_group_norm_becomes_one_generated_kernel(verify, name, tail, run):
@@ -225,6 +225,10 @@ def test_group_norm_becomes_one_generated_kernel(verify, name, tail, run):
         assert f"({tail})" in cand.description and f"F.{tail}" not in src
     if name.startswith("kb75"):
         assert "torch.min(gn_part, dim=1, keepdim=True)[0]" in src and "partial of torch.min" in cand.description
+    for folded in ("leaky_relu_double_kernel", "swish_mul_swish_kernel"):
+        if folded in p.kernel_source:
+            assert f"def {folded}" not in src and f"{folded}[" not in src and f"{folded} (folded in" in cand.description
+            assert len(parse_kernel(src).launches) == 2  # the GEMM and the GroupNorm kernel: one launch fewer
     assert torch_compute_calls(parse_kernel(src)) < torch_compute_calls(parse_kernel(p.kernel_source))
     if run:
         verdict = verify(p, src)

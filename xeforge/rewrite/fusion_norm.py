@@ -8,6 +8,8 @@ the per-channel affine and the translated ops, and stores in the output dtype. t
 passes over the tensor and each following op another one; this is one read and one write. A row reduction
 after it (sum, max, min, logsumexp over the channels) is split by group: each program stores its group's
 partial and forward's reduction runs on the (rows, groups) partials, so the normalised tensor is never written.
+A flat elementwise Triton kernel that then reads the result (``out[i] = f(z[i], w[i % N], ...)``) is folded in:
+its body runs on each element with that element's flat index, and the kernel writes its output instead.
 
 Not applicable, with the reason: no affine weight and bias, a group wider than :data:`MAX_GROUP` channels at
 the spec's shapes, an input that is not a 2D tensor, or an op the fusion table does not translate (the chain
@@ -19,6 +21,8 @@ from __future__ import annotations
 import ast
 import copy
 from types import SimpleNamespace
+
+import libcst as cst
 from typing import Any
 
 from xeforge.kernel_model import dotted_name
@@ -140,6 +144,7 @@ def _rewrite(c: Ctx, s: ast.Assign) -> tuple[str, str]:
     b.resolve = _operand_resolver(c, SimpleNamespace(line=s.lineno), yv, fresh_k, {}, state)
     # the elementwise ops after it, as far as the fusion table goes
     cur, chain, older, ret, to_dtype, stop, reduce = target, [], set(), None, None, "", None
+    stop_at = None
     for st in c.after(s.lineno):
         if isinstance(st, ast.Return):
             if isinstance(st.value, ast.Name) and st.value.id == cur:
@@ -153,7 +158,7 @@ def _rewrite(c: Ctx, s: ast.Assign) -> tuple[str, str]:
             continue  # allocations and sizes stay where they are
         if cur not in mentions or (mentions & older) or not (
                 isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)):
-            stop = f"line {st.lineno} is not an elementwise op on {cur}"
+            stop, stop_at = f"line {st.lineno} is not an elementwise op on {cur}", st
             break
         try:
             red = _reduction(st.value, cur)
@@ -174,7 +179,7 @@ def _rewrite(c: Ctx, s: ast.Assign) -> tuple[str, str]:
             b.lines[snap[0]:] = []
             b.operands, b.loaded = snap[1], snap[2]
             b.ops[snap[3]:] = []
-            stop = f"line {st.lineno}: {exc}"
+            stop, stop_at = f"line {st.lineno}: {exc}", st
             break
         chain.append(st)
         if st.targets[0].id != cur:
@@ -186,14 +191,21 @@ def _rewrite(c: Ctx, s: ast.Assign) -> tuple[str, str]:
     stale = sorted(n for n in gone if loads(rest, n))
     if stale:
         raise NotApplicable(f"{', '.join(stale)} is read after the ops that would be fused")
+    fold = None
+    if reduce is None and ret is None and stop_at is not None:
+        fold = _fold_consumer(c, stop_at, cur, older, fresh_k)
     # the kernel
     extra = "".join(f" {op.param}," for op in b.operands.values())
+    extra += "".join(f" {q}," for q, _ in fold["params"]) if fold else ""
     body = "".join(f"    {line}\n" for line in b.lines)
     if reduce is not None:
         kind = _reduction(reduce.value, cur)[0]
         body += "".join(f"    {line}\n" for line in PARTIAL[kind])
-    code = KERNEL.format(name=kernel, extra=extra, var="v", body=body,
-                         store=PARTIAL_STORE if reduce is not None else STORE)
+    store = PARTIAL_STORE if reduce is not None else STORE
+    if fold:
+        body += "".join(f"    {line}\n" for line in fold["lines"])
+        store = f"    tl.store(out_ptr + {fold['flat']}, {fold['value']}, mask=in_group)"
+    code = KERNEL.format(name=kernel, extra=extra, var="v", body=body, store=store)
     # forward: allocate, launch, rebind
     out = fresh_fwd("gn_part" if reduce is not None else "gn_out")
     ys = c.seg(y)
@@ -202,6 +214,9 @@ def _rewrite(c: Ctx, s: ast.Assign) -> tuple[str, str]:
     eps = c.seg(args["eps"]) if "eps" in args else "1e-05"
     w, bias = (ast.unparse(_strip_float(args[a])) for a in ("weight", "bias"))
     kwargs = "".join(f", {op.param}={op.src}" for op in b.operands.values())
+    if fold:
+        out = fold["out"]
+        kwargs += "".join(f", {q}={src}" for q, src in fold["params"])
     shape = f"({ys}.shape[0], {groups})" if reduce is not None else f"{ys}.shape"
     lines = [f"{out} = torch.empty({shape}, device={ys}.device, dtype={dtype})",
              f"{kernel}[({ys}.shape[0], {groups})](\n"
@@ -210,7 +225,12 @@ def _rewrite(c: Ctx, s: ast.Assign) -> tuple[str, str]:
              f"    {eps}{kwargs},\n"
              f"    BLOCK=triton.next_power_of_2({ys}.shape[1] // {groups}), num_warps=4)"]
     edits = Edits()
-    if reduce is not None:
+    if fold:
+        # the normalised tensor is never written: the consumer's body runs in the kernel, which writes its output
+        edits.replace[s.lineno] = []
+        edits.replace[fold["site"].line] = statements("\n".join(lines[1:]))
+        edits.remove_functions.add(fold["site"].kernel)
+    elif reduce is not None:
         combine = copy.deepcopy(reduce)
         call = combine.value
         while not isinstance(call, ast.Call):  # torch.min(y, dim=1)[0] / .values
@@ -230,13 +250,109 @@ def _rewrite(c: Ctx, s: ast.Assign) -> tuple[str, str]:
     except LookupError as exc:
         raise NotApplicable(f"could not rewrite forward: {exc}") from None
     new = add_module_function(new, kernel, code)
-    new = dead_code(new, {n.id for st in chain for n in ast.walk(st) if isinstance(n, ast.Name)})
+    dead = {n.id for st in chain for n in ast.walk(st) if isinstance(n, ast.Name)}
+    if fold:
+        dead |= {n.id for n in ast.walk(fold["site"].node) if isinstance(n, ast.Name)}
+    new = dead_code(new, dead)
     ops = ", ".join(dict.fromkeys(b.ops))
     tail = f" and {len(chain)} op statement(s) after it ({ops})" if chain else ""
     cast = f", written as {dtype}" if to_dtype is not None and ret is not None else ""
+    if fold:
+        return new, (f"F.group_norm{tail} and {fold['site'].kernel} (folded in: it read the normalised tensor "
+                     f"element by element) now run as one generated Triton kernel ({kernel}: one program per row and "
+                     f"group, one read and one write)")
     if reduce is not None:
         return new, (f"F.group_norm{tail} now run as one generated Triton kernel ({kernel}: one program per row and "
                      f"group) that writes each group's partial of {ast.unparse(reduce.value)}; forward reduces the "
                      "partials, the normalised tensor is never written")
     return new, (f"F.group_norm{tail} now run as one generated Triton kernel ({kernel}: one program per row and "
                  f"group, one read and one write{cast})" + (f"; stopped at {stop}" if stop and chain else ""))
+
+
+_SIZE_ATTRS = {"shape", "numel", "size", "stride", "device", "dtype", "dim"}
+
+
+def _size_only(st: ast.stmt, name: str) -> bool:
+    """``name`` appears in ``st`` only through its sizes, device or dtype (``name.numel()``, ``name.shape``...)."""
+    parents = {id(ch): node for node in ast.walk(st) for ch in ast.iter_child_nodes(node)}
+    for n in ast.walk(st):
+        if isinstance(n, ast.Name) and n.id == name:
+            up = parents.get(id(n))
+            if not (isinstance(up, ast.Attribute) and up.attr in _SIZE_ATTRS):
+                return False
+    return True
+
+
+def _fold_consumer(c: Ctx, stop: ast.stmt, cur: str, older: set[str], fresh) -> dict | None:
+    """A flat elementwise Triton kernel that reads ``cur`` right after the GroupNorm, as lines of the GroupNorm
+    kernel: its loads of ``cur`` become the normalised value, its flat index the (row, channel) element's, its mask
+    the group's. None (nothing folded) when anything about it does not fit."""
+    from xeforge.rewrite.cst_tools import Substitute, code, names_in, rename
+    from xeforge.rewrite.fusion_tile import elementwise_kernel
+
+    after = [st for st in c.fwd if st.lineno >= stop.lineno]
+    launch = None
+    for st in after:
+        site = next((l for l in c.model.launches if l.function == "forward" and l.line == st.lineno), None)
+        if site is not None:
+            launch = site
+            break
+        if not (pure_stmt(st, c.env) and _size_only(st, cur) and not ({n.id for n in ast.walk(st)
+                                                                        if isinstance(n, ast.Name)} & older)):
+            return None
+    if launch is None:
+        return None
+    try:
+        ek = elementwise_kernel(c.parsed, launch.kernel)
+    except NotApplicable:
+        return None
+    cbind = c.env.binding(launch)
+    ins = [q for q in ek.flat_loads if isinstance(cbind.get(q), ast.Name) and cbind[q].id == cur]
+    if not ins or len(ins) != len(ek.flat_loads):
+        return None  # it reads another tensor at the flat index too
+    skip = [n for q in ins for n in ek.flat_nodes[q]]
+    out = cbind.get(ek.out_param)
+    if any(ek.uses(q, skip) for q in ins) or not isinstance(out, ast.Name) or out.id == cur:
+        return None
+    if len(c.launches_of(launch.kernel)) != 1 or loads(c.after(launch.line), cur):
+        return None
+    alloc = next((st for st in c.fwd if st.lineno < launch.line and isinstance(st, ast.Assign)
+                  and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name) and st.targets[0].id == out.id), None)
+    if alloc is None or not (isinstance(alloc.value, ast.Call) and (dotted_name(alloc.value.func) or "").rsplit(
+            ".", 1)[-1] in ("empty", "empty_like", "zeros", "zeros_like")):
+        return None  # the store below assumes a fresh contiguous buffer, as the consumer's flat index did
+    n_arg = cbind.get(ek.n_param) if ek.n_param else None
+    numel = {f"{cur}.numel()"} | {st.targets[0].id for st in c.fwd if isinstance(st, ast.Assign)
+                                   and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)
+                                   and ast.unparse(st.value) == f"{cur}.numel()"}
+    if n_arg is None or ast.unparse(n_arg) not in numel:
+        return None  # its bound is not the tensor's element count
+    cfn = c.parsed.function(launch.kernel)
+    mapping: dict[str, str] = {ek.out_param: "out_ptr"}
+    params: list[tuple[str, str]] = []
+    for q in ek.params:
+        if q in ins or q == ek.out_param or (q in (ek.n_param, ek.block_param) and not ek.uses(q, [])):
+            continue
+        if q in ek.constexprs or q not in cbind:
+            return None
+        mapping[q] = fresh(f"ew_{q}")
+        params.append((mapping[q], c.seg(cbind[q])))
+    for n in sorted(names_in(cfn.body)):
+        if n not in mapping and n not in ek.params and n not in ("tl", "triton", "float", "int", "None"):
+            mapping[n] = fresh(n)
+    flat = fresh("flat")
+    lines = [f"{flat} = row * N + offs_n[None, :]  # {launch.kernel}'s flat index of this element"]
+    if ek.uses(ek.offs, skip):
+        lines.append(f"{mapping[ek.offs]} = {flat}")
+    if ek.mask is not None and ek.uses(ek.mask, skip):
+        lines.append(f"{mapping[ek.mask]} = in_group")
+    ids = {id(n) for n in skip}
+    value_node = cst.Name("v")
+
+    def subst(node):
+        return value_node if id(node) in ids else None
+
+    for st in ek.body:
+        lines.extend(code(rename(st.visit(Substitute(subst)), mapping)).strip().splitlines())
+    value = code(rename(ek.store_value.visit(Substitute(subst)), mapping))
+    return {"site": launch, "lines": lines, "value": value, "flat": flat, "out": out.id, "params": params}
