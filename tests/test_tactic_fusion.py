@@ -312,3 +312,14 @@ def test_dry_run_shows_each_tactics_diff(name, needles):
         assert needle in tactics[tactic]["diff"], tactics[tactic]["diff"]
     assert not tactics["fuse-row-reduction"]["applies"]
     assert tactics["fuse-row-reduction"]["reason"].startswith("no fusion tactic applies:")
+
+
+def test_group_norm_does_not_fold_a_kernel_that_covers_part_of_the_tensor():
+    """The fold needs the consumer to cover every element (its bound is the tensor's numel); otherwise it stays a
+    separate launch after the generated kernel."""
+    p = problem(KERNELS / "kb62_matmul_groupnorm_leakyrelu_sum")
+    src = p.kernel_source.replace("n = y.numel()", "n = y.numel() // 2")
+    assert src != p.kernel_source
+    cand = propose("fuse-group-norm", p, src)[-1]
+    assert "folded in" not in cand.description and "leaky_relu_double_kernel[" in cand.source
+    assert "def group_norm_kernel(" in cand.source

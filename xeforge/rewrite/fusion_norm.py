@@ -194,6 +194,12 @@ def _rewrite(c: Ctx, s: ast.Assign) -> tuple[str, str]:
     fold = None
     if reduce is None and ret is None and stop_at is not None:
         fold = _fold_consumer(c, stop_at, cur, older, fresh_k)
+        # the launch moves to the consumer's place: what it reads must not change on the way there
+        used = {n.id for n in ast.walk(s.value) if isinstance(n, ast.Name)}
+        kept = [st for st in c.fwd if s.lineno < st.lineno < fold["site"].line and st not in chain] if fold else []
+        stored = {t.id for st in kept for t in ast.walk(st) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
+        if used & stored:
+            fold = None
     # the kernel
     extra = "".join(f" {op.param}," for op in b.operands.values())
     extra += "".join(f" {q}," for q, _ in fold["params"]) if fold else ""
@@ -316,8 +322,8 @@ def _fold_consumer(c: Ctx, stop: ast.stmt, cur: str, older: set[str], fresh) -> 
         return None
     if len(c.launches_of(launch.kernel)) != 1 or loads(c.after(launch.line), cur):
         return None
-    alloc = next((st for st in c.fwd if st.lineno < launch.line and isinstance(st, ast.Assign)
-                  and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name) and st.targets[0].id == out.id), None)
+    alloc = next((st for st in c.fwd if st.lineno < launch.line and isinstance(st, ast.Assign) and len(st.targets) == 1
+                  and isinstance(st.targets[0], ast.Name) and st.targets[0].id == out.id), None)
     if alloc is None or not (isinstance(alloc.value, ast.Call) and (dotted_name(alloc.value.func) or "").rsplit(
             ".", 1)[-1] in ("empty", "empty_like", "zeros", "zeros_like")):
         return None  # the store below assumes a fresh contiguous buffer, as the consumer's flat index did
