@@ -78,9 +78,6 @@ class RulesEngine:
         return records
 
 
-_ELEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float8_e4m3fn": 1, "float8_e5m2": 1}
-
-
 def refit_stages(ctx: StageContext, outcome: TrialOutcome) -> Candidate | None:
     """A candidate that failed to compile for shared memory, again with the ``num_stages`` that fits.
 
@@ -88,13 +85,15 @@ def refit_stages(ctx: StageContext, outcome: TrialOutcome) -> Candidate | None:
     epilogue is staged through shared memory needs 128 KB more than its operand stages), so a tile that the
     search rightly wanted is not lost to one stage too many. None for any other failure.
     """
+    from xeforge.kb._base import DTYPE_BYTES, dtype_key
     from xeforge.rewrite.tiling_configs import fit_stages
 
     failed = outcome.verdict.failed_gate if outcome.verdict is not None else None
     if failed is None or failed.gate != "0-isolation":
         return None
     variant = ctx.problem.timing_variant(ctx.device.kind) if ctx.problem is not None else None
-    elem = _ELEM_BYTES.get(getattr(variant, "dtype", None) or "", 2)
+    dtype = getattr(variant, "dtype", None)
+    elem = DTYPE_BYTES.get(dtype_key(dtype) if dtype else None, 2)
     fitted = fit_stages(outcome.candidate.source, f"{failed.summary} {failed.details.get('detail', '')}", elem)
     if fitted is None:
         return None

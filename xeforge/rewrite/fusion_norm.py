@@ -21,14 +21,17 @@ from __future__ import annotations
 import ast
 import copy
 from types import SimpleNamespace
+from typing import Any
 
 import libcst as cst
-from typing import Any
 
 from xeforge.kernel_model import dotted_name
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.context import Ctx, dead_code, fresh_namer, loads, pure_stmt
-from xeforge.rewrite.cst_tools import Edits, apply_edits, statements
+from xeforge.rewrite.cst_tools import Edits, Substitute, apply_edits, code, names_in, rename, statements
+from xeforge.rewrite.fusion_rewrites import (SPLIT_IDENTITY, _is_to_dtype, _operand_resolver, _reduction,
+                                             row_reduce_lines)
+from xeforge.rewrite.fusion_tile import elementwise_kernel
 from xeforge.rewrite.tiling_edit import add_module_function
 from xeforge.rewrite.tl_ops import EpilogueBuilder, Unsupported
 
@@ -58,16 +61,8 @@ def {name}(x_ptr, gamma_ptr, beta_ptr, out_ptr, N, GROUP, stride_x, stride_out, 
 '''
 STORE = "    tl.store(out_ptr + row * stride_out + offs_n[None, :], v.to(out_ptr.dtype.element_ty), mask=in_group)"
 #: a row reduction after the GroupNorm: each program stores its group's partial, forward reduces the partials
-PARTIAL = {
-    "sum": ["part = tl.sum(tl.where(in_group, v, 0.0), axis=1)"],
-    "max": ['part = tl.max(tl.where(in_group, v, float("-inf")), axis=1)'],
-    "min": ['part = tl.min(tl.where(in_group, v, float("inf")), axis=1)'],
-    "logsumexp": ['part_max = tl.max(tl.where(in_group, v, float("-inf")), axis=1)',
-                  "part = part_max + tl.log(tl.sum(tl.where(in_group, tl.exp(v - part_max[:, None]), 0.0), axis=1))"],
-}
-PARTIAL["amax"], PARTIAL["amin"] = PARTIAL["max"], PARTIAL["min"]
 PARTIAL_STORE = ("    tl.store(out_ptr + row * stride_out + tl.program_id(1) + tl.arange(0, 1), "
-                 "part.to(out_ptr.dtype.element_ty))")
+                 "{part}.to(out_ptr.dtype.element_ty))")
 
 
 def _gn_args(call: ast.Call) -> dict[str, ast.expr]:
@@ -135,11 +130,9 @@ def _rewrite(c: Ctx, s: ast.Assign) -> tuple[str, str]:
     kernel = fresh_namer(module_names)("group_norm_kernel")
     fresh_k = fresh_namer({"x_ptr", "gamma_ptr", "beta_ptr", "out_ptr", "N", "GROUP", "stride_x", "stride_out",
                            "eps", "BLOCK", "row", "offs", "offs_n", "in_group", "x", "mean", "diff", "var", "gamma",
-                           "beta", "v", "part", "part_max"})
+                           "beta", "v"})
     target = s.targets[0].id
     b = EpilogueBuilder("v", {target}, lambda n: None, fresh_k, column=("offs_n", "N"))
-    from xeforge.rewrite.fusion_rewrites import _is_to_dtype, _operand_resolver, _reduction
-
     state = {"line": s.lineno}
     b.resolve = _operand_resolver(c, SimpleNamespace(line=s.lineno), yv, fresh_k, {}, state)
     # the elementwise ops after it, as far as the fusion table goes
@@ -166,7 +159,7 @@ def _rewrite(c: Ctx, s: ast.Assign) -> tuple[str, str]:
             stop = f"line {st.lineno}: {exc}"
             break
         if red is not None:
-            if red[0] not in PARTIAL:
+            if red[0] not in SPLIT_IDENTITY:
                 stop = f"line {st.lineno}: per-group partials of a {red[0]} do not combine with the same op"
                 break
             reduce = st  # the row reduction runs on the groups' partials: the normalised tensor is never written
@@ -204,14 +197,16 @@ def _rewrite(c: Ctx, s: ast.Assign) -> tuple[str, str]:
     extra = "".join(f" {op.param}," for op in b.operands.values())
     extra += "".join(f" {q}," for q, _ in fold["params"]) if fold else ""
     body = "".join(f"    {line}\n" for line in b.lines)
+    store = STORE
     if reduce is not None:
-        kind = _reduction(reduce.value, cur)[0]
-        body += "".join(f"    {line}\n" for line in PARTIAL[kind])
-    store = PARTIAL_STORE if reduce is not None else STORE
+        part = fresh_k("part")
+        body += "".join(f"    {line}\n" for line in row_reduce_lines(_reduction(reduce.value, cur)[0], "v", "in_group",
+                                                                      part, fresh_k))
+        store = PARTIAL_STORE.format(part=part)
     if fold:
         body += "".join(f"    {line}\n" for line in fold["lines"])
         store = f"    tl.store(out_ptr + {fold['flat']}, {fold['value']}, mask=in_group)"
-    code = KERNEL.format(name=kernel, extra=extra, var="v", body=body, store=store)
+    kernel_code = KERNEL.format(name=kernel, extra=extra, var="v", body=body, store=store)
     # forward: allocate, launch, rebind
     out = fresh_fwd("gn_part" if reduce is not None else "gn_out")
     ys = c.seg(y)
@@ -255,7 +250,7 @@ def _rewrite(c: Ctx, s: ast.Assign) -> tuple[str, str]:
         new = apply_edits(c.source, edits, c.parsed)
     except LookupError as exc:
         raise NotApplicable(f"could not rewrite forward: {exc}") from None
-    new = add_module_function(new, kernel, code)
+    new = add_module_function(new, kernel, kernel_code)
     dead = {n.id for st in chain for n in ast.walk(st) if isinstance(n, ast.Name)}
     if fold:
         dead |= {n.id for n in ast.walk(fold["site"].node) if isinstance(n, ast.Name)}
@@ -293,9 +288,6 @@ def _fold_consumer(c: Ctx, stop: ast.stmt, cur: str, older: set[str], fresh) -> 
     """A flat elementwise Triton kernel that reads ``cur`` right after the GroupNorm, as lines of the GroupNorm
     kernel: its loads of ``cur`` become the normalised value, its flat index the (row, channel) element's, its mask
     the group's. None (nothing folded) when anything about it does not fit."""
-    from xeforge.rewrite.cst_tools import Substitute, code, names_in, rename
-    from xeforge.rewrite.fusion_tile import elementwise_kernel
-
     after = [st for st in c.fwd if st.lineno >= stop.lineno]
     launch = None
     for st in after:

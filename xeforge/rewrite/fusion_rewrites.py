@@ -589,22 +589,28 @@ def _translate_reduction(ch: Chain, red: tuple[str, bool], s: ast.stmt, split: b
     offs_n, n = b.column or ts.cols  # after an avg_pool1d: the pooled columns
     cm = b.fresh("col_mask")
     row = b.fresh("row")
-    v = b.var
     b.lines.append(f"{cm} = {offs_n}[None, :] < {n}")
-    if kind in ("sum", "mean"):
-        expr = f"tl.sum(tl.where({cm}, {v}, 0.0), axis=1)"
-        b.lines.append(f"{row} = {expr}" + (f" / {n}" if kind == "mean" else ""))
-    elif kind in ("max", "amax"):
-        b.lines.append(f"{row} = tl.max(tl.where({cm}, {v}, float(\"-inf\")), axis=1)")
-    elif kind in ("min", "amin"):
-        b.lines.append(f"{row} = tl.min(tl.where({cm}, {v}, float(\"inf\")), axis=1)")
-    else:  # logsumexp
-        mx = b.fresh("row_max")
-        b.lines.append(f"{mx} = tl.max(tl.where({cm}, {v}, float(\"-inf\")), axis=1)")
-        b.lines.append(f"{row} = {mx} + tl.log(tl.sum(tl.where({cm}, tl.exp({v} - {mx}[:, None]), 0.0), axis=1))")
+    lines = row_reduce_lines(kind, b.var, cm, row, b.fresh)
+    if kind == "mean":
+        lines[-1] += f" / {n}"
+    b.lines += lines
     b.ops.append(kind)
     b.var, b.column = row, None
     ch.reduction = {"kind": kind, "keepdim": keep, "line": s.lineno, "src": ast.unparse(s.value)}
+
+
+def row_reduce_lines(kind: str, value: str, mask: str, target: str, fresh: Callable[[str], str]) -> list[str]:
+    """``target`` = the ``kind`` reduction of the 2D ``value`` over axis 1, the columns outside ``mask`` left out
+    (a mean is the sum here: the caller divides)."""
+    if kind in ("sum", "mean"):
+        return [f"{target} = tl.sum(tl.where({mask}, {value}, 0.0), axis=1)"]
+    if kind in ("max", "amax"):
+        return [f'{target} = tl.max(tl.where({mask}, {value}, float("-inf")), axis=1)']
+    if kind in ("min", "amin"):
+        return [f'{target} = tl.min(tl.where({mask}, {value}, float("inf")), axis=1)']
+    mx = fresh(f"{target}_max")  # logsumexp
+    return [f'{mx} = tl.max(tl.where({mask}, {value}, float("-inf")), axis=1)',
+            f"{target} = {mx} + tl.log(tl.sum(tl.where({mask}, tl.exp({value} - {mx}[:, None]), 0.0), axis=1))"]
 
 
 def _alloc_stmt(c: Ctx, name: str, before: int) -> ast.Assign | None:
