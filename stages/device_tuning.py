@@ -5,6 +5,11 @@ launch site of the kernel that matters most, draw alternatives from the knowledg
 the device and kernel family (a small built-in space when no KB entry applies), prune what the KB
 constraints forbid, keep grid sizes consistent with the block sizes, and hand the candidates to the
 verifier. The pipeline keeps the best verified one.
+
+The stage's other tactics live beside it: ``group-swizzle`` (:mod:`stages.device_tuning_swizzle`, grouped tile
+order, run first so the search tunes GROUP_SIZE_M) and ``rows-per-program`` (:mod:`stages.device_tuning_rows`,
+ROWS rows per program for kernels that start one tiny program per row, run last so ROWS is sized from the
+tuned block).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import random
 from typing import Any
 
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic
+from stages.device_tuning_rows import RowsPerProgram
 from stages.device_tuning_swizzle import GroupedTileOrder
 from xeforge.codemod import grid_axis_literal, set_grid_block, set_launch_kwargs
 from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, axis_blocks, dotted_name
@@ -233,6 +239,7 @@ STAGE = Stage(
     order=7,
     goal="pick tile sizes, num_warps, num_stages, grf_mode, warp_size and GROUP_SIZE_M for the device",
     kb_topics=("tiles", "warps", "grf", "slm", "swizzle"),
-    tactics=[GroupedTileOrder(), LaunchParamSearch()],  # swizzle first: GROUP_SIZE_M then becomes searchable
+    # swizzle first: GROUP_SIZE_M then becomes searchable; row batching last: ROWS is sized from the tuned block
+    tactics=[GroupedTileOrder(), LaunchParamSearch(), RowsPerProgram()],
     detectors=[_detect_defaults],
 )
