@@ -15,7 +15,7 @@ fusion stages (``stages/dtype.py``, ``stages/fusion.py``) use:
   trailing torch ops into the epilogue, row reductions when one tile covers the row).
 - :mod:`xeforge.rewrite.dtype_rewrites` — the precision-contract rewrites around ``tl.dot`` and fp64.
 
-The memory_access, block_io, persistent, device_tuning (swizzle) and autotuning stages use:
+The memory_access, block_io, persistent, device_tuning (swizzle, row batching) and autotuning stages use:
 
 - :mod:`xeforge.rewrite.tiling`, :mod:`~xeforge.rewrite.tiling_grid`, :mod:`~xeforge.rewrite.tiling_edit` — the model
   of a tiled kernel (program ids, tile offsets, K loop, masks) and the grid / launch edits built on it.
@@ -26,6 +26,8 @@ The memory_access, block_io, persistent, device_tuning (swizzle) and autotuning 
 - :mod:`xeforge.rewrite.persistent` — the persistent tile loop sized from the device's core count.
 - :mod:`xeforge.rewrite.autotune` — the ``@triton.autotune`` decorator from verified configurations.
 - :mod:`xeforge.rewrite.memory` — coalescing and int32-overflow analysis, the int64 cast.
+- :mod:`xeforge.rewrite.rows` — row batching (device_tuning): ROWS rows per program as a [ROWS, BLOCK] block
+  for a kernel that starts one tiny program per row.
 
 (``memory``'s static evaluation of ``forward`` overlaps ``forward_env``, and ``tiling_edit`` overlaps ``cst_tools``:
 known, to be merged.)
