@@ -72,7 +72,8 @@ class EpilogueBuilder:
 
     ``resolve(node)`` classifies a non-value operand (a ``self.*`` attribute, a forward local) as an
     :class:`Operand` (or None: unsupported). ``column`` is ``(offs_n, N)`` of the tile when per-column
-    vectors may be loaded (2D tile), None for a 1D value (after a row reduction).
+    vectors may be loaded (2D tile), None for a 1D value (after a row reduction); ``column_2d`` says ``offs_n``
+    is already a 2D block of channel indices (loads use it as is instead of broadcasting a row of them).
     """
 
     var: str
@@ -80,6 +81,7 @@ class EpilogueBuilder:
     resolve: Callable[[ast.expr], Operand | None]
     fresh: Callable[[str], str]
     column: tuple[str, str] | None = None
+    column_2d: bool = False
     lines: list[str] = field(default_factory=list)
     operands: dict[str, Operand] = field(default_factory=dict)
     loaded: dict[str, str] = field(default_factory=dict)  # operand param -> tl variable holding it
@@ -162,7 +164,7 @@ class EpilogueBuilder:
             offs_n, n = self.column
             name = self.fresh(known.param.removesuffix("_ptr"))
             self.lines.append(f"{name} = tl.load({known.param} + {offs_n}, mask={offs_n} < {n}, "
-                              f"other=0.0).to(tl.float32)[None, :]")
+                              f"other=0.0).to(tl.float32){'' if self.column_2d else '[None, :]'}")
         self.loaded[known.param] = name
         return name
 
