@@ -14,7 +14,9 @@ Owns: this stage's goal, its issue detectors and five deterministic tactics, cod
 - ``fuse-split-row-reduction``: the same when no tile covers the row (sum/max/min/logsumexp): each tile
   writes its row partial into a small buffer, forward's reduction runs on the partials (same torch call).
 - ``fuse-group-norm``: ``F.group_norm`` on a (rows, channels) tensor and the elementwise ops after it become
-  one generated kernel, one program per (row, group).
+  one generated kernel, one program per row and block of groups. Every fusion tactic whose chain of rewrites
+  reaches a GroupNorm proposes that chain first with the fp32 buffer the GroupNorm reads allocated in the
+  module's result dtype (what the reference computes), then as is.
 
 Each tactic's candidate is its rewrite followed by whatever other fusion then applies (torch ops fused
 first can make a consumer kernel adjacent to its producer); the single-step rewrite is proposed as a
@@ -49,6 +51,10 @@ class FusionTactic(Tactic):
         full, steps = fr.fuse_all(ctx.source, ctx.problem, self.first)
         if full != single:
             out.insert(0, (full, "; then ".join(steps)))
+        # first of all: a GroupNorm on the way reads the fp32 buffer before it in the result's dtype (half the traffic)
+        narrowed, nsteps = fr.fuse_all(ctx.source, ctx.problem, self.first, narrow=True)
+        if narrowed != full:
+            out.insert(0, (narrowed, "; then ".join(nsteps)))
         return out
 
     def results(self, ctx: StageContext) -> list[tuple[str, str]] | str:

@@ -257,6 +257,51 @@ def test_group_norm_kernel_batches_groups_and_masks_the_last_block(verify, tmp_p
     assert verdict.correct, verdict.feedback()
 
 
+@pytest.mark.parametrize("name,buffer,run", [
+    ("kb30_gemm_groupnorm_hardtanh", "y = torch.empty((M, N), device=x.device, dtype=x.dtype)", False),
+    ("kb37_matmul_swish_sum_groupnorm", "z = torch.empty_like(y, dtype=x.dtype)", True),
+    ("kb62_matmul_groupnorm_leakyrelu_sum", "y = torch.empty((M, N), device=x.device, dtype=x.dtype)", False),
+    ("kb75_gemm_groupnorm_min_biasadd", "y = torch.empty((M, N), device=x.device, dtype=x.dtype)", True),
+])
+def test_group_norm_first_candidate_reads_a_buffer_in_the_result_dtype(verify, name, buffer, run):
+    """The GEMM's fp32 output that only the GroupNorm reads is allocated in the module's result dtype (what a bf16
+    Linear returns); per-group partials stay fp32. The plain rewrite is still proposed after it."""
+    p = problem(KERNELS / name)
+    cands = propose("fuse-group-norm", p)
+    narrowed, plain = cands[0], cands[1]
+    assert buffer in narrowed.source and "instead of fp32" in narrowed.description
+    assert buffer not in plain.source and "instead of fp32" not in plain.description
+    if name.startswith("kb37"):  # the elementwise-chain tactic's chain reaches the GroupNorm too: same first
+        chain = propose("fuse-elementwise-chain", p)
+        gemm_out = "y = torch.empty((M, N), device=x.device, dtype=x.dtype)"  # the swish is folded into the GEMM
+        assert gemm_out in chain[0].source and "instead of fp32" in chain[0].description
+        assert all(gemm_out not in c.source for c in chain[1:])
+    if name.startswith("kb75"):
+        assert "gn_part = torch.empty((y.shape[0], self.group_norm.num_groups), device=y.device, " \
+               "dtype=torch.float32)" in narrowed.source
+    if run:
+        verdict = verify(p, narrowed.source)
+        assert verdict.correct, verdict.feedback()
+
+
+def test_group_norm_input_stays_fp32_when_the_result_is_fp32_or_it_is_read_again():
+    from xeforge.rewrite import NotApplicable
+    from xeforge.rewrite.fusion_norm import group_norm_kernel
+
+    p = problem(KERNELS / "kb30_gemm_groupnorm_hardtanh")
+    fp32 = p.kernel_source.replace("return y.to(x.dtype)", "return y")
+    with pytest.raises(NotApplicable, match="not returned in the dtype of one of its inputs"):
+        group_norm_kernel(fp32, p, narrow=True)
+    assert all("instead of fp32" not in c.description for c in propose("fuse-group-norm", p, fp32))
+    p = problem(KERNELS / "kb37_matmul_swish_sum_groupnorm")
+    reread = p.kernel_source.replace("z = F.group_norm(z,", "w = F.group_norm(z,").replace(
+        "return z.to(x.dtype)", "return (w * z.mean()).to(x.dtype)")
+    assert reread.count("w = F.group_norm(z,") == 1 and "z.mean()" in reread
+    with pytest.raises(NotApplicable, match="reads z after the GroupNorm"):
+        group_norm_kernel(reread, p, narrow=True)
+    assert "def group_norm_kernel(" in group_norm_kernel(reread, p)[0]  # the plain rewrite still applies
+
+
 # ------------------------------------------------------------------------------------------------ unsupported
 def test_groupnorm_between_kernels_is_left_alone_with_reasons():
     """Every tactic but fuse-group-norm (which replaces it) says why it leaves a GroupNorm between two kernels."""

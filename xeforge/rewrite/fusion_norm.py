@@ -2,14 +2,17 @@
 
 Owns :func:`group_norm_kernel`: ``z = F.group_norm(y, G, weight, bias, eps)`` on a 2D ``(rows, channels)``
 tensor, followed by elementwise torch ops on ``z`` (the fusion table of :mod:`xeforge.rewrite.tl_ops`) and an
-optional ``return z.to(dtype)``, is replaced by a launch of a kernel written here: one program per row and block of
-groups (narrow groups are batched up to :data:`PROGRAM_ELEMENTS` channels a program) loads the channels once, computes mean and biased variance in fp32 (as PyTorch does), applies
-the per-channel affine and the translated ops, and stores in the output dtype. torch's GroupNorm makes two
-passes over the tensor and each following op another one; this is one read and one write. A row reduction
-after it (sum, max, min, logsumexp over the channels) is split by group: each program stores its group's
-partial and forward's reduction runs on the (rows, groups) partials, so the normalised tensor is never written.
+optional ``return z.to(dtype)``, is replaced by a launch of a kernel written here: one program per row and
+block of groups (narrow groups batched up to :data:`PROGRAM_ELEMENTS` channels a program) loads the channels
+once, computes mean and biased variance in fp32 (as PyTorch does), applies the per-channel affine and the
+translated ops, and stores in the output dtype. torch's GroupNorm makes two passes over the tensor and each
+following op another one; this is one read and one write. A row reduction after it (sum, max, min, logsumexp
+over the channels) is split by group: each program stores its group's partial and forward's reduction runs on
+the (rows, groups) partials, so the normalised tensor is never written.
 A flat elementwise Triton kernel that then reads the result (``out[i] = f(z[i], w[i % N], ...)``) is folded in:
 its body runs on each element with that element's flat index, and the kernel writes its output instead.
+With ``narrow``, the fp32 buffer the GroupNorm reads (a Triton kernel's output) is allocated in the module's
+result dtype instead (:func:`_narrow_input` says why that keeps every precision contract).
 
 Not applicable, with the reason: no affine weight and bias, a group wider than :data:`MAX_GROUP` channels at
 the spec's shapes, an input that is not a 2D tensor, or an op the fusion table does not translate (the chain
@@ -63,7 +66,8 @@ def {name}(x_ptr, gamma_ptr, beta_ptr, out_ptr, N, GROUP, stride_x, stride_out, 
 STORE = "    tl.store(out_ptr + row * stride_out + offs_n, v.to(out_ptr.dtype.element_ty), mask=in_group)"
 #: a row reduction after the GroupNorm: each program stores its groups' partials, forward reduces the partials
 PARTIAL_STORE = ("    tl.store(out_ptr + row * stride_out + tl.program_id(1) * GROUPS + tl.arange(0, GROUPS), "
-                 "{part}.to(out_ptr.dtype.element_ty), mask=tl.program_id(1) * GROUPS + tl.arange(0, GROUPS) < N // GROUP)")
+                 "{part}.to(out_ptr.dtype.element_ty),\n"
+                 "             mask=tl.program_id(1) * GROUPS + tl.arange(0, GROUPS) < N // GROUP)")
 #: elements one program normalises (fp32, 4 warps): narrow groups are batched up to this many per program, so a
 #: 16-channel group is not a program of its own (524,288 tiny programs for 1024 rows of 512 groups)
 PROGRAM_ELEMENTS = 2048
@@ -99,7 +103,9 @@ def _group_widths(c: Ctx, y: ast.expr, groups: ast.expr, line: int) -> list[tupl
     return out
 
 
-def group_norm_kernel(source: str, problem: Any) -> tuple[str, str]:
+def group_norm_kernel(source: str, problem: Any, narrow: bool = False) -> tuple[str, str]:
+    """The rewrite; ``narrow`` also stores the GroupNorm's fp32 input buffer in the module's result dtype
+    (:func:`_narrow_input`), or raises NotApplicable when that does not apply."""
     c = Ctx(source, problem)
     why = []
     for s in c.fwd:
@@ -107,13 +113,13 @@ def group_norm_kernel(source: str, problem: Any) -> tuple[str, str]:
                 and isinstance(s.value, ast.Call) and dotted_name(s.value.func) in GROUP_NORM):
             continue
         try:
-            return _rewrite(c, s)
+            return _rewrite(c, s, narrow)
         except NotApplicable as exc:
             why.append(f"line {s.lineno}: {exc}")
     raise NotApplicable("; ".join(why) or "no F.group_norm in forward")
 
 
-def _rewrite(c: Ctx, s: ast.Assign) -> tuple[str, str]:
+def _rewrite(c: Ctx, s: ast.Assign, narrow: bool = False) -> tuple[str, str]:
     args = _gn_args(s.value)
     missing = [a for a in ("input", "num_groups", "weight", "bias") if a not in args]
     if missing or any(isinstance(args[a], ast.Constant) and args[a].value is None for a in ("weight", "bias")):
@@ -216,6 +222,9 @@ def _rewrite(c: Ctx, s: ast.Assign) -> tuple[str, str]:
     ys = c.seg(y)
     groups = c.seg(args["num_groups"])
     dtype = c.seg(to_dtype) if to_dtype is not None and ret is not None else f"{ys}.dtype"
+    narrowed = _narrow_input(c, y, s) if narrow else None
+    if narrowed is not None and dtype == f"{ys}.dtype":
+        dtype = "torch.float32"  # what the buffer held before: partials and outputs keep fp32
     eps = c.seg(args["eps"]) if "eps" in args else "1e-05"
     w, bias = (ast.unparse(_strip_float(args[a])) for a in ("weight", "bias"))
     kwargs = "".join(f", {op.param}={op.src}" for op in b.operands.values())
@@ -226,7 +235,7 @@ def _rewrite(c: Ctx, s: ast.Assign) -> tuple[str, str]:
     blk, per = fresh_fwd("gn_block"), fresh_fwd("gn_groups")
     lines = [f"{out} = torch.empty({shape}, device={ys}.device, dtype={dtype})",
              f"{blk} = triton.next_power_of_2({ys}.shape[1] // {groups})",
-             f"{per} = max(1, min(triton.next_power_of_2({groups}), {PROGRAM_ELEMENTS} // {blk}))  # groups a program normalises",
+             f"{per} = max(1, min(triton.next_power_of_2({groups}), {PROGRAM_ELEMENTS} // {blk}))  # groups a program",
              f"{kernel}[({ys}.shape[0], triton.cdiv({groups}, {per}))](\n"
              f"    {ys}, {w}, {bias}, {out}, {ys}.shape[1], {ys}.shape[1] // {groups},\n"
              f"    {ys}.stride(0), {out}.stride(0),\n"
@@ -253,6 +262,8 @@ def _rewrite(c: Ctx, s: ast.Assign) -> tuple[str, str]:
         edits.replace[s.lineno] = statements("\n".join([*lines, f"{cur} = {out}"]))
     for st in chain:
         edits.replace[st.lineno] = []
+    if narrowed is not None:
+        edits.replace[narrowed[0]] = statements(narrowed[1])
     try:
         new = apply_edits(c.source, edits, c.parsed)
     except LookupError as exc:
@@ -265,19 +276,95 @@ def _rewrite(c: Ctx, s: ast.Assign) -> tuple[str, str]:
     ops = ", ".join(dict.fromkeys(b.ops))
     tail = f" and {len(chain)} op statement(s) after it ({ops})" if chain else ""
     cast = f", written as {dtype}" if to_dtype is not None and ret is not None else ""
+    what = f"one generated Triton kernel ({kernel}: one program per row and block of groups"
     if fold:
-        return new, (f"F.group_norm{tail} and {fold['site'].kernel} (folded in: it read the normalised tensor "
-                     f"element by element) now run as one generated Triton kernel ({kernel}: one program per row and block of "
-                     f"groups, one read and one write)")
-    if reduce is not None:
-        return new, (f"F.group_norm{tail} now run as one generated Triton kernel ({kernel}: one program per row and block of "
-                     f"groups) that writes each group's partial of {ast.unparse(reduce.value)}; forward reduces the "
-                     "partials, the normalised tensor is never written")
-    return new, (f"F.group_norm{tail} now run as one generated Triton kernel ({kernel}: one program per row and block of "
-                 f"groups, one read and one write{cast})" + (f"; stopped at {stop}" if stop and chain else ""))
+        desc = (f"F.group_norm{tail} and {fold['site'].kernel} (folded in: it read the normalised tensor element by "
+                f"element) now run as {what}, one read and one write)")
+    elif reduce is not None:
+        desc = (f"F.group_norm{tail} now run as {what}) that writes each group's partial of "
+                f"{ast.unparse(reduce.value)}; forward reduces the partials, the normalised tensor is never written")
+    else:
+        desc = (f"F.group_norm{tail} now run as {what}, one read and one write{cast})"
+                + (f"; stopped at {stop}" if stop and chain else ""))
+    if narrowed is not None:
+        desc += f"; {ys} stored in {narrowed[2]} (the module's result dtype) instead of fp32"
+    return new, desc
 
 
 _SIZE_ATTRS = {"shape", "numel", "size", "stride", "device", "dtype", "dim"}
+_FP32 = {"torch.float32", "torch.float"}
+
+
+def _result_dtype(c: Ctx) -> str | None:
+    """``P.dtype`` when forward returns its result in the dtype of its tensor parameter ``P`` (``return
+    r.to(P.dtype)``, or a buffer allocated with ``dtype=P.dtype``), else None."""
+    fn = c.model.forward()
+    params = {a.arg for a in fn.args.args[1:]} if fn is not None else set()
+    ret = c.fwd[-1] if c.fwd else None
+    if not (isinstance(ret, ast.Return) and ret.value is not None):
+        return None
+    val = ret.value
+    if isinstance(val, ast.Name):
+        alloc = next((st for st in reversed(c.fwd) if isinstance(st, ast.Assign) and len(st.targets) == 1
+                      and isinstance(st.targets[0], ast.Name) and st.targets[0].id == val.id), None)
+        if alloc is None or not isinstance(alloc.value, ast.Call):
+            return None
+        val = next((k.value for k in alloc.value.keywords if k.arg == "dtype"), None)
+    elif isinstance(val, ast.Call) and isinstance(val.func, ast.Attribute) and val.func.attr == "to" \
+            and len(val.args) == 1 and not val.keywords:
+        val = val.args[0]
+    else:
+        return None
+    if isinstance(val, ast.Attribute) and val.attr == "dtype" and isinstance(val.value, ast.Name) \
+            and val.value.id in params:
+        return f"{val.value.id}.dtype"
+    return None
+
+
+def _narrow_input(c: Ctx, y: ast.Name, s: ast.Assign) -> tuple[int, str, str]:
+    """The GroupNorm's input ``y``, an fp32 buffer a Triton kernel writes in forward, allocated in the module's
+    result dtype instead: (line of its allocation, the new allocation, that dtype).
+
+    Under every precision contract this keeps the inputs' precision (``strict`` included): the reference computes
+    that tensor in the inputs' dtype (a Linear on bf16 inputs returns bf16), the generated kernel loads it into
+    fp32 before its statistics, and fp32 variants are unchanged. It halves the buffer's traffic, and the GEMM's
+    output tile staged for a descriptor store halves with it, which lets the wider tiles fit in shared memory.
+    """
+    want = _result_dtype(c)
+    if want is None:
+        raise NotApplicable("the module's result is not returned in the dtype of one of its inputs")
+    alloc = next((st for st in reversed(c.fwd) if st.lineno < s.lineno and isinstance(st, ast.Assign)
+                  and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name) and st.targets[0].id == y.id), None)
+    if alloc is None or not isinstance(alloc.value, ast.Call):
+        raise NotApplicable(f"{y.id} is not allocated in forward")
+    call = alloc.value
+    name = (dotted_name(call.func) or "").rsplit(".", 1)[-1]
+    kw = next((k for k in call.keywords if k.arg == "dtype"), None)
+    if name == "empty" and kw is not None and dotted_name(kw.value) in _FP32:
+        new = ast.unparse(alloc).replace(f"dtype={ast.unparse(kw.value)}", f"dtype={want}")
+    elif name == "empty_like" and kw is None and len(call.args) == 1 and isinstance(call.args[0], ast.Name):
+        src = next((st for st in reversed(c.fwd) if st.lineno < alloc.lineno and isinstance(st, ast.Assign)
+                    and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)
+                    and st.targets[0].id == call.args[0].id), None)
+        skw = next((k for k in src.value.keywords if k.arg == "dtype"), None) if src is not None and isinstance(
+            src.value, ast.Call) else None
+        if skw is None or dotted_name(skw.value) not in _FP32:
+            raise NotApplicable(f"{y.id} is not an fp32 buffer")
+        new = f"{y.id} = torch.empty_like({call.args[0].id}, dtype={want})"
+    else:
+        raise NotApplicable(f"{y.id} is not allocated as an fp32 torch.empty / empty_like")
+    # written by Triton launches only, read by nothing but the GroupNorm (sizes aside)
+    rebound = s.targets[0].id == y.id  # later statements then mean the GroupNorm's result
+    for st in c.fwd:
+        if st.lineno <= alloc.lineno or st is s or (rebound and st.lineno > s.lineno):
+            continue
+        if _size_only(st, y.id):
+            continue
+        if st.lineno > s.lineno:
+            raise NotApplicable(f"line {st.lineno} reads {y.id} after the GroupNorm")
+        if not any(l.function == "forward" and l.line == st.lineno for l in c.model.launches):
+            raise NotApplicable(f"line {st.lineno} uses {y.id} outside a Triton launch")
+    return alloc.lineno, new, want
 
 
 def _size_only(st: ast.stmt, name: str) -> bool:

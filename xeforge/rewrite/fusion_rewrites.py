@@ -936,10 +936,18 @@ def _last_assign(c: Ctx, name: str, before: int) -> ast.Assign | None:
     return found
 
 
-def _group_norm(source: str, problem: Any) -> tuple[str, str]:
+def _group_norm(source: str, problem: Any, narrow: bool = False) -> tuple[str, str]:
     from xeforge.rewrite.fusion_norm import group_norm_kernel  # it builds on this module's chain helpers
 
-    return group_norm_kernel(source, problem)
+    return group_norm_kernel(source, problem, narrow)
+
+
+def _group_norm_narrow(source: str, problem: Any) -> tuple[str, str]:
+    """The GroupNorm rewrite with its fp32 input buffer stored in the module's result dtype where that applies."""
+    try:
+        return _group_norm(source, problem, narrow=True)
+    except NotApplicable:
+        return _group_norm(source, problem)
 
 
 # ------------------------------------------------------------------------------------------------ combined
@@ -952,12 +960,14 @@ REWRITES: dict[str, Callable[[str, Any], tuple[str, str]]] = {
 }
 
 
-def fuse_all(source: str, problem: Any, first: str, limit: int = 8) -> tuple[str, list[str]]:
-    """``first``'s rewrite, then any rewrite that applies to the result, until none does."""
-    new, desc = REWRITES[first](source, problem)
+def fuse_all(source: str, problem: Any, first: str, limit: int = 8, narrow: bool = False) -> tuple[str, list[str]]:
+    """``first``'s rewrite, then any rewrite that applies to the result, until none does. ``narrow``: a GroupNorm
+    on the way reads its input buffer in the module's result dtype where it can (see ``fusion_norm``)."""
+    table = {**REWRITES, "group-norm": _group_norm_narrow} if narrow else REWRITES
+    new, desc = table[first](source, problem)
     done = [desc]
     for _ in range(limit):
-        for name, fn in REWRITES.items():
+        for name, fn in table.items():
             try:
                 nxt, d = fn(new, problem)
             except NotApplicable:

@@ -34,8 +34,8 @@ class Model(torch.nn.Module):
         B, K = x.shape
         N = w.shape[0]
         y = torch.empty((B, N), device=x.device, dtype=x.dtype)
-        grid = (triton.cdiv(N, 32), B)
+        grid = (triton.cdiv(N, 4), B)
         gemv_kernel[grid](x, w, y, N, K,
                           x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
-                          BLOCK_N=32, BLOCK_K=128, num_warps=4)
+                          BLOCK_N=4, BLOCK_K=1024, num_warps=4, num_stages=2)
         return y

@@ -33,7 +33,7 @@ def matmul_bias_kernel(a_ptr, w_ptr, bias_ptr, c_ptr, M, N, K,
         w_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[stride_wn, 1], block_shape=[BLOCK_N, BLOCK_K])
         c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1], block_shape=[BLOCK_M, BLOCK_N])
     # persistent: program p handles tiles p, p + num_programs, p + 2 * num_programs, ...
-    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
         pid_m = tile_id % num_pid_m
         pid_n = tile_id // num_pid_m
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
