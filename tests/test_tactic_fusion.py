@@ -164,7 +164,7 @@ def test_split_row_reduction_writes_tile_partials_and_reduces_them(verify, name,
     """N = 8192 at bench-gpu: no tile covers the row, so each tile reduces its columns into a partials buffer and
     forward runs the same reduction on it; the GEMM's full output is no longer written."""
     p = problem(KERNELS / name)
-    cand = propose("fuse-split-row-reduction", p)[0]
+    cand = propose("fuse-split-row-reduction", p)[-1]  # the split alone ([0] also combines the partials)
     src = cand.source
     assert f"partial {kind} per row" in cand.description
     assert "row_part = torch.full((y.shape[0], triton.cdiv(y.shape[-1], 16))" in src
@@ -179,7 +179,8 @@ def test_kb22_epilogue_then_split_reduction_in_one_candidate(verify):
     p = problem(KERNELS / "kb22_matmul_scale_residualadd_clamp_logsumexp_mish")
     full = propose("fuse-epilogue", p)[0]
     assert "split over matmul_bias_kernel's column tiles" in full.description
-    assert "torch.clamp" not in full.source and "torch.logsumexp(row_part" in full.source
+    assert "torch.clamp" not in full.source and "def row_combine_kernel(" in full.source
+    assert "torch.logsumexp(" not in full.source and "F.mish(" not in full.source  # combined in one kernel
     verdict = verify(p, full.source)
     assert verdict.correct, verdict.feedback()
 
@@ -189,13 +190,49 @@ def test_split_takes_an_avg_pool_inside_the_tile_before_the_row_max(verify):
     of the tile (POOL a constexpr), the pooled columns get their own mask (odd N drops the last partial window,
     as avg_pool1d does), and the max is split like any other row reduction."""
     p = problem(KERNELS / "kb98_matmul_avgpool_gelu_scale_max")
-    cand = propose("fuse-split-row-reduction", p)[0]
+    cand = propose("fuse-split-row-reduction", p)[-1]
     src = cand.source
     assert "avg_pool1d, gelu, mul, max" in cand.description and "F.avg_pool1d" not in src
     assert "POOL: tl.constexpr" in src and "POOL=self.pool_kernel_size" in src
     assert "offs_pool[None, :] < (N // POOL)" in src and "torch.max(row_part, dim=1).values" in src
     verdict = verify(p, src)
     assert verdict.correct, verdict.feedback()
+
+
+@pytest.mark.parametrize("name,gone", [
+    ("kb18_matmul_sum_max_avgpool_logsumexp_logsumexp", ["torch.sum(", "torch.max(", "torch.mean(", "torch.logsumexp("]),
+    ("kb64_gemm_logsumexp_leakyrelu_leakyrelu_gelu_gelu", ["torch.logsumexp(", "F.leaky_relu(", "F.gelu("]),
+])
+def test_partials_and_the_ops_after_them_become_one_kernel(verify, name, gone):
+    """After the split, forward's reduction of the partials and the small ops on its (M, 1) result (kb18: max,
+    mean and two logsumexps over the size-1 dim it kept, the identity) run as one generated kernel."""
+    p = problem(KERNELS / name)
+    cand = propose("fuse-split-row-reduction", p)[0]
+    src, fwd = cand.source, cand.source[cand.source.index("def forward"):]
+    assert "def row_combine_kernel(" in src and "row_combine_kernel[(triton.cdiv(row_part.shape[0]" in fwd
+    assert not [g for g in gone if g in fwd], fwd
+    assert "return combined" in fwd and "dtype=x.dtype)" in fwd  # the final cast is the store's
+    if name.startswith("kb18"):
+        assert "max over a dim of size 1 (identity)" in cand.description
+    verdict = verify(p, src)
+    assert verdict.correct, verdict.feedback()
+
+
+def test_partials_combine_stops_where_the_rows_are_no_longer_a_size_1_dim():
+    """A reduction after one that dropped the dim is not the identity; an op on another shape (kb75's [1, N] bias
+    after the row min) is not translated: nothing would be gained, so it does not apply."""
+    from xeforge.rewrite import NotApplicable
+    from xeforge.rewrite.fusion_combine import combine_partials
+
+    p = problem(KERNELS / "kb18_matmul_sum_max_avgpool_logsumexp_logsumexp")
+    src = p.kernel_source.replace("y = torch.sum(y, dim=1, keepdim=True)", "y = torch.sum(y, dim=1)")
+    assert src != p.kernel_source
+    with pytest.raises(NotApplicable, match=r"nothing after torch.sum\(y, dim=1\) translates"):
+        combine_partials(src, p)  # the max over dim 1 after it is a real reduction now: nothing to combine
+    kb75 = problem(KERNELS / "kb75_gemm_groupnorm_min_biasadd")
+    gn = propose("fuse-group-norm", kb75)[-1].source
+    with pytest.raises(NotApplicable, match="nothing after torch.min"):
+        combine_partials(gn, kb75)
 
 
 def test_split_is_not_proposed_for_a_mean():

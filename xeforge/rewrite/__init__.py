@@ -11,8 +11,12 @@ fusion stages (``stages/dtype.py``, ``stages/fusion.py``) use:
 - :mod:`xeforge.rewrite.tl_ops` — the table of elementwise torch ops that translate to ``tl`` code.
 - :mod:`xeforge.rewrite.fusion_tile` — the shapes fusion recognises: a kernel's final tile store and an
   elementwise consumer kernel.
-- :mod:`xeforge.rewrite.fusion_rewrites` — the three fusions (consumer kernel into the producer's store,
-  trailing torch ops into the epilogue, row reductions when one tile covers the row).
+- :mod:`xeforge.rewrite.fusion_rewrites` — the fusions (consumer kernel into the producer's store,
+  trailing torch ops into the epilogue, row reductions when one tile covers the row, split into per-tile
+  partials when none does).
+- :mod:`xeforge.rewrite.fusion_norm` — ``F.group_norm`` and what follows it as one generated kernel.
+- :mod:`xeforge.rewrite.fusion_combine` — a row reduction of partials and the small ops after it as one generated
+  kernel.
 - :mod:`xeforge.rewrite.dtype_rewrites` — the precision-contract rewrites around ``tl.dot`` and fp64.
 
 The memory_access, block_io, persistent, device_tuning (swizzle, row batching) and autotuning stages use:

@@ -19,6 +19,8 @@ Owns:
   features before it (stride = window, a power of two up to 16) runs inside the tile as a reshape-and-mean.
 - ``group-norm`` (:mod:`xeforge.rewrite.fusion_norm`) — ``F.group_norm`` and the elementwise ops after it as
   one generated kernel.
+- ``combine-partials`` (:mod:`xeforge.rewrite.fusion_combine`) — forward's reduction of a kernel's partials and
+  the small ops after it as one generated kernel (it follows the split in a chain).
 - :func:`fuse_all` — one of them followed by any others that then apply (e.g. torch ops fused first make a
   consumer kernel adjacent to its producer).
 
@@ -942,6 +944,12 @@ def _group_norm(source: str, problem: Any, narrow: bool = False) -> tuple[str, s
     return group_norm_kernel(source, problem, narrow)
 
 
+def _combine_partials(source: str, problem: Any) -> tuple[str, str]:
+    from xeforge.rewrite.fusion_combine import combine_partials  # it builds on this module's helpers
+
+    return combine_partials(source, problem)
+
+
 def _group_norm_narrow(source: str, problem: Any) -> tuple[str, str]:
     """The GroupNorm rewrite with its fp32 input buffer stored in the module's result dtype where that applies."""
     try:
@@ -957,6 +965,7 @@ REWRITES: dict[str, Callable[[str, Any], tuple[str, str]]] = {
     "row-reduction": fuse_row_reduction,
     "split-row-reduction": fuse_split_row_reduction,
     "group-norm": _group_norm,
+    "combine-partials": _combine_partials,
 }
 
 
