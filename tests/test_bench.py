@@ -511,3 +511,25 @@ def test_bench_port_reuses_only_its_own_matching_passed_verdicts(tmp_path):
     assert set(bench.port_verdicts(port, "s" * 16, "f" * 16)) == {"start"}
     (run / "baseline" / "verdict.json").write_text("{not json")
     assert bench.port_verdicts(port, "s" * 16, "f" * 16) == {}
+
+
+def test_redo_replaces_the_named_rows_and_each_row_says_which_call_measured_it(tmp_path):
+    problems, runs = _write_synthetic(tmp_path)
+    out = tmp_path / "out"
+    every = [str(p) for p in problems]
+    first = bench.run_bench(bench.BenchOptions(problems=every, device="cpu", runs_dir=runs, out=out, argv=["bench"]),
+                            make_verifier=ScriptedVerifier)
+    assert {r["call"] for r in first["problems"]} == {0}
+    with pytest.raises(UsageError, match="needs --resume"):
+        bench.run_bench(bench.BenchOptions(problems=every[1:2], device="cpu", runs_dir=runs, out=out, redo=True),
+                        make_verifier=ScriptedVerifier)
+    again = bench.run_bench(bench.BenchOptions(problems=every[1:2], device="cpu", runs_dir=runs, out=out, resume=True,
+                                               redo=True, argv=["bench", "--resume", "--redo"]),
+                            make_verifier=ScriptedVerifier)
+    assert [r["path"] for r in again["problems"]] == every  # the folder's order, not the call's
+    assert [r["call"] for r in again["problems"]] == [1 if p == every[1] else 0 for p in every]
+    assert len(again["calls"]) == 2 and all(len(c["xeforge"]) == 12 for c in again["calls"])
+    assert again["calls"][0]["xeforge"] == bench.tool_hash()  # same source: same hash
+    md = (out / "bench.md").read_text()
+    assert f"measured by call 2 of 2 ({again['calls'][1]['created']}, xeforge {bench.tool_hash()})" in md
+    assert md.count("measured by call 1 of 2") == len(every) - 1

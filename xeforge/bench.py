@@ -90,6 +90,7 @@ class BenchOptions:
     stages: list[str] | None = None
     budget: int | None = None
     resume: bool = False
+    redo: bool = False  # with resume: bench the named problems again even where the folder has their rows
     stop_after: float | None = None  # minutes: start no new problem after this
     target: str | None = None
     triton: str | None = None
@@ -724,11 +725,20 @@ def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
         kbc = None
         say(f"note: knowledge base unavailable ({type(exc).__name__}: {exc}); no roofline")
     settings = bench_settings(opt, kind)
+    if opt.redo and not opt.resume:
+        raise UsageError("--redo", "re-benches problems of an earlier run, so it needs --resume",
+                         "add --resume and the earlier run's --out")
     out, kept, earlier = _prepare_out(opt, device)
+    if opt.redo:
+        again = {str(p) for p in paths}
+        kept = [r for r in kept if r["path"] not in again]
     report = new_report(opt, device, kbc, settings, out)
     report["problems"] = kept
-    # every call that wrote into this folder (a resumed run is several), so the record says how it was made
-    report["calls"] = [*earlier, {"created": report["created"], "argv": opt.argv, "elapsed_s": None}]
+    # every call that wrote into this folder (a resumed run is several), so the record says how it was made;
+    # each row says which call measured it, and each call which xeforge source it ran
+    call = len(earlier)
+    report["calls"] = [*earlier, {"created": report["created"], "argv": opt.argv, "elapsed_s": None,
+                                  "xeforge": tool_hash()}]
     done = {r["path"] for r in kept}
     todo = [p for p in paths if str(p) not in done]
     if kept:
@@ -742,7 +752,9 @@ def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
     progress = _Progress(len(todo))
     t0 = time.monotonic()
     deadline = t0 + 60 * opt.stop_after if opt.stop_after else None
-    order = {str(p): i for i, p in enumerate(paths)}
+    # the folder's order first (a resumed call may name only some problems), then new ones in the given order
+    order = {path: i for i, path in enumerate(dict.fromkeys(
+        [*(_earlier_order(out) if opt.resume else []), *(str(p) for p in paths)]))}
     try:
         if slots:
             _run_parallel(todo, opt, kind, slots, out, report, progress, deadline)
@@ -755,6 +767,8 @@ def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
                 report["problems"].append(row)
                 progress.finished(row)
                 _write_partial(out, report)
+        for r in report["problems"]:
+            r.setdefault("call", call)
         report["problems"].sort(key=lambda r: order.get(r["path"], len(order)))
         benched = {r["path"] for r in report["problems"]}
         report["pending"] = [str(p) for p in paths if str(p) not in benched]
@@ -781,6 +795,27 @@ def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
             write_json(out / "bench.json", report)
             say(f"warning: could not render bench.md/bench.html ({type(exc).__name__}: {exc}); bench.json is written")
     return report
+
+
+def tool_hash() -> str:
+    """A short hash of xeforge's own source (the package, the stages, the knowledge base): which code benched."""
+    import hashlib
+
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for folder in ("xeforge", "stages"):
+        for f in sorted((root / folder).rglob("*")):
+            if f.is_file() and f.suffix in (".py", ".yaml", ".j2"):
+                h.update(str(f.relative_to(root)).encode())
+                h.update(f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def _earlier_order(out: Path) -> list[str]:
+    try:
+        return [r["path"] for r in json.loads((out / "bench.json").read_text()).get("problems", [])]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        return []
 
 
 def _prepare_out(opt: BenchOptions, device) -> tuple[Path, list[dict], list[dict]]:
@@ -935,6 +970,7 @@ def _child_row(part: Path, problem: Path, rc: int, log: Path, slot: dict) -> dic
                 + (f"; its log ends: {tail}" if tail else ""), "kind": None, "origin": None, "description": None,
                 "variant": None, "roofline": None, "entries": {}, "speedups": {}, "notes": [], "port_run": None,
                 "worker": worker}
+    row.pop("call", None)  # the child's own one call; the parent numbers its calls
     row["worker"] = {**worker, "device": child.get("device", {}).get("name")}
     return row
 
@@ -961,7 +997,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                        workers=args.workers, out=Path(args.out) if args.out else None, variant=args.variant,
                        runs_dir=Path(args.runs_dir), rounds=args.rounds, pairs=args.pairs, engine=args.engine,
                        stages=[s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None,
-                       budget=args.budget, resume=args.resume, stop_after=args.stop_after, target=args.target, triton=args.triton, llm=llm, llm_argv=llm_argv,
+                       budget=args.budget, resume=args.resume, redo=args.redo, stop_after=args.stop_after, target=args.target, triton=args.triton, llm=llm, llm_argv=llm_argv,
                        json=args.json, argv=sys.argv[1:])
     report = run_bench(opt)
     if args.json:
@@ -1001,6 +1037,8 @@ def register(subparsers) -> None:
     p.add_argument("--out", default=None, help="output folder (default: bench-out/<timestamp>/)")
     p.add_argument("--resume", action="store_true",
                    help="continue the bench in --out: keep its finished rows, bench the problems it lacks (or that errored)")
+    p.add_argument("--redo", action="store_true",
+                   help="with --resume: bench the problems named here again, replacing their rows in --out")
     p.add_argument("--stop-after", type=float, default=None, metavar="MINUTES",
                    help="start no new problem after this many minutes; the rest are listed and --resume continues")
     p.add_argument("--json", action="store_true", help="print bench.json on stdout instead of the table")

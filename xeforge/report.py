@@ -194,6 +194,7 @@ def bench_view(report: dict[str, Any]) -> dict[str, Any]:
                           "pairs": v.get("pairs"), "flagged": bool(v.get("flagged_over"))}
                          for k, v in sp.items()],
             "port_run": r.get("port_run"), "notes": r.get("notes") or [], "elapsed": r.get("elapsed_s"),
+            "measured_by": _measured_by(report, r),
             "worker": r.get("worker"),
         })
     gm = report.get("geomean") or {}
@@ -237,7 +238,20 @@ def _command(report: dict[str, Any]) -> str:
     calls = report.get("calls") or []
     if len(calls) <= 1:
         return one(report.get("argv"))
-    return "; then ".join(f"{one(c.get('argv'))} ({c.get('created') or '?'})" for c in calls)
+    return "; then ".join(f"{one(c.get('argv'))} ({_call_stamp(c)})" for c in calls)
+
+
+def _call_stamp(c: dict[str, Any]) -> str:
+    return (c.get("created") or "?") + (f", xeforge {c['xeforge']}" if c.get("xeforge") else "")
+
+
+def _measured_by(report: dict[str, Any], row: dict[str, Any]) -> str | None:
+    """Which call of a resumed run measured this row (None for a run of one call)."""
+    calls = report.get("calls") or []
+    i = row.get("call")
+    if len(calls) <= 1 or not isinstance(i, int) or not 0 <= i < len(calls):
+        return None
+    return f"call {i + 1} of {len(calls)} ({_call_stamp(calls[i])})"
 
 
 def _issues(report: dict[str, Any]) -> list[dict[str, str]]:
