@@ -129,16 +129,10 @@ def _rewrite(c: Ctx, s: ast.Assign, part: str, red: tuple[str, bool]) -> tuple[s
                 break
             ops.append(f"{again[0]} over a dim of size 1 (identity)")
         else:
-            snap = (len(b.lines), dict(b.operands), dict(b.loaded), len(b.ops))
-            try:
-                b.value_names = {cur}
-                b.assign(st.value)
-            except (Unsupported, NotApplicable):
-                b.lines[snap[0]:] = []
-                b.operands, b.loaded = snap[1], snap[2]
-                b.ops[snap[3]:] = []
+            before = len(b.ops)
+            if b.try_assign(st.value, {cur}) is not None:
                 break
-            ops.extend(b.ops[snap[3]:])
+            ops.extend(b.ops[before:])
         done.append(st)
         if st.targets[0].id != cur:
             older.add(cur)

@@ -174,15 +174,9 @@ def _rewrite(c: Ctx, s: ast.Assign, narrow: bool = False) -> tuple[str, str]:
                 break
             reduce = st  # the row reduction runs on the groups' partials: the normalised tensor is never written
             break
-        snap = (len(b.lines), dict(b.operands), dict(b.loaded), len(b.ops))
-        try:
-            b.value_names = {cur}
-            b.assign(st.value)
-        except (Unsupported, NotApplicable) as exc:
-            b.lines[snap[0]:] = []
-            b.operands, b.loaded = snap[1], snap[2]
-            b.ops[snap[3]:] = []
-            stop, stop_at = f"line {st.lineno}: {exc}", st
+        failed = b.try_assign(st.value, {cur})
+        if failed is not None:
+            stop, stop_at = f"line {st.lineno}: {failed}", st
             break
         chain.append(st)
         if st.targets[0].id != cur:

@@ -91,6 +91,20 @@ class EpilogueBuilder:
     def assign(self, value: ast.expr) -> None:
         self.lines.append(f"{self.var} = {strip_parens(self.expr(value))}")
 
+    def try_assign(self, value: ast.expr, names: set[str]) -> str | None:
+        """:meth:`assign` with ``names`` as the value; if it does not translate, undo what it added and say why."""
+        from xeforge.rewrite import NotApplicable
+
+        snap = (len(self.lines), dict(self.operands), dict(self.loaded), len(self.ops))
+        try:
+            self.value_names = names
+            self.assign(value)
+        except (Unsupported, NotApplicable) as exc:
+            del self.lines[snap[0]:], self.ops[snap[3]:]
+            self.operands, self.loaded = snap[1], snap[2]
+            return str(exc)
+        return None
+
     # -- expressions -----------------------------------------------------------------------------------
     def temp(self, code: str) -> str:
         """``code`` as a simple name (binding it to a fresh variable unless it already is one)."""
