@@ -6,10 +6,12 @@ the device and kernel family (a small built-in space when no KB entry applies), 
 constraints forbid, keep grid sizes consistent with the block sizes, and hand the candidates to the
 verifier. The pipeline keeps the best verified one.
 
-The stage's other tactics live beside it: ``group-swizzle`` (:mod:`stages.device_tuning_swizzle`, grouped tile
-order, run first so the search tunes GROUP_SIZE_M) and ``rows-per-program`` (:mod:`stages.device_tuning_rows`,
-ROWS rows per program for kernels that start one tiny program per row, run last so ROWS is sized from the
-tuned block).
+The stage's other tactics live beside it, in this order (each one works on the best kernel of the ones before):
+``split-k`` (:mod:`stages.device_tuning_splitk`, SPLIT_K programs per output tile over slices of K when a GEMM's
+tiles leave cores idle; first, because the swizzle would make the 2D grid 1D and the search should tune the
+split kernel), ``group-swizzle`` (:mod:`stages.device_tuning_swizzle`, grouped tile order, before the search so
+it tunes GROUP_SIZE_M) and ``rows-per-program`` (:mod:`stages.device_tuning_rows`, ROWS rows per program for
+kernels that start one tiny program per row, last so ROWS is sized from the tuned block).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic
 from stages.device_tuning_rows import RowsPerProgram
+from stages.device_tuning_splitk import SplitK
 from stages.device_tuning_swizzle import GroupedTileOrder
 from xeforge.codemod import grid_axis_literal, set_grid_block, set_launch_kwargs
 from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, axis_blocks, dotted_name
@@ -239,7 +242,8 @@ STAGE = Stage(
     order=7,
     goal="pick tile sizes, num_warps, num_stages, grf_mode, warp_size and GROUP_SIZE_M for the device",
     kb_topics=("tiles", "warps", "grf", "slm", "swizzle"),
-    # swizzle first: GROUP_SIZE_M then becomes searchable; row batching last: ROWS is sized from the tuned block
-    tactics=[GroupedTileOrder(), LaunchParamSearch(), RowsPerProgram()],
+    # split-K first: it needs the 2D grid the swizzle replaces, and the search then tunes the split kernel;
+    # swizzle before the search: GROUP_SIZE_M becomes searchable; row batching last: ROWS is sized from the tuned block
+    tactics=[SplitK(), GroupedTileOrder(), LaunchParamSearch(), RowsPerProgram()],
     detectors=[_detect_defaults],
 )

@@ -19,7 +19,7 @@ fusion stages (``stages/dtype.py``, ``stages/fusion.py``) use:
   kernel.
 - :mod:`xeforge.rewrite.dtype_rewrites` — the precision-contract rewrites around ``tl.dot`` and fp64.
 
-The memory_access, block_io, persistent, device_tuning (swizzle, row batching) and autotuning stages use:
+The memory_access, block_io, persistent, device_tuning (split-K, swizzle, row batching) and autotuning stages use:
 
 - :mod:`xeforge.rewrite.tiling`, :mod:`~xeforge.rewrite.tiling_grid`, :mod:`~xeforge.rewrite.tiling_edit` — the model
   of a tiled kernel (program ids, tile offsets, K loop, masks) and the grid / launch edits built on it.
@@ -32,6 +32,9 @@ The memory_access, block_io, persistent, device_tuning (swizzle, row batching) a
 - :mod:`xeforge.rewrite.memory` — coalescing and int32-overflow analysis, the int64 cast.
 - :mod:`xeforge.rewrite.rows` — row batching (device_tuning): ROWS rows per program as a [ROWS, BLOCK] block
   for a kernel that starts one tiny program per row.
+- :mod:`xeforge.rewrite.splitk_plan`, :mod:`~xeforge.rewrite.splitk` — split-K (device_tuning): which 2D-grid GEMMs
+  (no epilogue) can run SPLIT_K programs per output tile over slices of the K loop, their tile count and K
+  steps at a variant; the codemod with fp32 partial tiles summed in order by a second kernel.
 
 (``memory``'s static evaluation of ``forward`` overlaps ``forward_env``, and ``tiling_edit`` overlaps ``cst_tools``:
 known, to be merged.)

@@ -1,0 +1,128 @@
+"""Stage 7, device_tuning: the split-K tactic (more programs for a GEMM whose output tiles leave cores idle).
+
+Owns: the ``split-k`` tactic and its sizing. A 2D-grid GEMM whose output has fewer tiles than the device has
+cores at the spec's bench variant is rewritten by :mod:`xeforge.rewrite.splitk`: SPLIT_K programs per tile,
+each over one slice of the K loop, fp32 partial tiles summed in order by a second kernel. SPLIT_K is drawn
+from :data:`SPLITS`, keeping at most :data:`PROGRAMS_PER_CORE` programs per core and at least
+:data:`MIN_STEPS` K steps per slice; the default is the smallest that gives every core a program. On a GPU
+each value is a candidate for the verifier to time; the interpreter gets one (correctness only), sized from
+the KB device named with ``--target`` when there is one, else SPLIT_K=2. Listed first in
+``stages/device_tuning.py``: the swizzle would turn the 2D grid into a 1D one, and the launch-parameter
+search should tune the split kernel (smaller tiles that fill the device are its alternative, timed there).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stages.base import Applicability, Candidate, StageContext, Tactic
+from xeforge.rewrite import NotApplicable, splitk
+from xeforge.rewrite.tiling_configs import kb_errors
+from xeforge.rewrite.tiling_tactics import RewriteMemo
+
+SPLITS = (2, 4, 8)
+#: programs per core the split may reach (tiles * SPLIT_K)
+PROGRAMS_PER_CORE = 4
+#: K steps (of BLOCK_K) each slice keeps at the bench variant
+MIN_STEPS = 4
+#: SPLIT_K on the interpreter when no core count is known
+INTERPRETER_SPLIT = 2
+
+
+def core_count(ctx: StageContext) -> tuple[int | None, str]:
+    """The cores to fill and where the count came from: the device, else its knowledge-base entry."""
+    device = ctx.device
+    if not getattr(device, "interpreter", False) and getattr(device, "cores", None):
+        return int(device.cores), device.name
+    entry = None
+    if ctx.kb is not None and ctx.device_id:
+        entry = getattr(ctx.kb, "devices", {}).get(ctx.device_id)
+    cores = entry.value("cores") if entry is not None else None
+    return (int(cores), f"KB {ctx.device_id}") if cores else (None, "")
+
+
+def bench_variant(ctx: StageContext) -> Any:
+    """The variant the split is sized for: the GPU timing variant (bench-gpu), also on the interpreter."""
+    kind = ctx.device.kind if ctx.device.kind != "cpu" else "cuda"
+    return ctx.problem.timing_variant(kind)
+
+
+def split_values(tiles: int, steps: int, cores: int) -> list[int]:
+    """SPLIT_K candidates, the default first: the smallest that gives every core a program."""
+    ok = [s for s in SPLITS if tiles * s <= PROGRAMS_PER_CORE * cores and steps // s >= MIN_STEPS]
+    if not ok:
+        return []
+    default = next((s for s in ok if tiles * s >= cores), ok[-1])
+    return [default] + [s for s in ok if s != default]
+
+
+class SplitK(Tactic):
+    name = "split-k"
+    summary = ("SPLIT_K programs per output tile over slices of K, fp32 partials summed in order by a second "
+               "kernel, when a GEMM's tiles leave cores idle")
+
+    def __init__(self) -> None:
+        self._memo = RewriteMemo()
+
+    def _rewrite(self, ctx: StageContext):
+        return self._memo.get(ctx, self._build)
+
+    def _build(self, ctx: StageContext) -> tuple[splitk.SplitPlan, list[tuple[int, str, str]]]:
+        plan = splitk.find(ctx.source, ctx.problem)
+        variant = bench_variant(ctx)
+        tiles, steps = splitk.sizes(ctx.source, plan, ctx.problem, variant)
+        at = f"at {variant.name}"
+        if steps < MIN_STEPS * min(SPLITS):
+            raise NotApplicable(f"{plan.kernel}: the K loop has {steps} step(s) {at}, too few to split (each slice "
+                                f"needs at least {MIN_STEPS})")
+        cores, source = core_count(ctx)
+        interpreter = not getattr(ctx.device, "can_time", False)
+        if cores is None and not interpreter:
+            raise NotApplicable(f"{plan.kernel}: {tiles} output tile(s) {at}, but the device's core count is "
+                                "unknown (name a knowledge-base device with --target)")
+        if cores is not None and tiles >= cores:
+            raise NotApplicable(f"{plan.kernel}: {tiles} output tiles {at} already fill the {cores} cores "
+                                f"({source})")
+        values = split_values(tiles, steps, cores) if cores else [INTERPRETER_SPLIT]
+        if not values:
+            raise NotApplicable(f"{plan.kernel}: no SPLIT_K in {SPLITS} keeps {MIN_STEPS}+ K steps per slice "
+                                f"({steps} steps {at})")
+        if interpreter:
+            values = values[:1]
+        else:
+            values = values[:max(1, ctx.settings.tuning_budget if ctx.settings else len(values))]
+        out, bad = [], []
+        for s in values:
+            src = splitk.apply(ctx.source, plan, s)
+            errors = kb_errors(ctx, src)
+            if errors:
+                bad.append(f"SPLIT_K={s}: {'; '.join(errors)}")
+                continue
+            per = -(-steps // s)
+            if cores:
+                why = (f"{tiles} output tiles {at} for {cores} cores ({source}) -> {tiles * s} programs, "
+                       f"{per} of {steps} K steps each")
+            else:
+                why = (f"{tiles} output tiles, {steps} K steps {at}; no core count on the interpreter, so this "
+                       "only checks the rewrite")
+            out.append((s, src, why))
+        if not out:
+            raise NotApplicable(f"the split kernel breaks KB constraints for {ctx.device_id}: {'; '.join(bad)}")
+        return plan, out
+
+    def check(self, ctx: StageContext) -> Applicability:
+        try:
+            plan, out = self._rewrite(ctx)
+        except NotApplicable as exc:
+            return Applicability(False, str(exc))
+        values = ", ".join(str(s) for s, _, _ in out)
+        return Applicability(True, f"{plan.describe()}; SPLIT_K {values} ({out[0][2]})")
+
+    def propose(self, ctx: StageContext) -> list[Candidate]:
+        try:
+            plan, out = self._rewrite(ctx)
+        except NotApplicable:
+            return []
+        return [Candidate(src, self.name, f"{plan.describe(s)}: {why}", kind="rewrite" if i == 0 else "search",
+                          params={"kernel": plan.kernel, splitk.PARAM: s})
+                for i, (s, src, why) in enumerate(out)]

@@ -1,0 +1,174 @@
+"""The device_tuning stage's split-K tactic, sized for a stand-in H200 (132 SMs), verified on the CPU interpreter.
+
+gemm_tall_k (64 output tiles at bench-gpu) gets SPLIT_K programs per tile over slices of its K loop, with the
+block-pointer loop as written and after the block_io stage (descriptor and pointer loops in one kernel). Every
+candidate passes ``Verifier.verify`` on ci and the ragged shapes: K=160 with BLOCK_K=32 is 5 steps, so SPLIT_K=2
+leaves a short last slice and SPLIT_K=8 empty ones, and a split that drops the short slice is rejected. GEMMs
+with an epilogue, with enough tiles, without ``tl.dot``, persistent, 1D- or 3D-gridded are left alone with the
+reason; ``xeforge port --dry-run`` lists the tactic.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from stages import device_tuning, fusion
+from stages.device_tuning_splitk import SplitK, split_values
+from tests.conftest import ROOT, tactic_context
+from xeforge.kernel_model import parse_kernel
+from xeforge.problem import load_problem
+from xeforge.rewrite import blockio, persistent, splitk
+from xeforge.rewrite.splitk import EPILOGUE
+from xeforge.rewrite.tiling_configs import apply_config
+
+KERNELS = ROOT / "kernels"
+TALL_K = KERNELS / "gemm_tall_k"
+TACTIC = SplitK()
+
+
+def h200(p, source: str | None = None):
+    return tactic_context(p, source, kind="cuda", cores=132)
+
+
+def candidates(p, source: str | None = None):
+    ctx = h200(p, source)
+    app = TACTIC.check(ctx)
+    assert app.applies, app.reason
+    return TACTIC.propose(ctx)
+
+
+def test_gemm_tall_k_is_split_and_every_candidate_is_correct(verify):
+    p = load_problem(TALL_K)
+    cands = candidates(p)
+    assert [c.params[splitk.PARAM] for c in cands] == [4, 2, 8]  # 4 x 64 tiles is the first to cover 132 SMs
+    assert [c.kind for c in cands] == ["rewrite", "search", "search"]
+    assert "64 output tiles at bench-gpu for 132 cores" in cands[0].description
+    assert "256 programs, 512 of 2048 K steps each" in cands[0].description
+    src = cands[0].source
+    for text in ("pid_k = tl.program_id(2)", "c_ptr = c_ptr + pid_k * stride_ck", "k_hi = min(num_k, k_lo + k_per)",
+                 "a_block = tl.advance(a_block, (0, k_lo * BLOCK_K))", "for _ in range(k_lo, k_hi):",
+                 "tl.store(c_block, acc, boundary_check=(0, 1))", "grid = (triton.cdiv(M, 128), triton.cdiv(N, 128), "
+                 "split_k)", "split_k = 4", "stride_ck=c_partials.stride(0), SPLIT_K=split_k",
+                 "c_partials = torch.empty((split_k, *c.shape), device=c.device, dtype=torch.float32)"):
+        assert text in src, text
+    assert "atomic" not in src
+    assert [s.kernel for s in parse_kernel(src).launches] == ["matmul_kernel", splitk.SUM_KERNEL]
+    for c in cands:
+        verdict = verify(p, c.source)
+        assert verdict.correct, (c.params, verdict.feedback())
+
+
+def test_the_ragged_shapes_need_the_short_last_slice(verify):
+    """At ci K=160 is 5 steps of 32: slices of 3 and 2 steps. A split that rounds the slice length down loses the
+    last step and must be rejected."""
+    p = load_problem(TALL_K)
+    ctx = tactic_context(p)
+    (cand,) = TACTIC.propose(ctx)
+    bad = cand.source.replace("k_per = tl.cdiv(num_k, SPLIT_K)", "k_per = num_k // SPLIT_K")
+    assert bad != cand.source
+    assert not verify(p, bad).correct
+
+
+def test_after_block_io_both_k_loops_are_split(verify):
+    p = load_problem(TALL_K)
+    src, _ = blockio.rewrite(p.kernel_source)
+    cand = candidates(p, src)[0]
+    out = cand.source
+    assert out.count("for _ in range(k_lo, k_hi):") == 2  # the descriptor loop and the block-pointer fallback
+    assert "c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc)" in out
+    verdict = verify(p, out)
+    assert verdict.correct, verdict.feedback()
+
+
+def test_the_interpreter_gets_one_candidate():
+    p = load_problem(TALL_K)
+    ctx = tactic_context(p)
+    (cand,) = TACTIC.propose(ctx)
+    assert cand.kind == "rewrite" and cand.params[splitk.PARAM] == 2
+    assert "only checks the rewrite" in cand.description
+
+
+def test_split_values_fill_the_device_within_bounds():
+    assert split_values(64, 2048, 132) == [4, 2, 8]
+    assert split_values(100, 2048, 132) == [2, 4]  # 8 x 100 is over 4 programs per core
+    assert split_values(64, 12, 132) == [2]  # 4 K steps per slice at least
+    assert split_values(64, 4, 132) == []
+
+
+def test_pointer_loops_start_at_their_slice(verify):
+    """gemm_skinny_m advances pointers with +=, loops over range(0, K, BLOCK_K) and masks with K - k0."""
+    p = load_problem(KERNELS / "gemm_skinny_m")
+    cand = candidates(p)[0]
+    src = cand.source
+    assert "x_ptrs += k_lo.to(tl.int64) * BLOCK_K * stride_xk" in src
+    assert "for k0 in range(k_lo * BLOCK_K, k_hi * BLOCK_K, BLOCK_K):" in src
+    verdict = verify(p, src)
+    assert verdict.correct, verdict.feedback()
+
+
+def _fused_gemm_relu(p):
+    tactic = next(t for t in fusion.STAGE.tactics if t.name == "fuse-elementwise-chain")
+    return tactic.propose(tactic_context(p))[0].source
+
+
+def _third_axis(p):
+    return p.kernel_source.replace("pid_n = tl.program_id(1)\n", "pid_n = tl.program_id(1)\n    pid_b = tl.program_id(2)\n")
+
+
+@pytest.mark.parametrize("folder,make,reason", [
+    (KERNELS / "gemm_relu", _fused_gemm_relu, f"stores y rather than acc or a cast of it (line 28): {EPILOGUE}"),
+    (KERNELS / "kb09_matmul_subtract_multiply_relu", None, f"changes acc after the K loop (line 30): {EPILOGUE}"),
+    (KERNELS / "gemm_relu", None, "16384 output tiles at bench-gpu already fill the 132 cores"),
+    (TALL_K, lambda p: persistent.rewrite(p.kernel_source)[0], "is persistent (it loops over tiles)"),
+    (TALL_K, _third_axis, "already uses a third grid axis"),
+    (KERNELS / "gemm_square", None, "uses grid axes [0]; split-K handles the 2D grid form"),
+    (KERNELS / "gemv_decode", None, "no launched kernel calls tl.dot"),
+    (KERNELS / "flash_attn_fwd", None, "carries m_i from one step to the next"),
+], ids=["fused-epilogue", "bias-epilogue", "fills-device", "persistent", "3d-grid", "1d-grid", "no-dot", "attention"])
+def test_other_kernels_are_left_alone_with_the_reason(folder, make, reason):
+    p = load_problem(folder)
+    src = p.kernel_source if make is None else make(p)
+    ctx = h200(p, src)
+    app = TACTIC.check(ctx)
+    assert not app.applies and reason in app.reason, app.reason
+    assert TACTIC.propose(ctx) == [] and ctx.source == src
+
+
+def test_a_gpu_without_a_core_count_is_not_guessed():
+    p = load_problem(TALL_K)
+    ctx = tactic_context(p, kind="cuda", cores=None)
+    assert ctx.device_id is None
+    app = TACTIC.check(ctx)
+    assert not app.applies and "core count is unknown" in app.reason
+
+
+def test_split_k_runs_first_in_the_stage():
+    names = [t.name for t in device_tuning.STAGE.tactics]
+    assert names[0] == "split-k" and names.index("group-swizzle") < names.index("launch-params")
+
+
+def test_the_split_kernel_stays_tunable(verify):
+    """After the split the launch-parameter search still tunes the GEMM's tiles: the grid follows BLOCK_M and the
+    slices follow BLOCK_K (computed in the kernel)."""
+    p = load_problem(TALL_K)
+    src = candidates(p)[0].source
+    search = next(t for t in device_tuning.STAGE.tactics if t.name == "launch-params")
+    app = search.check(h200(p, src))
+    assert app.applies and "BLOCK_M, BLOCK_N, BLOCK_K" in app.reason, app.reason
+    tuned = apply_config(src, "matmul_kernel", {"BLOCK_M": 64, "BLOCK_K": 64})
+    assert "grid = (triton.cdiv(M, 64), triton.cdiv(N, 128), split_k)" in tuned
+    verdict = verify(p, tuned)
+    assert verdict.correct, verdict.feedback()
+
+
+def test_dry_run_lists_the_tactic(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "xeforge", "port", str(TALL_K), "--device", "cuda", "--target", "h200",
+                           "--dry-run", "--runs-dir", str(tmp_path / "runs")], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "tactic split-k: applies — matmul_kernel: split-K" in proc.stdout
+    assert "64 output tiles at bench-gpu for 132 cores (KB h200)" in proc.stdout
+    assert "+++ split-k" in proc.stdout

@@ -1,0 +1,258 @@
+"""Split-K codemod (device_tuning): a GEMM whose output has too few tiles for the device sums K in SPLIT_K slices.
+
+Owns: applying the split-K rewrite (:func:`apply`) and the summing kernel it adds; which kernels it fits and
+their sizes at a variant are :mod:`xeforge.rewrite.splitk_plan`'s (re-exported here). A 2D-grid GEMM kernel (``pid_m = tl.program_id(0)``, ``pid_n = tl.program_id(1)``, one output tile
+per program, ``tl.dot`` accumulated in a K loop, the accumulator stored as it is or cast) gets a third grid
+axis ``pid_k = tl.program_id(2)``; each program runs the K steps ``[k_lo, k_hi)`` of its tile::
+
+    pid_k = tl.program_id(2)
+    c_ptr = c_ptr + pid_k * stride_ck           # this program's fp32 partial tile: slice pid_k
+    num_k = tl.cdiv(K, BLOCK_K)                  # the trip count of the original K loop
+    k_per = tl.cdiv(num_k, SPLIT_K)
+    k_lo = pid_k * k_per
+    k_hi = min(num_k, k_lo + k_per)
+    a_ptrs += k_lo.to(tl.int64) * BLOCK_K * stride_ak   # what the loop advances starts at step k_lo
+    for k in range(k_lo, k_hi):                  # the same iterations as before, so masks on K still hold
+        ...
+    tl.store(c_ptrs, acc, mask=...)              # fp32, the cast moves to the summing kernel
+
+Slices are whole BLOCK_K steps (``k_per * BLOCK_K`` elements of K), computed in the kernel so BLOCK_K stays
+tunable; the last slice is short or empty when K does not divide. ``forward`` allocates the fp32 workspace
+``(SPLIT_K, *c.shape)``, passes slice 0 where it passed ``c`` (same strides per slice) and the slice stride,
+and launches a second kernel that adds the slices in order and casts into ``c`` — deterministic, no atomics,
+no torch compute in ``forward``. Pointers or counters the K loop carries are started at ``k_lo`` by scaling
+their per-step increment; anything else the loop carries, an accumulator that does not start at zero, an
+epilogue (anything done to the accumulator after the loop), a persistent or already 3D grid, or a kernel that
+reads its output is left alone, with the reason.
+"""
+
+from __future__ import annotations
+
+import ast
+
+import libcst as cst
+
+from xeforge.kernel_model import parse_kernel
+from xeforge.rewrite.cst_tools import Edits, Parsed, apply_edits, expr, set_call_kwargs, statements, walk
+from xeforge.rewrite.splitk_plan import EPILOGUE, PARAM, SUM_KERNEL, Increment, SplitPlan, find, plan, sizes
+from xeforge.rewrite.tiling import NotApplicable
+from xeforge.rewrite.tiling_grid import enclosing_function, fresh_name, launch_grid, single_launch
+
+__all__ = ["EPILOGUE", "PARAM", "SUM_KERNEL", "SplitPlan", "apply", "find", "plan", "sizes"]
+
+SUM_BLOCK = 64
+
+SUM_KERNEL_CODE = '''
+@triton.jit
+def {name}(
+    part_ptr, out_ptr, M, N, stride_pk, stride_pm, stride_pn, stride_om, stride_on,
+    {param}: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """out = the sum of {param} fp32 partial tiles, added in slice order (the same bits every run)."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    parts = part_ptr + offs_m[:, None] * stride_pm + offs_n[None, :] * stride_pn
+    acc = tl.load(parts, mask=mask, other=0.0)
+    for k in tl.static_range(1, {param}):
+        acc += tl.load(parts + k * stride_pk, mask=mask, other=0.0)
+    out = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    tl.store(out, acc.to({cast}), mask=mask)
+'''
+
+
+def _scaled(factor: str, delta: str) -> str:
+    node = ast.parse(delta, mode="eval").body
+    if isinstance(node, ast.Constant) and node.value == 0:
+        return "0"
+    simple = isinstance(node, (ast.Name, ast.Attribute, ast.Call, ast.Subscript, ast.Constant)) or \
+        (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult))
+    return f"{factor} * {delta}" if simple else f"{factor} * ({delta})"
+
+
+def _advance(inc: Increment, k_lo: str) -> str:
+    if inc.kind == "advance":
+        return f"{inc.name} = tl.advance({inc.name}, ({', '.join(_scaled(k_lo, d) for d in inc.deltas)}))"
+    # 64-bit, as the pointer the loop advances step by step is: k_lo * BLOCK_K * stride may pass 2**31
+    return f"{inc.name} += {_scaled(f'{k_lo}.to(tl.int64)', inc.deltas[0])}"
+
+
+def _loop_range(p: SplitPlan, k_lo: str, k_hi: str) -> tuple[str, str, str | None]:
+    start = p.start if p.start not in (None, "0") else None
+    step = p.step if p.step not in (None, "1") else None
+
+    def at(i: str) -> str:
+        pos = _scaled(i, step) if step else i
+        return f"{start} + {pos}" if start else pos
+
+    return at(k_lo), at(k_hi), step
+
+
+def _trip_count(p: SplitPlan) -> str:
+    start = p.start if p.start not in (None, "0") else None
+    span = f"{p.stop} - ({start})" if start else p.stop
+    if p.step in (None, "1"):
+        return span
+    return f"tl.cdiv({span}, {p.step})"
+
+
+def _node_at(parsed: Parsed, kind: type, line: int) -> cst.CSTNode:
+    for n in walk(parsed.module):
+        if isinstance(n, kind) and parsed.line(n) == line:
+            return n
+    raise NotApplicable(f"no {kind.__name__} at line {line}")
+
+
+class _Swap(cst.CSTTransformer):
+    """Replace a plain name (not an attribute name or a keyword) with an expression."""
+
+    def __init__(self, name: str, text: str) -> None:
+        super().__init__()
+        self.name, self.text = name, text
+        self.skip: set[int] = set()
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        self.skip.add(id(node.attr))
+        return True
+
+    def visit_Arg(self, node: cst.Arg) -> bool:
+        if node.keyword is not None:
+            self.skip.add(id(node.keyword))
+        return True
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+        if id(original) in self.skip or original.value != self.name:
+            return updated
+        return expr(self.text)
+
+
+class _Uncast(cst.CSTTransformer):
+    """``acc.to(...)`` -> ``acc``."""
+
+    def __init__(self, acc: str) -> None:
+        super().__init__()
+        self.acc = acc
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        f = updated.func
+        if isinstance(f, cst.Attribute) and f.attr.value == "to" and isinstance(f.value, cst.Name) \
+                and f.value.value == self.acc:
+            return f.value
+        return updated
+
+
+def apply(source: str, p: SplitPlan, split: int) -> str:
+    """``source`` with ``p`` applied: SPLIT_K ``split``."""
+    model = parse_kernel(source)
+    fn = model.functions[p.kernel].node
+    parsed = Parsed.of(source)
+    taken = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)} | set(model.functions[p.kernel].params)
+    fresh = {}
+    for base in ("pid_k", "num_k", "k_per", "k_lo", "k_hi"):
+        fresh[base] = fresh_name(taken, base)
+        taken.add(fresh[base])
+    stem = p.out[:-4] if p.out.endswith("_ptr") else p.out
+    stride = fresh_name(taken, f"stride_{stem}k" if len(stem) == 1 else f"stride_{stem}_k")
+    pid_k, num_k, k_per, k_lo, k_hi = (fresh[b] for b in ("pid_k", "num_k", "k_per", "k_lo", "k_hi"))
+    edits = Edits()
+    edits.params[p.kernel] = [stride, f"{PARAM}: tl.constexpr"]
+
+    read = f"tl.program_id(2).to({p.pid_cast})" if p.pid_cast else "tl.program_id(2)"
+    head = [f"{pid_k} = {read}",
+            f"# split-K: program {pid_k} sums K steps [{k_lo}, {k_hi}) of its tile into slice {pid_k} of an fp32 "
+            "workspace",
+            f"{p.out} = {p.out} + {pid_k} * {stride}"]
+    split_code = [f"{num_k} = {_trip_count(p)}", f"{k_per} = tl.cdiv({num_k}, {PARAM})",
+                  f"{k_lo} = {pid_k} * {k_per}", f"{k_hi} = min({num_k}, {k_lo} + {k_per})"]
+    last_pid = max(p.pid_lines)
+    before_anchor = fn.body[p.anchor - 1].lineno
+    edits.insert_after[last_pid] = statements("\n".join(head))
+    edits.insert_after.setdefault(before_anchor, [])
+    edits.insert_after[before_anchor] = edits.insert_after[before_anchor] + statements("\n".join(split_code))
+
+    lo, hi, step = _loop_range(p, k_lo, k_hi)
+    for kl in p.loops:
+        node = _node_at(parsed, cst.For, kl.node.lineno)
+        call = node.iter
+        rest = [a for a in call.args if a.keyword is not None and a.keyword.value != "step"]
+        new_args = [lo, hi] + ([step] if step else [])
+        args = [cst.Arg(expr(t), comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))) for t in new_args]
+        args = args + rest
+        args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        loop = node.with_changes(iter=call.with_changes(args=args), leading_lines=[])
+        pre = [s for inc in kl.increments for s in statements(_advance(inc, k_lo))]
+        edits.replace[kl.node.lineno] = [*pre, loop]
+
+    for line in sorted(set(p.value_lines)):
+        st = _node_at(parsed, cst.SimpleStatementLine, line)
+        edits.replace[line] = [st.visit(_Uncast(p.acc)).with_changes(leading_lines=[])]
+
+    site = single_launch(model, p.kernel)
+    host = enclosing_function(model, site)
+    hnames = {n.id for n in ast.walk(host) if isinstance(n, ast.Name)} | {a.arg for a in host.args.args}
+    split_var = fresh_name(hnames, "split_k")
+    parts = fresh_name(hnames | {split_var}, f"{p.out_host}_partials")
+    launch_idx = next(i for i, st in enumerate(host.body) if isinstance(st, ast.Expr) and st.value is site.node)
+    launch_line = host.body[launch_idx].lineno
+    prev_line = host.body[launch_idx - 1].lineno
+    grid = launch_grid(model, site)
+    grid_src = [ast.get_source_segment(source, e) or ast.unparse(e) for e in grid.elements]
+    new_grid = f"({', '.join(grid_src + [split_var])})"
+    if grid.kind == "lambda":
+        new_grid = f"lambda {grid.meta}: {new_grid}"
+    choose = [f"# split-K: {split_var} programs per output tile, each over one slice of K; their fp32 partial tiles",
+              f"# go to {parts} and {SUM_KERNEL} adds them into {p.out_host}", f"{split_var} = {split}"]
+    alloc = [f"{parts} = torch.empty(({split_var}, *{p.out_host}.shape), device={p.out_host}.device, "
+             "dtype=torch.float32)"]
+    grid_var = grid.variable and grid.assign is not None and grid.assign in host.body and \
+        sum(1 for n in ast.walk(host) if isinstance(n, ast.Name) and n.id == grid.variable
+            and isinstance(n.ctx, ast.Load)) == 1
+    if grid_var:
+        g = _node_at(parsed, cst.SimpleStatementLine, grid.assign.lineno)
+        assign = g.body[0].with_changes(value=expr(new_grid))
+        edits.replace[grid.assign.lineno] = [*statements("\n".join(choose)),
+                                               g.with_changes(body=[assign], leading_lines=[])]
+        edits.insert_after[prev_line] = edits.insert_after.get(prev_line, []) + statements("\n".join(alloc))
+    else:
+        edits.insert_after[prev_line] = edits.insert_after.get(prev_line, []) + statements("\n".join(choose + alloc))
+
+    def launch(call: cst.Call) -> cst.Call:
+        args = [a.with_changes(value=a.value.visit(_Swap(p.out_host, f"{parts}[0]"))) if a.keyword is None else a
+                for a in call.args]
+        call = call.with_changes(args=args)
+        if not grid_var:
+            el = call.func.slice[0]
+            call = call.with_changes(func=call.func.with_changes(
+                slice=[el.with_changes(slice=cst.Index(value=expr(new_grid)))]))
+        return set_call_kwargs(call, {stride: f"{parts}.stride(0)", PARAM: split_var})
+
+    edits.calls[site.line] = launch
+    c = p.out_host
+    reduce = (f"{SUM_KERNEL}[(triton.cdiv({c}.shape[0], {SUM_BLOCK}), triton.cdiv({c}.shape[1], {SUM_BLOCK}))](\n"
+              f"    {parts}, {c}, {c}.shape[0], {c}.shape[1], {parts}.stride(0), {parts}.stride(1), "
+              f"{parts}.stride(2),\n    {c}.stride(0), {c}.stride(1), {PARAM}={split_var}, BLOCK_M={SUM_BLOCK}, "
+              f"BLOCK_N={SUM_BLOCK}, num_warps=4)")
+    edits.insert_after[launch_line] = edits.insert_after.get(launch_line, []) + statements(reduce)
+    try:
+        source = apply_edits(source, edits, parsed)
+    except LookupError as exc:
+        raise NotApplicable(f"the split-K edit could not be placed ({exc})") from None
+    return _add_sum_kernel(source, p.cast)
+
+
+def _add_sum_kernel(source: str, cast: str) -> str:
+    """Insert the summing kernel before the first class (``Model``), or at the end."""
+    module = cst.parse_module(source)
+    if any(isinstance(st, cst.FunctionDef) and st.name.value == SUM_KERNEL for st in module.body):
+        raise NotApplicable(f"the file already defines {SUM_KERNEL}")
+    new = statements(SUM_KERNEL_CODE.format(name=SUM_KERNEL, param=PARAM, cast=cast))
+    new[0] = new[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+    body = list(module.body)
+    idx = next((i for i, st in enumerate(body) if isinstance(st, cst.ClassDef)), len(body))
+    if idx < len(body):
+        body[idx] = body[idx].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine(), *[
+            ln for ln in body[idx].leading_lines if ln.comment is not None]])
+    body[idx:idx] = new
+    return module.with_changes(body=body).code
