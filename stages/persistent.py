@@ -3,7 +3,8 @@
 Owns: this stage's goal, its detector (a launch that starts many more programs than the device has cores)
 and its tactic ``persistent-loop`` (KB ``persistent-grid-from-cores``), which rewrites a tiled 1D or 2D grid
 into a loop over tiles with :mod:`xeforge.rewrite.persistent`: ``min(#tiles, cores)`` programs, the core
-count read from the device at run time (SMs on NVIDIA, Xe-cores on Intel). On a GPU the rewrite is also
+count read from the device at run time (SMs on NVIDIA, Xe-cores on Intel); not proposed where the launch
+already starts no more programs than the device has cores (each would walk one tile). On a GPU the rewrite is also
 proposed with the top KB tile configurations (and, on NVIDIA, with the tile loop flattened into the K loop
 as upstream's persistent matmul does); the verifier times each one.
 """
@@ -34,6 +35,9 @@ class PersistentTileLoop(Tactic):
 
     def _build(self, ctx: StageContext) -> tuple[str, persistent.PersistentPlan]:
         src, plan = persistent.rewrite(ctx.source)
+        few = _no_more_programs_than_cores(ctx, plan.kernel)
+        if few:
+            raise NotApplicable(few)
         bad = kb_errors(ctx, src)
         if bad:
             raise NotApplicable(f"the persistent kernel breaks KB constraints for {ctx.device_id}: {'; '.join(bad)}")
@@ -64,6 +68,24 @@ class PersistentTileLoop(Tactic):
             out.append(Candidate(tiled, self.name, f"{plan.describe()}; with {describe(cfg)}",
                                  params={"kernel": plan.kernel, **cfg}))
         return out
+
+
+def _no_more_programs_than_cores(ctx: StageContext, kernel: str) -> str | None:
+    """Why a persistent loop gains nothing here: at the timing variant the launch already starts no more programs
+    than the device has cores, so each would walk one tile (the device_tuning stage's split-K fills idle cores
+    instead, and it needs the one-tile-per-program grid). None when it may gain, or when nothing is known."""
+    cores = getattr(ctx.device, "cores", None)
+    if not cores or not getattr(ctx.device, "can_time", False):
+        return None
+    try:
+        variant = ctx.problem.timing_variant(ctx.device.kind)
+        n = persistent.launched_programs(ctx.model, kernel, ctx.problem, variant)
+    except Exception:  # a forward the static evaluation cannot follow: no reason to hold the rewrite back
+        return None
+    if n and n <= cores:
+        return (f"{kernel} starts {n} program(s) at {variant.name} for {cores} cores: each would walk one tile, so "
+                "a persistent loop gains nothing (split-K in device_tuning fills the idle cores instead)")
+    return None
 
 
 @guarded("persistent")

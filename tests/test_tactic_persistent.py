@@ -160,3 +160,14 @@ def test_a_persistent_kernel_is_not_rewritten_again():
     src = rewritten(p)
     app = TACTIC.check(context(p, src))
     assert not app.applies and "already loops over tiles" in app.reason, app.reason
+
+
+def test_not_proposed_when_the_launch_starts_no_more_programs_than_cores():
+    """gemm_tall_k at bench-gpu: 8 x 8 tiles of 128 for 132 cores. Each program would walk one tile; split-K (in
+    device_tuning, which needs the one-tile grid) is what fills the cores. gemm_square's 1,024 tiles still get it."""
+    tall = load_problem(KERNELS / "gemm_tall_k")
+    app = stage.PersistentTileLoop().check(context(tall, kind="cuda"))
+    assert not app.applies and "starts 64 program(s) at bench-gpu for 132 cores" in app.reason
+    assert stage.PersistentTileLoop().check(context(tall)).applies  # the interpreter: nothing is sized
+    square = load_problem(KERNELS / "gemm_square")
+    assert stage.PersistentTileLoop().check(context(square, kind="cuda")).applies
