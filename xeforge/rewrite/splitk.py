@@ -1,9 +1,10 @@
 """Split-K codemod (device_tuning): a GEMM whose output has too few tiles for the device sums K in SPLIT_K slices.
 
 Owns: applying the split-K rewrite (:func:`apply`) and the summing kernel it adds; which kernels it fits and
-their sizes at a variant are :mod:`xeforge.rewrite.splitk_plan`'s (re-exported here). A 2D-grid GEMM kernel (``pid_m = tl.program_id(0)``, ``pid_n = tl.program_id(1)``, one output tile
-per program, ``tl.dot`` accumulated in a K loop, the accumulator stored as it is or cast) gets a third grid
-axis ``pid_k = tl.program_id(2)``; each program runs the K steps ``[k_lo, k_hi)`` of its tile::
+their sizes at a variant are :mod:`xeforge.rewrite.splitk_plan`'s (re-exported here). A 2D-grid GEMM kernel
+(``pid_m = tl.program_id(0)``, ``pid_n = tl.program_id(1)``, one output tile per program, ``tl.dot``
+accumulated in a K loop, the accumulator stored as it is or cast) gets a third grid axis
+``pid_k = tl.program_id(2)``; each program runs the K steps ``[k_lo, k_hi)`` of its tile::
 
     pid_k = tl.program_id(2)
     c_ptr = c_ptr + pid_k * stride_ck           # this program's fp32 partial tile: slice pid_k
