@@ -798,12 +798,13 @@ def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
 
 
 def tool_hash() -> str:
-    """A short hash of xeforge's own source (the package, the stages, the knowledge base): which code benched."""
+    """A short hash of xeforge's own source (the package, the stages, the LLM agent, the knowledge base): which
+    code benched."""
     import hashlib
 
     root = Path(__file__).resolve().parent.parent
     h = hashlib.sha256()
-    for folder in ("xeforge", "stages"):
+    for folder in ("xeforge", "stages", "cover_agent", "knowledge_base"):
         for f in sorted((root / folder).rglob("*")):
             if f.is_file() and f.suffix in (".py", ".yaml", ".j2"):
                 h.update(str(f.relative_to(root)).encode())
@@ -997,7 +998,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                        workers=args.workers, out=Path(args.out) if args.out else None, variant=args.variant,
                        runs_dir=Path(args.runs_dir), rounds=args.rounds, pairs=args.pairs, engine=args.engine,
                        stages=[s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None,
-                       budget=args.budget, resume=args.resume, redo=args.redo, stop_after=args.stop_after, target=args.target, triton=args.triton, llm=llm, llm_argv=llm_argv,
+                       budget=args.budget, resume=args.resume, redo=args.redo, stop_after=args.stop_after,
+                       target=args.target, triton=args.triton, llm=llm, llm_argv=llm_argv,
                        json=args.json, argv=sys.argv[1:])
     report = run_bench(opt)
     if args.json:

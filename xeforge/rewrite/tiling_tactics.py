@@ -26,7 +26,8 @@ class RewriteMemo:
     def get(self, ctx: Any, build) -> Any:
         device = getattr(ctx, "device", None)
         key = (ctx.source, getattr(ctx, "device_id", None), getattr(device, "kind", None),
-               getattr(device, "can_time", None), getattr(device, "cores", None), str(getattr(ctx, "triton", None)), id(getattr(ctx, "kb", None)),
+               getattr(device, "can_time", None), getattr(device, "cores", None), str(getattr(ctx, "triton", None)),
+               id(getattr(ctx, "kb", None)),
                str(getattr(ctx, "run_dir", None)), str(getattr(getattr(ctx, "problem", None), "root", None)))
         if key != self._key:
             try:
