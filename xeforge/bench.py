@@ -728,7 +728,7 @@ def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
     if opt.redo and not opt.resume:
         raise UsageError("--redo", "re-benches problems of an earlier run, so it needs --resume",
                          "add --resume and the earlier run's --out")
-    out, kept, earlier = _prepare_out(opt, device)
+    out, kept, earlier, before = _prepare_out(opt, device)
     if opt.redo:
         again = {str(p) for p in paths}
         kept = [r for r in kept if r["path"] not in again]
@@ -754,7 +754,7 @@ def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
     deadline = t0 + 60 * opt.stop_after if opt.stop_after else None
     # the folder's order first (a resumed call may name only some problems), then new ones in the given order
     order = {path: i for i, path in enumerate(dict.fromkeys(
-        [*(_earlier_order(out) if opt.resume else []), *(str(p) for p in paths)]))}
+        [*before, *(str(p) for p in paths)]))}
     try:
         if slots:
             _run_parallel(todo, opt, kind, slots, out, report, progress, deadline)
@@ -812,16 +812,9 @@ def tool_hash() -> str:
     return h.hexdigest()[:12]
 
 
-def _earlier_order(out: Path) -> list[str]:
-    try:
-        return [r["path"] for r in json.loads((out / "bench.json").read_text()).get("problems", [])]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError):
-        return []
-
-
-def _prepare_out(opt: BenchOptions, device) -> tuple[Path, list[dict], list[dict]]:
-    """The output folder, and with ``--resume`` the rows of the earlier run worth keeping (those without an error)
-    and the calls that made it."""
+def _prepare_out(opt: BenchOptions, device) -> tuple[Path, list[dict], list[dict], list[str]]:
+    """The output folder, and with ``--resume`` the rows of the earlier run worth keeping (those without an error),
+    the calls that made it and the order of all its rows."""
     if opt.resume:
         if opt.out is None:
             raise UsageError("--resume", "needs the folder of the run to continue", "pass --out bench-out/<stamp>")
@@ -839,13 +832,14 @@ def _prepare_out(opt: BenchOptions, device) -> tuple[Path, list[dict], list[dict
                              f"{device.kind} ({device.name})", "resume on the same device, or start a new run")
         calls = prev.get("calls") or [{"created": prev.get("created"), "argv": prev.get("argv"),
                                        "elapsed_s": prev.get("elapsed_s")}]
-        return out, [r for r in prev.get("problems", []) if r.get("status") == "ok"], calls
+        rows = prev.get("problems", [])
+        return out, [r for r in rows if r.get("status") == "ok"], calls, [r["path"] for r in rows if "path" in r]
     out = Path(opt.out) if opt.out else default_out()
     if (out / "bench.json").exists():
         raise UsageError("--out", f"{out} already holds a bench run",
                          "pass --resume to continue it, choose another --out, or delete that folder")
     out.mkdir(parents=True, exist_ok=True)
-    return out, [], []
+    return out, [], [], []
 
 
 def _write_partial(out: Path, report: dict) -> None:

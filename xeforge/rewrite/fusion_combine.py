@@ -24,8 +24,8 @@ from xeforge.kernel_model import dotted_name
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.context import Ctx, dead_code, fresh_namer, loads
 from xeforge.rewrite.cst_tools import Edits, apply_edits, statements
-from xeforge.rewrite.fusion_rewrites import (SPLIT_IDENTITY, _is_to_dtype, _operand_resolver, _reduction,
-                                             row_reduce_lines)
+from xeforge.rewrite.fusion_rewrites import (SPLIT_IDENTITY, _is_to_dtype, _last_assign, _operand_resolver,
+                                             _reduction, row_reduce_lines)
 from xeforge.rewrite.tiling_edit import add_module_function
 from xeforge.rewrite.tl_ops import EpilogueBuilder, Unsupported
 
@@ -72,13 +72,7 @@ def combine_partials(source: str, problem: Any) -> tuple[str, str]:
 
 
 def _alloc(c: Ctx, name: str, before: int) -> ast.Assign | None:
-    found = None
-    for st in c.fwd:
-        if st.lineno >= before:
-            break
-        if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name) \
-                and st.targets[0].id == name:
-            found = st
+    found = _last_assign(c, name, before)
     if found is not None and isinstance(found.value, ast.Call) and \
             (dotted_name(found.value.func) or "").rsplit(".", 1)[-1] in _ALLOCS:
         return found

@@ -32,8 +32,8 @@ from xeforge.kernel_model import dotted_name
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.context import Ctx, dead_code, fresh_namer, loads, pure_stmt
 from xeforge.rewrite.cst_tools import Edits, Substitute, apply_edits, code, names_in, rename, statements
-from xeforge.rewrite.fusion_rewrites import (SPLIT_IDENTITY, _is_to_dtype, _operand_resolver, _reduction,
-                                             row_reduce_lines)
+from xeforge.rewrite.fusion_rewrites import (SPLIT_IDENTITY, _is_to_dtype, _last_assign, _operand_resolver,
+                                             _reduction, row_reduce_lines)
 from xeforge.rewrite.fusion_tile import elementwise_kernel
 from xeforge.rewrite.tiling_edit import add_module_function
 from xeforge.rewrite.tl_ops import EpilogueBuilder, Unsupported
@@ -299,8 +299,7 @@ def _result_dtype(c: Ctx) -> str | None:
         return None
     val = ret.value
     if isinstance(val, ast.Name):
-        alloc = next((st for st in reversed(c.fwd) if isinstance(st, ast.Assign) and len(st.targets) == 1
-                      and isinstance(st.targets[0], ast.Name) and st.targets[0].id == val.id), None)
+        alloc = _last_assign(c, val.id, ret.lineno)
         if alloc is None or not isinstance(alloc.value, ast.Call):
             return None
         val = next((k.value for k in alloc.value.keywords if k.arg == "dtype"), None)
@@ -327,8 +326,7 @@ def _narrow_input(c: Ctx, y: ast.Name, s: ast.Assign) -> tuple[int, str, str]:
     want = _result_dtype(c)
     if want is None:
         raise NotApplicable("the module's result is not returned in the dtype of one of its inputs")
-    alloc = next((st for st in reversed(c.fwd) if st.lineno < s.lineno and isinstance(st, ast.Assign)
-                  and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name) and st.targets[0].id == y.id), None)
+    alloc = _last_assign(c, y.id, s.lineno)
     if alloc is None or not isinstance(alloc.value, ast.Call):
         raise NotApplicable(f"{y.id} is not allocated in forward")
     call = alloc.value
@@ -337,9 +335,7 @@ def _narrow_input(c: Ctx, y: ast.Name, s: ast.Assign) -> tuple[int, str, str]:
     if name == "empty" and kw is not None and dotted_name(kw.value) in _FP32:
         new = ast.unparse(alloc).replace(f"dtype={ast.unparse(kw.value)}", f"dtype={want}")
     elif name == "empty_like" and kw is None and len(call.args) == 1 and isinstance(call.args[0], ast.Name):
-        src = next((st for st in reversed(c.fwd) if st.lineno < alloc.lineno and isinstance(st, ast.Assign)
-                    and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)
-                    and st.targets[0].id == call.args[0].id), None)
+        src = _last_assign(c, call.args[0].id, alloc.lineno)
         skw = next((k for k in src.value.keywords if k.arg == "dtype"), None) if src is not None and isinstance(
             src.value, ast.Call) else None
         if skw is None or dotted_name(skw.value) not in _FP32:

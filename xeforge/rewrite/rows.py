@@ -23,13 +23,14 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from xeforge.kernel_model import JitFunction, KernelModel, parse_kernel
+from xeforge.kernel_model import JitFunction, KernelModel, dotted_name, parse_kernel
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.context import loads
-from xeforge.rewrite.cst_tools import Edits, apply_edits, expr, set_call_kwargs, statements
+from xeforge.rewrite.cst_tools import Edits, apply_edits, expr, is_tl, set_call_kwargs, statements
 from xeforge.rewrite.tiling import _assign_counts, _kw, names_in
 from xeforge.rewrite.tiling_edit import FunctionEdit, edit_function
-from xeforge.rewrite.tiling_grid import enclosing_function, fresh_name, launch_grid, program_id_vars, single_launch
+from xeforge.rewrite.tiling_grid import (enclosing_function, fresh_name, launch_grid, pid_derived_names,
+                                        program_id_vars, single_launch)
 
 #: calls that combine elements of a row (or of the block), so a [ROWS, BLOCK] block would change their result
 REDUCING = frozenset({"sum", "max", "min", "reduce", "argmax", "argmin", "xor_sum", "cumsum", "cumprod",
@@ -78,35 +79,7 @@ def _attr(call: ast.Call) -> str | None:
 
 
 def _is_tl(call: ast.AST, *attrs: str) -> bool:
-    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute) or call.func.attr not in attrs:
-        return False
-    base = call.func.value
-    return (isinstance(base, ast.Name) and base.id == "tl") or ast.unparse(base) == "triton.language"
-
-
-def _row_dependent(fn: ast.FunctionDef, pid: str) -> set[str]:
-    """Names whose value depends on ``pid`` (assignments, augmented assignments, loop targets)."""
-    dep = {pid}
-    changed = True
-    while changed:
-        changed = False
-        for node in ast.walk(fn):
-            if isinstance(node, ast.Assign):
-                targets, value = node.targets, node.value
-            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and node.value is not None:
-                targets, value = [node.target], node.value
-            elif isinstance(node, ast.For):
-                targets, value = [node.target], node.iter
-            else:
-                continue
-            if not names_in(value) & dep:
-                continue
-            for t in targets:
-                for n in ast.walk(t):
-                    if isinstance(n, ast.Name) and n.id not in dep:
-                        dep.add(n.id)
-                        changed = True
-    return dep
+    return isinstance(call, ast.Call) and is_tl(dotted_name(call.func), *attrs)
 
 
 def _assignments(root: ast.AST) -> list[tuple[str, ast.stmt]]:
@@ -258,7 +231,7 @@ def plan_rows(model: KernelModel, kernel: str) -> RowsPlan:
         raise NotApplicable("the module does not import triton.language as tl")
     if fn.node.args.defaults or fn.node.args.vararg or fn.node.args.kwonlyargs or fn.node.args.kwarg:
         raise NotApplicable(f"{kernel} has parameters with defaults, *args or keyword-only parameters")
-    dep = _row_dependent(fn.node, pid.name)
+    dep = pid_derived_names(fn.node) | {pid.name}
     _check_body(fn, model, dep)
     aranges, sizes = _aranges(fn)
     if not sizes:

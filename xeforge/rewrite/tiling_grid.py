@@ -61,7 +61,8 @@ def program_id_vars(fn: ast.FunctionDef) -> tuple[list[PidVar], list[ast.Call]]:
 
 
 def pid_derived_names(fn: ast.FunctionDef) -> set[str]:
-    """Names whose value depends on a program id (assigned from tl.program_id or from such names, loops too)."""
+    """Names whose value depends on a program id (assigned from tl.program_id or from such names: plain, augmented
+    and annotated assignments, loop targets)."""
     derived: set[str] = set()
     changed = True
     while changed:
@@ -70,6 +71,8 @@ def pid_derived_names(fn: ast.FunctionDef) -> set[str]:
             targets, value = [], None
             if isinstance(node, ast.Assign):
                 targets, value = node.targets, node.value
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and node.value is not None:
+                targets, value = [node.target], node.value
             elif isinstance(node, ast.For):
                 targets, value = [node.target], node.iter
             if value is None:
