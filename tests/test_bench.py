@@ -533,3 +533,13 @@ def test_redo_replaces_the_named_rows_and_each_row_says_which_call_measured_it(t
     md = (out / "bench.md").read_text()
     assert f"measured by call 2 of 2 ({again['calls'][1]['created']}, xeforge {bench.tool_hash()})" in md
     assert md.count("measured by call 1 of 2") == len(every) - 1
+    # rows from before calls were recorded are not claimed by the call that resumes the folder
+    data = json.loads((out / "bench.json").read_text())
+    for r in data["problems"]:
+        del r["call"]
+    (out / "bench.json").write_text(json.dumps(data))
+    third = bench.run_bench(bench.BenchOptions(problems=every[:1], device="cpu", runs_dir=runs, out=out, resume=True,
+                                               redo=True, argv=["bench", "--resume", "--redo"]),
+                            make_verifier=ScriptedVerifier)
+    assert [r["call"] for r in third["problems"]] == [2 if p == every[0] else None for p in every]
+    assert (out / "bench.md").read_text().count("measured by call") == 1

@@ -559,8 +559,8 @@ def timing_method(device, settings, pairs: int) -> str | None:
         return None
     return (f"{device.kind} events around each call with a full sync, L2 flushed before every call (2x L2, the write "
             f"repeated so the device is still busy while the host issues the call: launch overhead is not timed), rotated "
-            f"input buffers; start, final, eager and torch.compile interleaved in one worker (order reversed every "
-            f"other round), {pairs} rounds after {settings.warmup_calls} warm-up calls; median and IQR")
+            f"input buffers; start, final, eager and torch.compile interleaved in one worker (one cyclic order, so "
+            f"no entry runs twice in a row), {pairs} rounds after {settings.warmup_calls} warm-up calls; median and IQR")
 
 
 def new_report(opt: BenchOptions, device, kbc, settings, out: Path) -> dict:
@@ -733,6 +733,8 @@ def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
         again = {str(p) for p in paths}
         kept = [r for r in kept if r["path"] not in again]
     report = new_report(opt, device, kbc, settings, out)
+    for r in kept:  # a row kept from before calls were recorded: measured by an earlier call, which is not known
+        r.setdefault("call", None)
     report["problems"] = kept
     # every call that wrote into this folder (a resumed run is several), so the record says how it was made;
     # each row says which call measured it, and each call which xeforge source it ran

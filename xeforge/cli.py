@@ -174,15 +174,19 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_aa(args: argparse.Namespace) -> int:
-    """Time the starting kernel against itself: an A/A comparison must never be accepted as faster."""
+    """Time a kernel (the starting one, or --candidate) against itself: an A/A comparison must never be accepted
+    as faster."""
     from xeforge import devices
-    from xeforge.errors import DeviceError
+    from xeforge.errors import DeviceError, UsageError
     from xeforge.problem import load_problem
     from xeforge.settings import load_settings
     from xeforge.store import RunStore
     from xeforge.verifier import Verifier
 
     problem = load_problem(args.problem)
+    kernel = Path(args.candidate) if args.candidate else problem.kernel_path
+    if not kernel.is_file():
+        raise UsageError("--candidate", f"{kernel} is not a file", "pass a kernel .py, e.g. <run>/final/kernel.py")
     device = devices.describe(devices.resolve(args.device))
     if device.interpreter:
         raise DeviceError("--device", "an A/A timing test needs a GPU; the CPU interpreter times nothing meaningful",
@@ -191,11 +195,12 @@ def cmd_aa(args: argparse.Namespace) -> int:
     results = []
     with Verifier(problem, device, load_settings(), store.root) as v:
         for i in range(args.repeats):
-            r = v.aa_test(problem.kernel_path)
+            r = v.aa_test(kernel)
             results.append(r)
             print(f"A/A {i + 1}/{args.repeats}: speedup {r['speedup']:.4f}x, margin {r['margin']:.4f}, "
                   f"accepted as faster: {r['accepted']}", file=sys.stderr)
-    out = {"problem": problem.name, "device": device.as_dict(), "versions": devices.versions(), "runs": results,
+    out = {"problem": problem.name, "kernel": str(kernel), "device": device.as_dict(), "versions": devices.versions(),
+           "runs": results,
            "never_accepted": not any(r["accepted"] for r in results)}
     if args.json:
         _print_json(out)
@@ -261,8 +266,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("aa", help="A/A timing test: the starting kernel against itself must never win (GPU only)")
+    p = sub.add_parser("aa", help="A/A timing test: a kernel (the starting one unless --candidate) against itself "
+                       "must never win (GPU only)")
     p.add_argument("problem")
+    p.add_argument("--candidate", default=None, help="kernel file to time against itself (default: the problem's "
+                   "starting kernel), e.g. a run's final/kernel.py")
     _add_device_args(p)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--runs-dir", default=os.environ.get("XEFORGE_RUNS_DIR", "runs"))

@@ -70,7 +70,7 @@ class RulesEngine:
                 prepare(candidates)  # e.g. compile them in parallel on the host before the one-by-one cascade
             rec.outcomes = [evaluate(c) for c in candidates]
             seen = {c.source for c in candidates}
-            refits = [c for o in rec.outcomes if (c := refit_stages(ctx, o)) is not None and c.source not in seen]
+            refits = [c for o in rec.outcomes for c in refit_candidates(ctx, o) if c.source not in seen]
             rec.outcomes += [evaluate(c) for c in {c.source: c for c in refits}.values()]
             rec.best = choose(rec.outcomes)
             if rec.best is not None:
@@ -78,30 +78,41 @@ class RulesEngine:
         return records
 
 
-def refit_stages(ctx: StageContext, outcome: TrialOutcome) -> Candidate | None:
-    """A candidate that failed to compile for shared memory, again with the ``num_stages`` that fits.
+def refit_candidates(ctx: StageContext, outcome: TrialOutcome) -> list[Candidate]:
+    """Candidates for one that failed to compile for shared memory; [] for any other failure.
 
     The compiler's figure is exact where the knowledge base's estimate is not (a 128x256 tile whose fp32
     epilogue is staged through shared memory needs 128 KB more than its operand stages), so a tile that the
-    search rightly wanted is not lost to one stage too many. None for any other failure.
+    search rightly wanted is not lost: first with its C tile stored in two halves (``subtile``: the staging tile
+    halves; fewer stages only if that is still too much), then with the ``num_stages`` that fits as it is.
     """
     from xeforge.kb._base import DTYPE_BYTES, dtype_key
+    from xeforge.rewrite.subtile import subtile_stores
     from xeforge.rewrite.tiling_configs import fit_stages
 
     failed = outcome.verdict.failed_gate if outcome.verdict is not None else None
     if failed is None or failed.gate != "0-isolation":
-        return None
+        return []
     variant = ctx.problem.timing_variant(ctx.device.kind) if ctx.problem is not None else None
     dtype = getattr(variant, "dtype", None)
     elem = DTYPE_BYTES.get(dtype_key(dtype) if dtype else None, 2)
-    fitted = fit_stages(outcome.candidate.source, f"{failed.summary} {failed.details.get('detail', '')}", elem)
-    if fitted is None:
-        return None
-    source, how = fitted
+    failure = f"{failed.summary} {failed.details.get('detail', '')}"
     c = outcome.candidate
-    return Candidate(source, c.tactic, f"{c.description}; num_stages {how['was']} -> {how['num_stages']} (the compiler "
-                     f"needed more than the {how['limit']} B of shared memory)", kind=c.kind,
-                     params={**c.params, "num_stages": how["num_stages"]})
+    out = []
+    halved = subtile_stores(c.source)
+    if halved is not None and (fitted := fit_stages(halved[0], failure, elem, fixed_scale=0.5)) is not None:
+        source, how = fitted
+        fewer = (f"; num_stages {how['was']} -> {how['num_stages']}" if how["num_stages"] != how["was"] else "")
+        out.append(Candidate(source, c.tactic, f"{c.description}; C stored in two halves (the compiler needed more "
+                             f"than the {how['limit']} B of shared memory; the staging tile halves){fewer}",
+                             kind=c.kind, params={**c.params, "num_stages": how["num_stages"]}))
+    fitted = fit_stages(c.source, failure, elem)
+    if fitted is not None:
+        source, how = fitted
+        out.append(Candidate(source, c.tactic, f"{c.description}; num_stages {how['was']} -> {how['num_stages']} "
+                             f"(the compiler needed more than the {how['limit']} B of shared memory)", kind=c.kind,
+                             params={**c.params, "num_stages": how["num_stages"]}))
+    return out
 
 
 def make_engine(name: str, options: Any) -> Any:

@@ -406,7 +406,7 @@ class Verifier:
         margin = noise_margin(a, b, self.settings.min_noise_margin)
         d = decide(a, b, margin, None, self.settings.speedup_flag)
         return {"speedup": d.speedup, "margin": margin, "accepted": d.accepted, "a": d.incumbent.as_dict(),
-                "b": d.candidate.as_dict()}
+                "b": d.candidate.as_dict(), "a_ms": a, "b_ms": b}
 
     def _time(self, paths: list[Path], variant: Variant, aa: bool = False) -> list[list[float]]:
         entries: list[tuple[Path, str | None]] = []

@@ -196,11 +196,12 @@ class WorkerState:
             delay = delay_flushes(max(host_ms, default=0.0), flush_ms)
             times: dict[str, list[float]] = {s: [] for s in slots}
             k = 0
-            for i in range(pairs):
-                order = list(range(len(slots)))
-                if i % 2:
-                    order.reverse()
-                for j in order:
+            # the same cyclic order every round, so no slot ever runs twice in a row: a model called again right
+            # after itself ran faster (on the H200, kb41's GEMM: 0.216 ms after itself, 0.231 ms after another
+            # model, the L2 flushed both times; warm address translations of its weights, most likely); reversing
+            # every other round made half of each slot's calls such repeats, its times bimodal, A/A medians 2.5% off
+            for _ in range(pairs):
+                for j in range(len(slots)):
                     args = sets[k % n_sets]
                     k += 1
                     self.rt.synchronize()

@@ -209,13 +209,17 @@ def with_configs(ctx: Any, source: str, kernel: str, limit: int) -> list[tuple[d
 SMEM_OVER = re.compile(r"out of resource: shared memory, Required: (\d+), Hardware limit: (\d+)")
 
 
-def fit_stages(source: str, failure: str, elem_bytes: int = 2) -> tuple[str, dict[str, Any]] | None:
+def fit_stages(source: str, failure: str, elem_bytes: int = 2,
+               fixed_scale: float = 1.0) -> tuple[str, dict[str, Any]] | None:
     """``source`` with fewer ``num_stages`` at its GEMM launch, so that what the compiler said it needs fits.
 
     ``failure`` is the text of a compile failure. The compiler's figure includes what the pipeline stages do not
     (the epilogue's staging tile, e.g. an fp32 C tile stored through a descriptor, which the knowledge base's
     estimate cannot see); each stage holds one BM x BK and one BN x BK operand tile of ``elem_bytes``. The largest
     stage count that fits is chosen. None when the failure is not a shared-memory one or no count fits.
+
+    ``fixed_scale`` scales that non-stage part: 0.5 for ``source`` whose staging tile was halved after the failure
+    (``subtile.subtile_stores``); then the launch's own stage count may fit, and ``source`` comes back unchanged.
     """
     m = SMEM_OVER.search(failure or "")
     if m is None:
@@ -233,14 +237,18 @@ def fit_stages(source: str, failure: str, elem_bytes: int = 2) -> tuple[str, dic
         if not (isinstance(stages, int) and stages > 1 and bm and bn and bk):
             continue
         per_stage = (bm + bn) * bk * elem_bytes
-        fixed = required - stages * per_stage
-        fits = [n for n in range(stages - 1, 0, -1) if fixed + n * per_stage <= limit]
+        fixed = (required - stages * per_stage) * fixed_scale
+        top = stages if fixed_scale < 1.0 else stages - 1
+        fits = [n for n in range(top, 0, -1) if fixed + n * per_stage <= limit]
         if not fits:
             continue
-        try:
-            new = apply_config(source, kernel, {"num_stages": fits[0]})
-        except (NotApplicable, LookupError):
-            continue
+        if fits[0] == stages:
+            new = source
+        else:
+            try:
+                new = apply_config(source, kernel, {"num_stages": fits[0]})
+            except (NotApplicable, LookupError):
+                continue
         return new, {"kernel": kernel, "num_stages": fits[0], "was": stages,
-                     "estimate": fixed + fits[0] * per_stage, "limit": limit}
+                     "estimate": int(fixed + fits[0] * per_stage), "limit": limit}
     return None

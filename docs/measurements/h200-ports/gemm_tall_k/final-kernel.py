@@ -6,56 +6,70 @@ import triton
 import triton.language as tl
 
 
-def _device_core_count(device):
-    """Programs for a persistent launch: one per SM (NVIDIA) or Xe-core (Intel); a few on the CPU interpreter."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    if device.type == "xpu":
-        index = device.index if device.index is not None else torch.xpu.current_device()
-        return triton.runtime.driver.active.utils.get_device_properties(index)["multiprocessor_count"]
-    return 2
-
-
 @triton.jit
 def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
                   stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_BLOCK_IO: tl.constexpr):
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_tiles = num_pid_m * num_pid_n
+                  stride_ck,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_BLOCK_IO: tl.constexpr, SPLIT_K: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    # split-K: program pid_k sums K steps [k_lo, k_hi) of its tile into slice pid_k of an fp32 workspace
+    c_ptr = c_ptr + pid_k * stride_ck
+    a_block = tl.make_block_ptr(base=a_ptr, shape=(M, K), strides=(stride_am, stride_ak),
+                                offsets=(pid_m * BLOCK_M, 0), block_shape=(BLOCK_M, BLOCK_K), order=(1, 0))
+    b_block = tl.make_block_ptr(base=b_ptr, shape=(K, N), strides=(stride_bk, stride_bn),
+                                offsets=(0, pid_n * BLOCK_N), block_shape=(BLOCK_K, BLOCK_N), order=(1, 0))
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # tensor descriptors (2D block I/O, TMA) when the operands qualify, else the original code
     if USE_BLOCK_IO:
         a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1], block_shape=[BLOCK_M, BLOCK_K])
         b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1], block_shape=[BLOCK_K, BLOCK_N])
         c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1], block_shape=[BLOCK_M, BLOCK_N])
-    # persistent: program p handles tiles p, p + num_programs, p + 2 * num_programs, ...
-    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
-        pid_m = tile_id % num_pid_m
-        pid_n = tile_id // num_pid_m
-        a_block = tl.make_block_ptr(base=a_ptr, shape=(M, K), strides=(stride_am, stride_ak),
-                                    offsets=(pid_m * BLOCK_M, 0), block_shape=(BLOCK_M, BLOCK_K), order=(1, 0))
-        b_block = tl.make_block_ptr(base=b_ptr, shape=(K, N), strides=(stride_bk, stride_bn),
-                                    offsets=(0, pid_n * BLOCK_N), block_shape=(BLOCK_K, BLOCK_N), order=(1, 0))
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if USE_BLOCK_IO:
-            for _ in range(0, tl.cdiv(K, BLOCK_K)):
-                a = a_desc.load([pid_m * BLOCK_M, _ * BLOCK_K])
-                b = b_desc.load([_ * BLOCK_K, pid_n * BLOCK_N])
-                acc = tl.dot(a, b, acc)
-        else:
-            for _ in range(0, tl.cdiv(K, BLOCK_K)):
-                a = tl.load(a_block, boundary_check=(0, 1), padding_option="zero")
-                b = tl.load(b_block, boundary_check=(0, 1), padding_option="zero")
-                acc = tl.dot(a, b, acc)
-                a_block = tl.advance(a_block, (0, BLOCK_K))
-                b_block = tl.advance(b_block, (BLOCK_K, 0))
-        c_block = tl.make_block_ptr(base=c_ptr, shape=(M, N), strides=(stride_cm, stride_cn),
-                                    offsets=(pid_m * BLOCK_M, pid_n * BLOCK_N), block_shape=(BLOCK_M, BLOCK_N),
-                                    order=(1, 0))
-        if USE_BLOCK_IO:
-            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_ptr.dtype.element_ty))
-        else:
-            tl.store(c_block, acc.to(c_ptr.dtype.element_ty), boundary_check=(0, 1))
+    num_k = tl.cdiv(K, BLOCK_K)
+    k_per = tl.cdiv(num_k, SPLIT_K)
+    k_lo = pid_k * k_per
+    k_hi = min(num_k, k_lo + k_per)
+    if USE_BLOCK_IO:
+        for _ in range(k_lo, k_hi):
+            a = a_desc.load([pid_m * BLOCK_M, _ * BLOCK_K])
+            b = b_desc.load([_ * BLOCK_K, pid_n * BLOCK_N])
+            acc = tl.dot(a, b, acc)
+    else:
+        a_block = tl.advance(a_block, (0, k_lo * BLOCK_K))
+        b_block = tl.advance(b_block, (k_lo * BLOCK_K, 0))
+        for _ in range(k_lo, k_hi):
+            a = tl.load(a_block, boundary_check=(0, 1), padding_option="zero")
+            b = tl.load(b_block, boundary_check=(0, 1), padding_option="zero")
+            acc = tl.dot(a, b, acc)
+            a_block = tl.advance(a_block, (0, BLOCK_K))
+            b_block = tl.advance(b_block, (BLOCK_K, 0))
+    c_block = tl.make_block_ptr(base=c_ptr, shape=(M, N), strides=(stride_cm, stride_cn),
+                                offsets=(pid_m * BLOCK_M, pid_n * BLOCK_N), block_shape=(BLOCK_M, BLOCK_N),
+                                order=(1, 0))
+    if USE_BLOCK_IO:
+        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc)
+    else:
+        tl.store(c_block, acc, boundary_check=(0, 1))
+
+
+@triton.jit
+def splitk_sum_kernel(
+    part_ptr, out_ptr, M, N, stride_pk, stride_pm, stride_pn, stride_om, stride_on,
+    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """out = the sum of SPLIT_K fp32 partial tiles, added in slice order (the same bits every run)."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    parts = part_ptr + offs_m[:, None] * stride_pm + offs_n[None, :] * stride_pn
+    acc = tl.load(parts, mask=mask, other=0.0)
+    for k in tl.static_range(1, SPLIT_K):
+        acc += tl.load(parts + k * stride_pk, mask=mask, other=0.0)
+    out = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 class Model(torch.nn.Module):
@@ -66,8 +80,10 @@ class Model(torch.nn.Module):
         M, K = a.shape
         N = b.shape[1]
         c = torch.empty((M, N), device=a.device, dtype=a.dtype)
-        num_programs = _device_core_count(a.device)
-        grid = lambda META: (min(num_programs, triton.cdiv(M, META['BLOCK_M']) * triton.cdiv(N, META['BLOCK_N'])),)
+        # split-K: split_k programs per output tile, each over one slice of K; their fp32 partial tiles
+        # go to c_partials and splitk_sum_kernel adds them into c
+        split_k = 4
+        grid = (triton.cdiv(M, 128), triton.cdiv(N, 128), split_k)
         use_block_io = all((
             a.data_ptr() % 16 == 0,
             a.stride(1) == 1,
@@ -82,7 +98,12 @@ class Model(torch.nn.Module):
         if use_block_io and a.device.type == "cuda":
             # device-side tensor descriptors (TMA) need a scratch allocation on NVIDIA GPUs
             triton.set_allocator(lambda size, align, stream, dev=a.device: torch.empty(size, dtype=torch.int8, device=dev))
-        matmul_kernel[grid](a, b, c, M, N, K,
-                            a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+        c_partials = torch.empty((split_k, *c.shape), device=c.device, dtype=torch.float32)
+        matmul_kernel[grid](a, b, c_partials[0], M, N, K,
+                            a.stride(0), a.stride(1), b.stride(0), b.stride(1), c_partials[0].stride(0), c_partials[0].stride(1),
+                            stride_ck=c_partials.stride(0), SPLIT_K=split_k,
                             BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4, USE_BLOCK_IO=use_block_io)
+        splitk_sum_kernel[(triton.cdiv(c.shape[0], 64), triton.cdiv(c.shape[1], 64))](
+            c_partials, c, c.shape[0], c.shape[1], c_partials.stride(0), c_partials.stride(1), c_partials.stride(2),
+            c.stride(0), c.stride(1), SPLIT_K=split_k, BLOCK_M=64, BLOCK_N=64, num_warps=4)
         return c

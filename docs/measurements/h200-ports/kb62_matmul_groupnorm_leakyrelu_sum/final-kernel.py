@@ -55,9 +55,9 @@ def matmul_bias_kernel(a_ptr, w_ptr, bias_ptr, c_ptr, M, N, K,
     if USE_BLOCK_IO:
         a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1], block_shape=[BLOCK_M, BLOCK_K])
         w_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[stride_wn, 1], block_shape=[BLOCK_N, BLOCK_K])
-        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1], block_shape=[BLOCK_M, BLOCK_N])
+        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1], block_shape=[BLOCK_M, BLOCK_N // 2])
     # persistent: program p handles tiles p, p + num_programs, p + 2 * num_programs, ...
-    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
         pid_m = tile_id % num_pid_m
         pid_n = tile_id // num_pid_m
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -80,7 +80,11 @@ def matmul_bias_kernel(a_ptr, w_ptr, bias_ptr, c_ptr, M, N, K,
         bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
         acc = acc + bias[None, :]
         if USE_BLOCK_IO:
-            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_ptr.dtype.element_ty))
+            # C in two [BLOCK_M, BLOCK_N // 2] halves: the descriptor's shared-memory staging tile halves too
+            c_desc_halves = tl.permute(tl.reshape(acc.to(c_ptr.dtype.element_ty), (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+            c_desc_lo, c_desc_hi = tl.split(c_desc_halves)
+            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], c_desc_lo)
+            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N + BLOCK_N // 2], c_desc_hi)
         else:
             tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
                      acc.to(c_ptr.dtype.element_ty),
@@ -122,10 +126,10 @@ class Model(torch.nn.Module):
             x, self.fc.weight, self.fc.bias, y, M, N, K,
             x.stride(0), x.stride(1), self.fc.weight.stride(0), self.fc.weight.stride(1),
             y.stride(0), y.stride(1),
-            BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=4, USE_BLOCK_IO=use_block_io, num_stages=4)
+            BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, USE_BLOCK_IO=use_block_io, num_stages=3)
         out = torch.empty((M, N), device=x.device, dtype=x.dtype)
         gn_block = triton.next_power_of_2(y.shape[1] // self.gn.num_groups)
-        gn_groups = max(1, min(triton.next_power_of_2(self.gn.num_groups), 2048 // gn_block))  # groups a program normalises
+        gn_groups = max(1, min(triton.next_power_of_2(self.gn.num_groups), 2048 // gn_block))  # groups a program
         group_norm_kernel[(y.shape[0], triton.cdiv(self.gn.num_groups, gn_groups))](
             y, self.gn.weight, self.gn.bias, out, y.shape[1], y.shape[1] // self.gn.num_groups,
             y.stride(0), out.stride(0),

@@ -35,7 +35,8 @@ def group_norm_kernel(x_ptr, gamma_ptr, beta_ptr, out_ptr, N, GROUP, stride_x, s
     beta = tl.load(beta_ptr + offs_n, mask=in_group, other=0.0).to(tl.float32)
     v = diff / tl.sqrt(var + eps) * gamma + beta
     part = tl.min(tl.where(in_group, v, float("inf")), axis=1)
-    tl.store(out_ptr + row * stride_out + tl.program_id(1) * GROUPS + tl.arange(0, GROUPS), part.to(out_ptr.dtype.element_ty), mask=tl.program_id(1) * GROUPS + tl.arange(0, GROUPS) < N // GROUP)
+    tl.store(out_ptr + row * stride_out + tl.program_id(1) * GROUPS + tl.arange(0, GROUPS), part.to(out_ptr.dtype.element_ty),
+             mask=tl.program_id(1) * GROUPS + tl.arange(0, GROUPS) < N // GROUP)
 
 
 @triton.jit
@@ -54,7 +55,7 @@ def matmul_bias_kernel(a_ptr, w_ptr, bias_ptr, c_ptr, M, N, K,
         w_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[stride_wn, 1], block_shape=[BLOCK_N, BLOCK_K])
         c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1], block_shape=[BLOCK_M, BLOCK_N])
     # persistent: program p handles tiles p, p + num_programs, p + 2 * num_programs, ...
-    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
         pid_m = tile_id % num_pid_m
         pid_n = tile_id // num_pid_m
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -97,7 +98,7 @@ class Model(torch.nn.Module):
     def forward(self, x):
         M, K = x.shape
         N = self.gemm.weight.shape[0]
-        y = torch.empty((M, N), device=x.device, dtype=torch.float32)
+        y = torch.empty((M, N), device=x.device, dtype=x.dtype)
         grid = lambda META: (min(num_programs, triton.cdiv(M, META['BLOCK_M']) * triton.cdiv(N, META['BLOCK_N'])),)
         use_block_io = all((
             x.data_ptr() % 16 == 0,
@@ -118,10 +119,10 @@ class Model(torch.nn.Module):
             x, self.gemm.weight, self.gemm.bias, y, M, N, K,
             x.stride(0), x.stride(1), self.gemm.weight.stride(0), self.gemm.weight.stride(1),
             y.stride(0), y.stride(1),
-            BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=4, USE_BLOCK_IO=use_block_io, num_stages=4)
-        gn_part = torch.empty((y.shape[0], self.group_norm.num_groups), device=y.device, dtype=y.dtype)
+            BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, USE_BLOCK_IO=use_block_io, num_stages=3)
+        gn_part = torch.empty((y.shape[0], self.group_norm.num_groups), device=y.device, dtype=torch.float32)
         gn_block = triton.next_power_of_2(y.shape[1] // self.group_norm.num_groups)
-        gn_groups = max(1, min(triton.next_power_of_2(self.group_norm.num_groups), 2048 // gn_block))  # groups a program normalises
+        gn_groups = max(1, min(triton.next_power_of_2(self.group_norm.num_groups), 2048 // gn_block))  # groups a program
         group_norm_kernel[(y.shape[0], triton.cdiv(self.group_norm.num_groups, gn_groups))](
             y, self.group_norm.weight, self.group_norm.bias, gn_part, y.shape[1], y.shape[1] // self.group_norm.num_groups,
             y.stride(0), gn_part.stride(0),

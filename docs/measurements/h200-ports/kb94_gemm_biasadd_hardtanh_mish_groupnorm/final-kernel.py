@@ -94,7 +94,7 @@ class Model(torch.nn.Module):
     def forward(self, x):
         M, K = x.shape
         N = self.gemm.weight.shape[0]
-        y = torch.empty((M, N), device=x.device, dtype=torch.float32)
+        y = torch.empty((M, N), device=x.device, dtype=x.dtype)
         grid = (triton.cdiv(M, 128), triton.cdiv(N, 256))
         use_block_io = all((
             x.data_ptr() % 16 == 0,
@@ -118,7 +118,7 @@ class Model(torch.nn.Module):
             BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, USE_BLOCK_IO=use_block_io, num_stages=3)
         gn_out = torch.empty(y.shape, device=y.device, dtype=x.dtype)
         gn_block = triton.next_power_of_2(y.shape[1] // self.groupnorm.num_groups)
-        gn_groups = max(1, min(triton.next_power_of_2(self.groupnorm.num_groups), 2048 // gn_block))  # groups a program normalises
+        gn_groups = max(1, min(triton.next_power_of_2(self.groupnorm.num_groups), 2048 // gn_block))  # groups a program
         group_norm_kernel[(y.shape[0], triton.cdiv(self.groupnorm.num_groups, gn_groups))](
             y, self.groupnorm.weight, self.groupnorm.bias, gn_out, y.shape[1], y.shape[1] // self.groupnorm.num_groups,
             y.stride(0), gn_out.stride(0),
