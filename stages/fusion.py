@@ -14,7 +14,8 @@ Owns: this stage's goal, its issue detectors and five deterministic tactics, cod
 - ``fuse-split-row-reduction``: the same when no tile covers the row (sum/max/min/logsumexp): each tile
   writes its row partial into a small buffer, forward's reduction runs on the partials (same torch call).
   In the chain, that reduction and the small ops after it (further reductions over the size-1 dim it kept
-  are the identity) become one generated kernel (:mod:`xeforge.rewrite.fusion_combine`).
+  are the identity; ops with a per-column vector, which broadcast the rows to the full width) become one
+  generated kernel (:mod:`xeforge.rewrite.fusion_combine`).
 - ``fuse-group-norm``: ``F.group_norm`` on a (rows, channels) tensor and the elementwise ops after it become
   one generated kernel, one program per row and block of groups. Every fusion tactic whose chain of rewrites
   reaches a GroupNorm proposes that chain first with the fp32 buffer the GroupNorm reads allocated in the

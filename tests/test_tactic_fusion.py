@@ -90,6 +90,7 @@ def test_torch_tail_ops_become_the_kernels_epilogue(verify):
     m = parse_kernel(cand.source)
     assert not torch_compute_calls(m), torch_compute_calls(m)  # every op (and the final .to) moved into Triton
     assert "dtype=x.dtype" in cand.source and "linear_bias_ptr + offs_n, mask=offs_n < N" in cand.source
+    assert "inv = 1.0 / divisor" in cand.source and " / divisor" not in cand.source.split("inv = 1.0 / divisor")[1]
     verdict = verify(p, cand.source)
     assert verdict.correct, verdict.feedback()
 
@@ -100,6 +101,9 @@ def test_batchnorm_gelu_relu_fuse_into_the_gemm():
     cand = propose("fuse-epilogue", p)[0]
     assert "batch_norm, gelu, relu" in cand.description and not torch_compute_calls(parse_kernel(cand.source))
     assert "tl.erf(acc * 0.7071067811865476)" in cand.source and "return y\n" in cand.source
+    # batch_norm: w / sqrt(var + eps) and b - mean * scale once per column, one multiply-add per element
+    assert "bn_scale = batch_norm_weight / tl.sqrt(batch_norm_running_var + batch_norm_eps)" in cand.source
+    assert "acc = acc * bn_scale + bn_shift" in cand.source and "(acc - batch_norm_running_mean)" not in cand.source
 
 
 def test_torch_op_between_kernels_fuses_then_the_chain_follows(verify):
@@ -219,8 +223,7 @@ def test_partials_and_the_ops_after_them_become_one_kernel(verify, name, gone):
 
 
 def test_partials_combine_stops_where_the_rows_are_no_longer_a_size_1_dim():
-    """A reduction after one that dropped the dim is not the identity; an op on another shape (kb75's [1, N] bias
-    after the row min) is not translated: nothing would be gained, so it does not apply."""
+    """A reduction after one that dropped the dim is not the identity: nothing to combine, so it does not apply."""
     from xeforge.rewrite import NotApplicable
     from xeforge.rewrite.fusion_combine import combine_partials
 
@@ -229,10 +232,25 @@ def test_partials_combine_stops_where_the_rows_are_no_longer_a_size_1_dim():
     assert src != p.kernel_source
     with pytest.raises(NotApplicable, match=r"nothing after torch.sum\(y, dim=1\) translates"):
         combine_partials(src, p)  # the max over dim 1 after it is a real reduction now: nothing to combine
+
+
+def test_row_value_broadcast_over_a_column_vector_is_written_by_the_combine_kernel(verify):
+    """kb75: the row min of the GroupNorm's partials plus a [1, N] bias is an (M, N) result; forward built it in
+    fp32 and cast it in a second pass. The combine kernel writes the rows in the result's dtype, N columns at a
+    time; an injected bug in the column phase fails the verifier, so the ci shapes run it."""
+    from xeforge.rewrite.fusion_combine import combine_partials
+
     kb75 = problem(KERNELS / "kb75_gemm_groupnorm_min_biasadd")
-    gn = propose("fuse-group-norm", kb75)[-1].source
-    with pytest.raises(NotApplicable, match="nothing after torch.min"):
-        combine_partials(gn, kb75)
+    gn = propose("fuse-group-norm", kb75)[-1].source  # the GroupNorm alone (the first candidate combines too)
+    src, why = combine_partials(gn, kb75)
+    assert "broadcast over the self.bias columns, written as x.dtype" in why
+    fwd = src[src.index("def forward"):]
+    assert "torch.min(" not in fwd and "self.bias.float()" not in fwd and "return combined" in fwd
+    assert "(gn_part.shape[0], self.bias.shape[-1]), device=gn_part.device, dtype=x.dtype)" in fwd
+    assert "for n0 in range(0, N, BLOCK_N):" in src and "w = w + bias" in src
+    # correct as the first fuse-group-norm candidate (test_group_norm_becomes_one_generated_kernel); a wrong column
+    # phase must fail
+    assert not verify(kb75, src.replace("w = w + bias", "w = w - bias")).correct
 
 
 def test_split_is_not_proposed_for_a_mean():
@@ -260,8 +278,9 @@ def test_group_norm_becomes_one_generated_kernel(verify, name, tail, run):
     assert "group_norm_kernel[(y.shape[0]" in src or "group_norm_kernel[(z.shape[0]" in src
     if tail:
         assert f"({tail})" in cand.description and f"F.{tail}" not in src
-    if name.startswith("kb75"):
-        assert "torch.min(gn_part, dim=1, keepdim=True)[0]" in src and "partial of torch.min" in cand.description
+    if name.startswith("kb75"):  # the partials' min and the [1, N] bias after it: one combine kernel (verified here)
+        assert "partial of torch.min" in cand.description and "def row_combine_kernel(" in src
+        assert "broadcast over the self.bias columns" in cand.description
     for folded in ("leaky_relu_double_kernel", "swish_mul_swish_kernel"):
         if folded in p.kernel_source:
             assert f"def {folded}" not in src and f"{folded}[" not in src and f"{folded} (folded in" in cand.description

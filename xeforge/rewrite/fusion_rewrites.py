@@ -20,7 +20,7 @@ Owns:
 - ``group-norm`` (:mod:`xeforge.rewrite.fusion_norm`) — ``F.group_norm`` and the elementwise ops after it as
   one generated kernel.
 - ``combine-partials`` (:mod:`xeforge.rewrite.fusion_combine`) — forward's reduction of a kernel's partials and
-  the small ops after it as one generated kernel (it follows the split in a chain).
+  the small ops after it as one generated kernel (it follows the split or the GroupNorm's partials in a chain).
 - :func:`fuse_all` — one of them followed by any others that then apply (e.g. torch ops fused first make a
   consumer kernel adjacent to its producer).
 

@@ -7,7 +7,11 @@ tensors). Anything outside the table raises :class:`Unsupported` with the reason
 
 Numerics follow torch's definitions in fp32: ``tanh(z) = 2*sigmoid(2z) - 1`` (no ``tl.tanh`` in core Triton),
 ``gelu`` erf form ``0.5*z*(1 + erf(z/sqrt(2)))`` and tanh form, ``softplus`` with torch's threshold 20,
-``mish(z) = z*tanh(softplus(z))``, inference ``batch_norm`` as ``(z - mean) / sqrt(var + eps) * w + b``.
+``mish(z) = z*tanh(softplus(z))``, inference ``batch_norm`` as ``z * scale + shift`` with the per-column
+``scale = w / sqrt(var + eps)`` and ``shift = b - mean * scale`` computed once per column, not per element.
+A division by something that is not the tile value (a scalar, a per-column vector) is a multiplication by its
+reciprocal, computed once: fp32 division is a multi-instruction sequence per element, the reciprocal's extra
+rounding (an ulp of fp32) is far inside any tolerance a 16-bit output allows.
 """
 
 from __future__ import annotations
@@ -106,11 +110,11 @@ class EpilogueBuilder:
         return None
 
     # -- expressions -----------------------------------------------------------------------------------
-    def temp(self, code: str) -> str:
-        """``code`` as a simple name (binding it to a fresh variable unless it already is one)."""
+    def temp(self, code: str, base: str = "t") -> str:
+        """``code`` as a simple name (binding it to a fresh variable named after ``base`` unless it is one)."""
         if code.isidentifier():
             return code
-        t = self.fresh("t")
+        t = self.fresh(base)
         self.lines.append(f"{t} = {code}")
         return t
 
@@ -129,7 +133,7 @@ class EpilogueBuilder:
             if sym is not None:
                 left, right = self.expr(node.left), self.expr(node.right)
                 self.ops.append({"+": "add", "-": "sub", "*": "mul", "/": "div"}[sym])
-                return f"({left} {sym} {right})"
+                return self.divide(left, right, node.right) if sym == "/" else f"({left} {sym} {right})"
             if isinstance(node.op, ast.Pow) and literal(node.right) == 2:
                 t = self.temp(self.expr(node.left))
                 self.ops.append("square")
@@ -152,6 +156,12 @@ class EpilogueBuilder:
         if isinstance(node, (ast.Attribute, ast.Name, ast.Subscript)):
             return self.operand(node)
         raise Unsupported(f"{ast.unparse(node)} is not an elementwise expression the fusion table supports")
+
+    def divide(self, left: str, right: str, divisor: ast.expr) -> str:
+        """``left / right``; a multiplication by ``1.0 / right``, bound once, when the divisor is not the value."""
+        if self._mentions_value(divisor):
+            return f"({left} / {right})"
+        return f"({left} * {self.temp(f'1.0 / {right}', 'inv')})"
 
     def _mentions_value(self, node: ast.AST) -> bool:
         return any(isinstance(n, ast.Name) and n.id in self.value_names for n in ast.walk(node))
@@ -211,7 +221,8 @@ def _binary(sym: str) -> Callable[[EpilogueBuilder, ast.Call, list[ast.expr]], s
     def build(b: EpilogueBuilder, call: ast.Call, args: list[ast.expr]) -> str:
         if len(args) != 2 or call.keywords:
             raise Unsupported(f"{ast.unparse(call)}: only the two-operand form is supported")
-        return f"({b.expr(args[0])} {sym} {b.expr(args[1])})"
+        left, right = b.expr(args[0]), b.expr(args[1])
+        return b.divide(left, right, args[1]) if sym == "/" else f"({left} {sym} {right})"
 
     return build
 
@@ -318,13 +329,19 @@ def _batch_norm(b, call, args):
         raise Unsupported("F.batch_norm without running statistics")
     weight, bias = _kw(call, args, 3, "weight"), _kw(call, args, 4, "bias")
     eps = b.scalar_arg(_kw(call, args, 7, "eps"), 1e-5)
+    for name, node in (("running_mean", mean), ("running_var", var), ("weight", weight), ("bias", bias)):
+        if node is not None and b._mentions_value(node):
+            raise Unsupported(f"F.batch_norm whose {name} is computed from the value itself")
     z = b.expr(args[0])
-    out = f"({z} - {b.expr(mean)}) / tl.sqrt({b.expr(var)} + {eps})"
+    # per column once: scale = w / sqrt(var + eps), shift = b - mean * scale; per element one multiply-add
+    inv_std = f"1.0 / tl.sqrt({b.expr(var)} + {eps})"
     if weight is not None and not (isinstance(weight, ast.Constant) and weight.value is None):
-        out = f"({out} * {b.expr(weight)})"
+        inv_std = f"{b.expr(weight)} / tl.sqrt({b.expr(var)} + {eps})"
+    scale = b.temp(inv_std, "bn_scale")
+    shift = f"(-{b.expr(mean)} * {scale})"
     if bias is not None and not (isinstance(bias, ast.Constant) and bias.value is None):
-        out = f"({out} + {b.expr(bias)})"
-    return out
+        shift = f"({b.expr(bias)} - {b.expr(mean)} * {scale})"
+    return f"({z} * {scale} + {b.temp(shift, 'bn_shift')})"
 
 
 #: torch op (as ``torch.X`` / ``F.X`` / ``tensor.X()``) -> translation into tl code
