@@ -92,3 +92,42 @@ def verify(tmp_path_factory):
     yield run
     for v in made.values():
         v.close()
+
+
+def run_rules_stage(ctx, candidates, compiles, failure: str | None = None):
+    """The rules engine's ``run_stage`` over one test tactic that proposes ``candidates``; a candidate whose
+    source ``compiles(source)`` rejects fails gate 0 with ``failure`` (default: the H200's shared-memory message
+    ``SMEM_OVER_TEXT``), the others pass. Returns the tactic's record and every candidate evaluated, in order."""
+    failure = failure or SMEM_OVER_TEXT
+    from stages.base import Applicability, Stage, Tactic
+    from xeforge.engines import RulesEngine, TrialOutcome
+    from xeforge.verifier import GateResult, Verdict
+
+    class Propose(Tactic):
+        name = "fixed"
+
+        def check(self, ctx):
+            return Applicability(True, "test")
+
+        def propose(self, ctx):
+            return list(candidates)
+
+    seen = []
+
+    def evaluate(c):
+        seen.append(c)
+        if not compiles(c.source):
+            v = Verdict("h", [GateResult("0-isolation", "fail", failure, {"kind": "exception", "detail": failure})])
+        else:
+            v = Verdict("h", [GateResult("0-isolation", "pass", "ok"), GateResult("2-correctness", "pass", "ok")],
+                        correct=True, accepted=True)
+        return TrialOutcome(f"{len(seen):04d}", c, v)
+
+    stage = Stage("device_tuning", 7, "test", (), tactics=[Propose()])
+    rec, = RulesEngine().run_stage(stage, ctx, evaluate, lambda outs: next((o for o in outs if o.verdict.correct), None))
+    return rec, seen
+
+
+#: the H200's figure for a 128x256x64 tile with an fp32 C tile staged at 3 stages: 147456 B of stages + 131072 B
+SMEM_OVER_TEXT = ("variant ci@bfloat16: raised: OutOfResources: out of resource: shared memory, Required: 278552, "
+                  "Hardware limit: 232448. Reducing block sizes or `num_stages` may help.")

@@ -81,36 +81,13 @@ def test_fit_stages_keeps_the_tile_and_drops_just_enough_stages():
 
 
 def test_rules_engine_retries_a_shared_memory_failure_with_fewer_stages():
-    from stages.base import Candidate, Stage, Tactic
-    from xeforge.engines import RulesEngine, TrialOutcome
-    from xeforge.verifier import GateResult, Verdict
+    from stages.base import Candidate
+    from tests.conftest import run_rules_stage
 
     p = load_problem(KERNELS / "gemm_square")
     ctx = tactic_context(p, kind="cuda", target="h200")
-
-    class Propose(Tactic):
-        name = "fixed"
-
-        def check(self, ctx):
-            from stages.base import Applicability
-            return Applicability(True, "test")
-
-        def propose(self, ctx):
-            return [Candidate(ctx.source, self.name, "as launched", kind="search", params={"num_stages": 3})]
-
-    seen = []
-
-    def evaluate(c):
-        seen.append(c)
-        if _launch_option(c.source, "num_stages") == 3:
-            v = Verdict("h", [GateResult("0-isolation", "fail", OVER, {"kind": "exception", "detail": OVER})])
-        else:
-            v = Verdict("h", [GateResult("0-isolation", "pass", "ok"), GateResult("2-correctness", "pass", "ok")],
-                        correct=True, accepted=True)
-        return TrialOutcome(f"{len(seen):04d}", c, v)
-
-    stage = Stage("device_tuning", 7, "test", (), tactics=[Propose()])
-    rec, = RulesEngine().run_stage(stage, ctx, evaluate, lambda outs: next((o for o in outs if o.verdict.correct), None))
+    first = Candidate(ctx.source, "fixed", "as launched", kind="search", params={"num_stages": 3})
+    rec, seen = run_rules_stage(ctx, [first], lambda src: _launch_option(src, "num_stages") != 3, failure=OVER)
     assert len(seen) == 2 and _launch_option(seen[1].source, "num_stages") == 2
     assert "num_stages 3 -> 2" in seen[1].description and seen[1].params["num_stages"] == 2
     assert rec.best is not None and rec.best.candidate is seen[1]

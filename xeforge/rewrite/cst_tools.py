@@ -76,9 +76,9 @@ def arg(call: cst.Call, pos: int, kw: str | None = None) -> cst.BaseExpression |
     return None
 
 
-def names_in(node: cst.CSTNode) -> set[str]:
-    """Plain names read or written in ``node`` (attribute names and keywords excluded)."""
-    found: set[str] = set()
+def plain_names(node: cst.CSTNode) -> list[cst.Name]:
+    """Every plain name read or written in ``node``, in order (attribute names and keywords excluded)."""
+    found: list[cst.Name] = []
 
     class V(cst.CSTVisitor):
         def visit_Attribute(self, n: cst.Attribute) -> bool:
@@ -90,10 +90,15 @@ def names_in(node: cst.CSTNode) -> set[str]:
             return False
 
         def visit_Name(self, n: cst.Name) -> None:
-            found.add(n.value)
+            found.append(n)
 
     node.visit(V())
     return found
+
+
+def names_in(node: cst.CSTNode) -> set[str]:
+    """Plain names read or written in ``node`` (attribute names and keywords excluded)."""
+    return {n.value for n in plain_names(node)}
 
 
 class Renamer(cst.CSTTransformer):

@@ -11,12 +11,13 @@ gives up pipeline stages, which cost more than the second store does.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import libcst as cst
 
 from xeforge.rewrite.cst_tools import (Edits, Parsed, apply_edits, arg, call_name, code, dotted, expr, is_tl,
-                                       names_in, small, statements, walk)
+                                       names_in, plain_names, small, statements, walk)
 
 
 @dataclass
@@ -63,30 +64,10 @@ def _descriptors(fn: cst.FunctionDef) -> dict[str, _Desc]:
             base, _, method = name.rpartition(".")
             if base in found and method == "store":
                 found[base].stores.append((node, stmt.value))
-    uses = _name_uses(fn)
+    uses = Counter(n.value for n in plain_names(fn.body))
     for d in found.values():  # any use that is not the assignment or a store statement (a load, an argument)
         d.other_use = d.other_use or uses.get(d.name, 0) != 1 + len(d.stores)
     return found
-
-
-def _name_uses(fn: cst.FunctionDef) -> dict[str, int]:
-    """How often each plain name is read or written in ``fn`` (attribute names and keywords not counted)."""
-    counts: dict[str, int] = {}
-
-    class V(cst.CSTVisitor):
-        def visit_Attribute(self, n: cst.Attribute) -> bool:
-            n.value.visit(self)
-            return False
-
-        def visit_Arg(self, n: cst.Arg) -> bool:
-            n.value.visit(self)
-            return False
-
-        def visit_Name(self, n: cst.Name) -> None:
-            counts[n.value] = counts.get(n.value, 0) + 1
-
-    fn.body.visit(V())
-    return counts
 
 
 def _fresh(taken: set[str], base: str) -> str:
