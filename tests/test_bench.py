@@ -543,3 +543,10 @@ def test_redo_replaces_the_named_rows_and_each_row_says_which_call_measured_it(t
                             make_verifier=ScriptedVerifier)
     assert [r["call"] for r in third["problems"]] == [2 if p == every[0] else None for p in every]
     assert (out / "bench.md").read_text().count("measured by call") == 1
+    # a row timed by a call whose method differs from the report's says how it was timed
+    data = json.loads((out / "bench.json").read_text())
+    data["problems"][1]["call"], data["calls"][1]["timing_method"] = 1, "an older order"
+    from xeforge.report import write_bench_reports
+    write_bench_reports(out, data)
+    assert "measured by call 2 of 3" in (out / "bench.md").read_text() and "timed as: an older order" in \
+        (out / "bench.md").read_text()

@@ -740,7 +740,7 @@ def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
     # each row says which call measured it, and each call which xeforge source it ran
     call = len(earlier)
     report["calls"] = [*earlier, {"created": report["created"], "argv": opt.argv, "elapsed_s": None,
-                                  "xeforge": tool_hash()}]
+                                  "xeforge": tool_hash(), "timing_method": report["timing_method"]}]
     done = {r["path"] for r in kept}
     todo = [p for p in paths if str(p) not in done]
     if kept:

@@ -251,7 +251,9 @@ def _measured_by(report: dict[str, Any], row: dict[str, Any]) -> str | None:
     i = row.get("call")
     if len(calls) <= 1 or not isinstance(i, int) or not 0 <= i < len(calls):
         return None
-    return f"call {i + 1} of {len(calls)} ({_call_stamp(calls[i])})"
+    method = calls[i].get("timing_method")
+    other = f"; timed as: {method}" if method and method != report.get("timing_method") else ""
+    return f"call {i + 1} of {len(calls)} ({_call_stamp(calls[i])}{other})"
 
 
 def _issues(report: dict[str, Any]) -> list[dict[str, str]]:
