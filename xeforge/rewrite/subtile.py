@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from xeforge.rewrite.context import fresh_namer
 from xeforge.rewrite.cst_tools import (Edits, Parsed, apply_edits, arg, call_name, code, dotted, expr, is_tl,
                                        names_in, plain_names, small, statements, walk)
 
@@ -70,14 +71,6 @@ def _descriptors(fn: cst.FunctionDef) -> dict[str, _Desc]:
     return found
 
 
-def _fresh(taken: set[str], base: str) -> str:
-    name, i = base, 1
-    while name in taken:
-        name, i = f"{base}_{i}", i + 1
-    taken.add(name)
-    return name
-
-
 def subtile_stores(source: str) -> tuple[str, list[str]] | None:
     """``source`` with every store-only 2D descriptor stored in two halves along its columns.
 
@@ -90,7 +83,7 @@ def subtile_stores(source: str) -> tuple[str, list[str]] | None:
     for fn in parsed.module.body:
         if not (isinstance(fn, cst.FunctionDef) and _is_jit(fn)):
             continue
-        taken = names_in(fn)
+        fresh = fresh_namer(names_in(fn))
         for d in _descriptors(fn).values():
             if d.other_use or not d.stores:
                 continue
@@ -108,7 +101,7 @@ def subtile_stores(source: str) -> tuple[str, list[str]] | None:
                 if not isinstance(coords, (cst.List, cst.Tuple)) or len(coords.elements) != 2 or value is None:
                     break
                 row, col = (code(e.value) for e in coords.elements)
-                both, lo, hi = (_fresh(taken, f"{d.name}_{s}") for s in ("halves", "lo", "hi"))
+                both, lo, hi = (fresh(f"{d.name}_{s}") for s in ("halves", "lo", "hi"))
                 edits.replace[parsed.line(line_node)] = statements(
                     f"# C in two [{d.rows}, {half}] halves: the descriptor's shared-memory staging tile halves too\n"
                     f"{both} = tl.permute(tl.reshape({code(value)}, ({d.rows}, 2, {half})), (0, 2, 1))\n"

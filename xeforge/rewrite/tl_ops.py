@@ -332,16 +332,14 @@ def _batch_norm(b, call, args):
     for name, node in (("running_mean", mean), ("running_var", var), ("weight", weight), ("bias", bias)):
         if node is not None and b._mentions_value(node):
             raise Unsupported(f"F.batch_norm whose {name} is computed from the value itself")
+    given = [n is not None and not (isinstance(n, ast.Constant) and n.value is None) for n in (weight, bias)]
     z = b.expr(args[0])
     # per column once: scale = w / sqrt(var + eps), shift = b - mean * scale; per element one multiply-add
-    inv_std = f"1.0 / tl.sqrt({b.expr(var)} + {eps})"
-    if weight is not None and not (isinstance(weight, ast.Constant) and weight.value is None):
-        inv_std = f"{b.expr(weight)} / tl.sqrt({b.expr(var)} + {eps})"
-    scale = b.temp(inv_std, "bn_scale")
-    shift = f"(-{b.expr(mean)} * {scale})"
-    if bias is not None and not (isinstance(bias, ast.Constant) and bias.value is None):
-        shift = f"({b.expr(bias)} - {b.expr(mean)} * {scale})"
-    return f"({z} * {scale} + {b.temp(shift, 'bn_shift')})"
+    std = f"tl.sqrt({b.expr(var)} + {eps})"
+    scale = b.temp(f"{b.expr(weight)} / {std}" if given[0] else f"1.0 / {std}", "bn_scale")
+    mean_s = b.expr(mean)
+    shift = b.temp(f"{b.expr(bias)} - {mean_s} * {scale}" if given[1] else f"-{mean_s} * {scale}", "bn_shift")
+    return f"({z} * {scale} + {shift})"
 
 
 #: torch op (as ``torch.X`` / ``F.X`` / ``tensor.X()``) -> translation into tl code
