@@ -73,6 +73,17 @@ def test_unknown_stage_is_a_usage_error(tmp_path):
     assert proc.returncode == 1 and "Error: --stages" in proc.stderr and "fusion" in proc.stderr
 
 
+def test_aa_names_a_missing_candidate_and_refuses_the_interpreter(tmp_path):
+    def aa(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "xeforge", "aa", str(VADD), "--runs-dir", str(tmp_path), *args],
+                              capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+    proc = aa("--candidate", str(tmp_path / "nope.py"), "--device", "cpu")
+    assert proc.returncode == 1 and "Error: --candidate" in proc.stderr and "nope.py is not a file" in proc.stderr
+    proc = aa("--candidate", str(VADD / "kernel.py"), "--device", "cpu")
+    assert proc.returncode == 1 and "needs a GPU" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_broken_starting_kernel_stops_with_a_clear_error(tmp_path):
     import shutil
 
