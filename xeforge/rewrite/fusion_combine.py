@@ -27,10 +27,9 @@ from typing import Any
 from xeforge.kernel_model import dotted_name
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.context import Ctx, dead_code, fresh_namer, loads
-from xeforge.rewrite.cst_tools import Edits, apply_edits, statements
+from xeforge.rewrite.cst_tools import Edits
 from xeforge.rewrite.fusion_rewrites import (SPLIT_IDENTITY, _is_to_dtype, _last_assign, _operand_resolver,
-                                             _reduction, row_reduce_lines)
-from xeforge.rewrite.tiling_edit import add_module_function
+                                             _reduction, result_lines, row_reduce_lines, with_generated_kernel)
 from xeforge.rewrite.tl_ops import EpilogueBuilder, Operand, Unsupported
 
 #: partials one program holds (fp32, 4 warps): rows per program = this // the padded slot count
@@ -196,18 +195,10 @@ def _rewrite(c: Ctx, s: ast.Assign, part: str, red: tuple[str, bool]) -> tuple[s
                  f"    {part}, {out}, {part}.shape[0], {part}.shape[1], {n}, {part}.stride(0), {out}.stride(0)"
                  f"{kwargs},\n    BLOCK_R={per}, BLOCK_S={slots}, BLOCK_N={cols}, num_warps=4)"]
     edits = Edits()
-    if ret is not None:
-        edits.replace[s.lineno] = statements("\n".join(lines))
-        edits.replace[ret.lineno] = statements(f"return {out}")
-    else:
-        edits.replace[s.lineno] = statements("\n".join([*lines, f"{cur} = {out}"]))
+    result_lines(edits, s.lineno, lines, out, cur, ret)
     for st in done:
         edits.replace[st.lineno] = []
-    try:
-        new = apply_edits(c.source, edits, c.parsed)
-    except LookupError as exc:
-        raise NotApplicable(f"could not rewrite forward: {exc}") from None
-    new = add_module_function(new, kernel, code)
+    new = with_generated_kernel(c, edits, kernel, code)
     new = dead_code(new, {n.id for st in done for n in ast.walk(st) if isinstance(n, ast.Name)})
     cast = f", written as {dtype}" if to_dtype is not None else ""
     spread = f", broadcast over the {width['src']} columns" if wide is not None else ""

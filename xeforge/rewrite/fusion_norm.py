@@ -31,11 +31,10 @@ import libcst as cst
 from xeforge.kernel_model import dotted_name
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.context import Ctx, dead_code, fresh_namer, loads, pure_stmt
-from xeforge.rewrite.cst_tools import Edits, Substitute, apply_edits, code, names_in, rename, statements
+from xeforge.rewrite.cst_tools import Edits, Substitute, code, names_in, rename, statements
 from xeforge.rewrite.fusion_rewrites import (SPLIT_IDENTITY, _is_to_dtype, _last_assign, _operand_resolver,
-                                             _reduction, row_reduce_lines)
+                                             _reduction, result_lines, row_reduce_lines, with_generated_kernel)
 from xeforge.rewrite.fusion_tile import elementwise_kernel
-from xeforge.rewrite.tiling_edit import add_module_function
 from xeforge.rewrite.tl_ops import EpilogueBuilder, Unsupported
 
 GROUP_NORM = {"F.group_norm", "torch.nn.functional.group_norm", "nn.functional.group_norm", "torch.group_norm"}
@@ -249,20 +248,13 @@ def _rewrite(c: Ctx, s: ast.Assign, narrow: bool = False) -> tuple[str, str]:
         call.args[0] = ast.Name(out)
         edits.replace[s.lineno] = statements("\n".join(lines))
         edits.replace[reduce.lineno] = statements(ast.unparse(combine))
-    elif ret is not None:
-        edits.replace[s.lineno] = statements("\n".join(lines))
-        edits.replace[ret.lineno] = statements(f"return {out}")
     else:
-        edits.replace[s.lineno] = statements("\n".join([*lines, f"{cur} = {out}"]))
+        result_lines(edits, s.lineno, lines, out, cur, ret)
     for st in chain:
         edits.replace[st.lineno] = []
     if narrowed is not None:
         edits.replace[narrowed[0]] = statements(narrowed[1])
-    try:
-        new = apply_edits(c.source, edits, c.parsed)
-    except LookupError as exc:
-        raise NotApplicable(f"could not rewrite forward: {exc}") from None
-    new = add_module_function(new, kernel, kernel_code)
+    new = with_generated_kernel(c, edits, kernel, kernel_code)
     dead = {n.id for st in chain for n in ast.walk(st) if isinstance(n, ast.Name)}
     if fold:
         dead |= {n.id for n in ast.walk(fold["site"].node) if isinstance(n, ast.Name)}

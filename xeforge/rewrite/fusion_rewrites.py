@@ -938,6 +938,27 @@ def _last_assign(c: Ctx, name: str, before: int) -> ast.Assign | None:
     return found
 
 
+def result_lines(edits: Edits, at: int, lines: list[str], out: str, cur: str, ret: ast.Return | None) -> None:
+    """The statement on line ``at`` becomes ``lines``, which compute ``out``, the value forward had in ``cur``:
+    forward returns ``out`` where ``ret`` returned ``cur``, otherwise ``cur = out`` follows the lines."""
+    if ret is not None:
+        edits.replace[at] = statements("\n".join(lines))
+        edits.replace[ret.lineno] = statements(f"return {out}")
+    else:
+        edits.replace[at] = statements("\n".join([*lines, f"{cur} = {out}"]))
+
+
+def with_generated_kernel(c: Ctx, edits: Edits, name: str, kernel_code: str) -> str:
+    """``c``'s source with forward's ``edits`` applied and the generated ``@triton.jit`` function ``name`` added."""
+    from xeforge.rewrite.tiling_edit import add_module_function
+
+    try:
+        new = apply_edits(c.source, edits, c.parsed)
+    except LookupError as exc:
+        raise NotApplicable(f"could not rewrite forward: {exc}") from None
+    return add_module_function(new, name, kernel_code)
+
+
 def _group_norm(source: str, problem: Any, narrow: bool = False) -> tuple[str, str]:
     from xeforge.rewrite.fusion_norm import group_norm_kernel  # it builds on this module's chain helpers
 
