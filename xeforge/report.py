@@ -249,7 +249,11 @@ def _measured_by(report: dict[str, Any], row: dict[str, Any]) -> str | None:
     """Which call of a resumed run measured this row (None for a run of one call)."""
     calls = report.get("calls") or []
     i = row.get("call")
-    if len(calls) <= 1 or not isinstance(i, int) or not 0 <= i < len(calls):
+    if len(calls) <= 1:
+        return None
+    if i is None:  # kept from a folder written before rows recorded their call: its method is not known either
+        return "an earlier run whose call was not recorded (its timing method may differ from the header's)"
+    if not isinstance(i, int) or not 0 <= i < len(calls):
         return None
     method = calls[i].get("timing_method")
     other = f"; timed as: {method}" if method and method != report.get("timing_method") else ""
