@@ -25,7 +25,7 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
     if USE_BLOCK_IO:
         a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1], block_shape=[BLOCK_M, BLOCK_K])
         b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1], block_shape=[BLOCK_K, BLOCK_N])
-        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1], block_shape=[BLOCK_M, BLOCK_N])
+        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1], block_shape=[BLOCK_M, BLOCK_N // 2])
     num_k = tl.cdiv(K, BLOCK_K)
     k_per = tl.cdiv(num_k, SPLIT_K)
     k_lo = pid_k * k_per
@@ -48,7 +48,11 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
                                 offsets=(pid_m * BLOCK_M, pid_n * BLOCK_N), block_shape=(BLOCK_M, BLOCK_N),
                                 order=(1, 0))
     if USE_BLOCK_IO:
-        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc)
+        # C in two [BLOCK_M, BLOCK_N // 2] halves: the descriptor's shared-memory staging tile halves too
+        c_desc_halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+        c_desc_lo, c_desc_hi = tl.split(c_desc_halves)
+        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], c_desc_lo)
+        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N + BLOCK_N // 2], c_desc_hi)
     else:
         tl.store(c_block, acc, boundary_check=(0, 1))
 
@@ -83,7 +87,7 @@ class Model(torch.nn.Module):
         # split-K: split_k programs per output tile, each over one slice of K; their fp32 partial tiles
         # go to c_partials and splitk_sum_kernel adds them into c
         split_k = 4
-        grid = (triton.cdiv(M, 128), triton.cdiv(N, 128), split_k)
+        grid = (triton.cdiv(M, 128), triton.cdiv(N, 256), split_k)
         use_block_io = all((
             a.data_ptr() % 16 == 0,
             a.stride(1) == 1,
@@ -102,7 +106,7 @@ class Model(torch.nn.Module):
         matmul_kernel[grid](a, b, c_partials[0], M, N, K,
                             a.stride(0), a.stride(1), b.stride(0), b.stride(1), c_partials[0].stride(0), c_partials[0].stride(1),
                             stride_ck=c_partials.stride(0), SPLIT_K=split_k,
-                            BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4, USE_BLOCK_IO=use_block_io)
+                            BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3, USE_BLOCK_IO=use_block_io)
         splitk_sum_kernel[(triton.cdiv(c.shape[0], 64), triton.cdiv(c.shape[1], 64))](
             c_partials, c, c.shape[0], c.shape[1], c_partials.stride(0), c_partials.stride(1), c_partials.stride(2),
             c.stride(0), c.stride(1), SPLIT_K=split_k, BLOCK_M=64, BLOCK_N=64, num_warps=4)

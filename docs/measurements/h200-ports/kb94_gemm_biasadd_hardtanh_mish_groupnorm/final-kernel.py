@@ -7,6 +7,16 @@ import triton
 import triton.language as tl
 
 
+def _device_core_count(device):
+    """Programs for a persistent launch: one per SM (NVIDIA) or Xe-core (Intel); a few on the CPU interpreter."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    if device.type == "xpu":
+        index = device.index if device.index is not None else torch.xpu.current_device()
+        return triton.runtime.driver.active.utils.get_device_properties(index)["multiprocessor_count"]
+    return 2
+
+
 @triton.jit
 def group_norm_kernel(x_ptr, gamma_ptr, beta_ptr, out_ptr, N, GROUP, stride_x, stride_out, eps,
         BLOCK: tl.constexpr, GROUPS: tl.constexpr):
@@ -34,51 +44,56 @@ def matmul_bias_kernel(a_ptr, w_ptr, bias_ptr, c_ptr, M, N, K,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_BLOCK_IO: tl.constexpr):
     """C = A @ W^T + bias, W in nn.Linear layout [N, K]. Straight CUDA-style port: one C tile per
     program on a 2D grid, both operands up-cast to fp32 before the dot."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
     offs_k = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # tensor descriptors (2D block I/O, TMA) when the operands qualify, else the original code
     if USE_BLOCK_IO:
         a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1], block_shape=[BLOCK_M, BLOCK_K])
         w_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[stride_wn, 1], block_shape=[BLOCK_N, BLOCK_K])
         c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1], block_shape=[BLOCK_M, BLOCK_N])
-    if USE_BLOCK_IO:
-        for k0 in range(0, K, BLOCK_K):
-            k = k0 + offs_k
-            a = a_desc.load([pid_m * BLOCK_M, k0])
-            b = w_desc.load([pid_n * BLOCK_N, k0]).T
-            acc += tl.dot(a, b)
-    else:
-        for k0 in range(0, K, BLOCK_K):
-            k = k0 + offs_k
-            a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak,
-                        mask=(offs_m[:, None] < M) & (k[None, :] < K), other=0.0)
-            b = tl.load(w_ptr + k[:, None] * stride_wk + offs_n[None, :] * stride_wn,
-                        mask=(k[:, None] < K) & (offs_n[None, :] < N), other=0.0)
-            acc += tl.dot(a, b)
-    bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
-    acc = acc + bias[None, :]
-    # fused from bias_hardtanh_mish_kernel: its elementwise body runs on this tile before the one store
-    offs_1 = offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    mask_1 = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    col = offs_1 % N
-    y = acc.to(tl.float32)
-    b_1 = tl.load(bias_ptr_1 + col, mask=mask_1, other=0.0).to(tl.float32)
-    y = y + b_1
-    y = tl.minimum(tl.maximum(y, -1.0), 1.0)
-    # mish(y) = y * tanh(softplus(y)); y is in [-1, 1] here so softplus needs no threshold
-    sp = tl.log(1.0 + tl.exp(y))
-    t = 1.0 - 2.0 / (tl.exp(2.0 * sp) + 1.0)
-    y = y * t
-    if USE_BLOCK_IO:
-        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], y.to(c_ptr.dtype.element_ty))
-    else:
-        tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
-                 y.to(c_ptr.dtype.element_ty),
-                 mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+    # persistent: program p handles tiles p, p + num_programs, p + 2 * num_programs, ...
+    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+        pid_m = tile_id % num_pid_m
+        pid_n = tile_id // num_pid_m
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if USE_BLOCK_IO:
+            for k0 in range(0, K, BLOCK_K):
+                k = k0 + offs_k
+                a = a_desc.load([pid_m * BLOCK_M, k0])
+                b = w_desc.load([pid_n * BLOCK_N, k0]).T
+                acc += tl.dot(a, b)
+        else:
+            for k0 in range(0, K, BLOCK_K):
+                k = k0 + offs_k
+                a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak,
+                            mask=(offs_m[:, None] < M) & (k[None, :] < K), other=0.0)
+                b = tl.load(w_ptr + k[:, None] * stride_wk + offs_n[None, :] * stride_wn,
+                            mask=(k[:, None] < K) & (offs_n[None, :] < N), other=0.0)
+                acc += tl.dot(a, b)
+        bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+        acc = acc + bias[None, :]
+        # fused from bias_hardtanh_mish_kernel: its elementwise body runs on this tile before the one store
+        offs_1 = offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+        mask_1 = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        col = offs_1 % N
+        y = acc.to(tl.float32)
+        b_1 = tl.load(bias_ptr_1 + col, mask=mask_1, other=0.0).to(tl.float32)
+        y = y + b_1
+        y = tl.minimum(tl.maximum(y, -1.0), 1.0)
+        # mish(y) = y * tanh(softplus(y)); y is in [-1, 1] here so softplus needs no threshold
+        sp = tl.log(1.0 + tl.exp(y))
+        t = 1.0 - 2.0 / (tl.exp(2.0 * sp) + 1.0)
+        y = y * t
+        if USE_BLOCK_IO:
+            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], y.to(c_ptr.dtype.element_ty))
+        else:
+            tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
+                     y.to(c_ptr.dtype.element_ty),
+                     mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
 class Model(torch.nn.Module):
@@ -95,7 +110,7 @@ class Model(torch.nn.Module):
         M, K = x.shape
         N = self.gemm.weight.shape[0]
         y = torch.empty((M, N), device=x.device, dtype=x.dtype)
-        grid = (triton.cdiv(M, 128), triton.cdiv(N, 256))
+        grid = lambda META: (min(num_programs, triton.cdiv(M, META['BLOCK_M']) * triton.cdiv(N, META['BLOCK_N'])),)
         use_block_io = all((
             x.data_ptr() % 16 == 0,
             x.stride(1) == 1,
@@ -110,6 +125,7 @@ class Model(torch.nn.Module):
         if use_block_io and x.device.type == "cuda":
             # device-side tensor descriptors (TMA) need a scratch allocation on NVIDIA GPUs
             triton.set_allocator(lambda size, align, stream, dev=x.device: torch.empty(size, dtype=torch.int8, device=dev))
+        num_programs = _device_core_count(self.gemm.bias.device)
         matmul_bias_kernel[grid](
             x, self.gemm.weight, self.gemm.bias, y, M, N, K,
             x.stride(0), x.stride(1), self.gemm.weight.stride(0), self.gemm.weight.stride(1),

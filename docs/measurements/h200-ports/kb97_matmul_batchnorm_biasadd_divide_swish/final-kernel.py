@@ -20,7 +20,7 @@ def _device_core_count(device):
 @triton.jit
 def matmul_bias_kernel(a_ptr, w_ptr, bias_ptr, c_ptr, M, N, K,
                        stride_am, stride_ak, stride_wn, stride_wk, stride_cm, stride_cn,
-                       bn_eps, bn_running_mean_ptr, bn_running_var_ptr, bn_weight_ptr, bn_bias_ptr,
+                       bn_eps, bn_running_var_ptr, bn_weight_ptr, bn_running_mean_ptr, bn_bias_ptr,
                        bias_ptr_1, divide_value,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_BLOCK_IO: tl.constexpr):
     """C = A @ W^T + bias, W in nn.Linear layout [N, K]. Straight CUDA-style port: one C tile per
@@ -58,11 +58,13 @@ def matmul_bias_kernel(a_ptr, w_ptr, bias_ptr, c_ptr, M, N, K,
         bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
         acc = acc + bias[None, :]
         # fused from Model.forward: batch_norm
-        bn_running_mean = tl.load(bn_running_mean_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
         bn_running_var = tl.load(bn_running_var_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
         bn_weight = tl.load(bn_weight_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        bn_scale = bn_weight / tl.sqrt(bn_running_var + bn_eps)
+        bn_running_mean = tl.load(bn_running_mean_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
         bn_bias = tl.load(bn_bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-        acc = ((acc - bn_running_mean) / tl.sqrt(bn_running_var + bn_eps) * bn_weight) + bn_bias
+        bn_shift = bn_bias - bn_running_mean * bn_scale
+        acc = acc * bn_scale + bn_shift
         # fused from bias_div_swish_kernel: its elementwise body runs on this tile before the one store
         b_1 = tl.load(bias_ptr_1).to(tl.float32)
         y = acc.to(tl.float32)
@@ -114,8 +116,8 @@ class Model(torch.nn.Module):
             x.stride(0), x.stride(1), self.matmul.weight.stride(0), self.matmul.weight.stride(1),
             out.stride(0), out.stride(1),
             bias_ptr_1=self.bias, divide_value=self.divide_value,
-            bn_eps=self.bn.eps, bn_running_mean_ptr=self.bn.running_mean,
-            bn_running_var_ptr=self.bn.running_var, bn_weight_ptr=self.bn.weight,
+            bn_eps=self.bn.eps, bn_running_var_ptr=self.bn.running_var,
+            bn_weight_ptr=self.bn.weight, bn_running_mean_ptr=self.bn.running_mean,
             bn_bias_ptr=self.bn.bias,
             BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, USE_BLOCK_IO=use_block_io, num_stages=3)
         return out
