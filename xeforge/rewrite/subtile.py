@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from xeforge.kernel_model import parse_kernel
 from xeforge.rewrite.context import fresh_namer
-from xeforge.rewrite.cst_tools import (Edits, Parsed, apply_edits, arg, call_name, code, dotted, expr, is_tl,
+from xeforge.rewrite.cst_tools import (Edits, Parsed, apply_edits, arg, call_name, code, expr, is_tl,
                                        names_in, plain_names, small, statements, walk)
 
 
@@ -30,12 +31,6 @@ class _Desc:
     cols: str  # BN, as written
     stores: list[tuple[cst.SimpleStatementLine, cst.Call]]
     other_use: bool = False
-
-
-def _is_jit(fn: cst.FunctionDef) -> bool:
-    return any((dotted(d.decorator) or "").endswith("jit") or
-               (isinstance(d.decorator, cst.Call) and (call_name(d.decorator) or "").endswith("jit"))
-               for d in fn.decorators)
 
 
 def _block_shape(call: cst.Call) -> tuple[str, str] | None:
@@ -78,10 +73,11 @@ def subtile_stores(source: str) -> tuple[str, list[str]] | None:
     or None when no kernel stores through such a descriptor (or the column block is an odd literal).
     """
     parsed = Parsed.of(source)
+    jit = parse_kernel(source).functions  # the kernel model's @triton.jit functions
     edits = Edits()
     changed: list[str] = []
     for fn in parsed.module.body:
-        if not (isinstance(fn, cst.FunctionDef) and _is_jit(fn)):
+        if not (isinstance(fn, cst.FunctionDef) and fn.name.value in jit):
             continue
         fresh = fresh_namer(names_in(fn))
         for d in _descriptors(fn).values():
