@@ -17,6 +17,11 @@ TRITON_PIN ?= triton==3.8.0
 .PHONY: setup port dry-run verify test bench kb-lint clean
 
 $(STAMP): pyproject.toml Makefile
+	@# the OS sandbox for workers (Debian's bubblewrap); without it workers are plain processes, and say so
+	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null 2>&1; } || true
+	@command -v bwrap >/dev/null || echo "note: bubblewrap is not installed and could not be (apt-get install bubblewrap as root):" \
+	  "workers run without the OS sandbox; 'xeforge env' and every verdict say so" >&2
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_PIN)" "$(TRITON_PIN)"

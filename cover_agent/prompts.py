@@ -120,7 +120,7 @@ def stage_vars(stage: Any, ctx: Any, issues: Sequence[Any], kbc: Any, *, plan: s
         "kb_text": kb_text,
         "kb_ids": kb_ids,
         "kb_note": kb_note,
-        "reference": problem.reference_path.read_text() if getattr(problem, "reference_path", None) else None,
+        "reference": getattr(problem, "reference_source", None),
         "original": ctx.original_source,
         "current": ctx.source,
         "same_as_original": ctx.source.strip() == ctx.original_source.strip(),

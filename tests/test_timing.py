@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -63,24 +65,53 @@ def test_launch_delay_degenerate_inputs_fall_back_to_one_flush():
     assert delay_flushes(0.2, 0.025) == 33  # 4 x 200 us of host work / 25 us per write, + 1
 
 
-def test_aa_alias_follows_the_source_not_the_file_name(tmp_path):
-    """Every trial's file is called candidate.py; the A/A copy of a new incumbent must load the new source
-    (an alias named after the file let the worker time the previous incumbent's module instead)."""
-    from xeforge import devices
+class _FakeWorker:
+    """Stands in for a worker process: records what it is asked, replies as a worker would."""
+
+    def __init__(self, kind, workdir, log=None, **kw):
+        self.workdir = Path(workdir)
+        self.generation = 1
+        self.requests: list[tuple[str, dict]] = []
+
+    def alive(self) -> bool:
+        return True
+
+    def spawn(self) -> None:
+        pass
+
+    def request(self, op, timeout, **kw):
+        self.requests.append((op, kw))
+        if op == "time":
+            return {"times_ms": {s: [1.0] * kw["pairs"] for s in kw["slots"]}}
+        return {}
+
+    def close(self):
+        pass
+
+
+def test_slots_follow_the_source_not_the_file_name(tmp_path, monkeypatch):
+    """Every trial's file is called candidate.py; each source must get its own slot (a slot named after the file
+    let the worker time the previous incumbent's module), and an A/A run two independent loads of one source."""
+    from xeforge import devices, verifier as vmod
     from xeforge.problem import load_problem
     from xeforge.settings import Settings
-    from xeforge.verifier import Verifier
 
+    monkeypatch.setattr(vmod, "Worker", _FakeWorker)
     problem = load_problem(FIXTURES / "problems" / "vadd")
-    v = Verifier(problem, devices.describe("cpu"), Settings(), tmp_path / "work")
+    v = vmod.Verifier(problem, devices.describe("cpu"), Settings(), tmp_path / "work")
     first, second = tmp_path / "t1" / "candidate.py", tmp_path / "t2" / "candidate.py"
     for path, text in ((first, "# incumbent 1\n"), (second, "# incumbent 2\n")):
         path.parent.mkdir()
         path.write_text(text)
-    a1, a2 = v.aa_alias(first), v.aa_alias(second)
-    assert a1 != a2
-    assert a1.read_text() == "# incumbent 1\n" and a2.read_text() == "# incumbent 2\n"
-    assert v.aa_alias(first) == a1  # the same source reuses its alias
+    variant = problem.timing_variant("cpu")
+    v.time_entries([(first, None), (first, None), (second, None)], variant, pairs=2)
+    loads = [kw for op, kw in v.worker.requests if op == "load"]
+    assert [kw["source"] for kw in loads] == ["# incumbent 1\n", "# incumbent 1\n", "# incumbent 2\n"]
+    assert len({kw["slot"] for kw in loads}) == 3  # the A/A pair is two slots
+    timed = [kw for op, kw in v.worker.requests if op == "time"][-1]
+    assert timed["slots"] == [kw["slot"] for kw in loads]
+    v.time_entries([(first, None), (second, None)], variant, pairs=2)
+    assert len([1 for op, _ in v.worker.requests if op == "load"]) == 3  # loaded slots are reused
 
 
 def test_aa_on_gpu_is_never_accepted(tmp_path):
@@ -162,19 +193,11 @@ def test_prewarm_compiles_every_correctness_shape(tmp_path, monkeypatch):
 
     seen: list[tuple[str, str]] = []
 
-    class FakeWorker:
-        def __init__(self, kind, workdir, log=None):
-            self.loaded: dict[str, list] = {}
-
+    class FakeWorker(_FakeWorker):
         def request(self, op, timeout, **kw):
-            if op == "load":
-                self.loaded[kw["slot"]] = kw["init_args"]
-            else:
+            if op == "run":
                 seen.append((kw["slot"], repr(kw["plan"])))
             return {}
-
-        def close(self):
-            pass
 
     monkeypatch.setattr(vmod, "Worker", FakeWorker)
     problem = load_problem(FIXTURES / "problems" / "vadd")

@@ -132,8 +132,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- env
 def cmd_env(args: argparse.Namespace) -> int:
-    from xeforge import devices
+    from xeforge import devices, sandbox
     from xeforge.pipeline import kb_context
+    from xeforge.settings import load_settings
 
     found = {}
     for kind in ("xpu", "cuda", "cpu"):
@@ -145,8 +146,11 @@ def cmd_env(args: argparse.Namespace) -> int:
     info = devices.describe(chosen)
     kbc = kb_context(info, args.target, args.triton)
     llm = _llm_config(args)
+    settings = load_settings()
+    box = sandbox.report(chosen, settings.sandbox, sandbox.limits_for(settings, chosen))
     out = {"available": found, "selected": info.as_dict(), "versions": devices.versions(),
            "kb_device": kbc.device_id, "kb_note": kbc.note, "triton_gate": getattr(kbc.triton, "text", None),
+           "sandbox": box.as_dict(),
            "llm": llm.describe() if llm is not None else "llm engine not installed (pip install -e '.[llm]')"}
     if args.json:
         _print_json(out)
@@ -160,6 +164,7 @@ def cmd_env(args: argparse.Namespace) -> int:
     print(f"versions: python {v['python']}, torch {v['torch']}, triton {v['triton']}")
     print(f"knowledge-base device entry: {kbc.device_id or 'none'}{(' — ' + kbc.note) if kbc.note else ''}")
     print(f"knowledge base gated on Triton: {out['triton_gate']}")
+    print(f"workers: {box.summary()}")
     print(f"llm: {out['llm']}")
     return 0
 

@@ -1,9 +1,11 @@
 """Gate 0, parent side: a long-lived worker process per device, with timeouts, crash detection and restart.
 
 Owns: starting ``python -m xeforge.worker`` with a scrubbed environment (no API keys or other secrets) in
-the run folder, sending requests with a compile or run timeout, and turning a crash, a hang or an exception
-in the candidate into a :class:`WorkerFailure` the verifier records. A dead or hung worker is killed and
-replaced on the next request; the pipeline itself never runs candidate code.
+its own folder, inside the OS sandbox with its resource limits (:mod:`xeforge.sandbox`), copying its output
+into the worker log up to a cap, sending requests with a compile or run timeout, and turning a crash, a hang, an exception or a
+malformed reply into a :class:`WorkerFailure` the verifier records. Requests and replies are bounded JSON
+(:mod:`xeforge.wire`): nothing a worker sends can run code here. A dead or hung worker is killed and replaced on
+the next request; the pipeline itself never runs candidate code.
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ import os
 import re
 import select
 import signal
-import struct
 import subprocess
 import sys
+import threading
 import time
-import pickle
 from pathlib import Path
 from typing import Any
+
+from xeforge import sandbox, wire
 
 # Only these variables reach a worker; anything that looks like a secret is dropped even if allow-listed.
 _ALLOW_PREFIXES = ("TRITON_", "CUDA_", "NVIDIA_", "ZE_", "ONEAPI_", "SYCL_", "LC_", "TORCH_", "PYTORCH_",
@@ -47,42 +50,87 @@ class WorkerFailure(Exception):
     """The candidate crashed the worker, hung past its timeout, or raised."""
 
     def __init__(self, kind: str, detail: str, where: str = "") -> None:
-        self.kind = kind  # "crash" | "timeout" | "exception" | "start"
+        self.kind = kind  # "crash" | "timeout" | "exception" | "start" | "protocol"
         self.detail = detail
         self.where = where
         super().__init__(f"{kind}: {detail}")
 
 
 class Worker:
-    """One worker process for one device. ``request`` restarts it after a crash or a timeout."""
+    """One worker process for one device. ``request`` restarts it after a crash or a timeout.
 
-    def __init__(self, device: str, workdir: Path, log_path: Path | None = None) -> None:
+    ``writable`` folders (beside its own ``workdir``) and ``readable`` ones are what the sandbox opens to it,
+    ``hidden`` ones it hides (the run folder around it); ``env`` adds variables (never secrets: they pass the
+    same scrub).
+    """
+
+    def __init__(self, device: str, workdir: Path, log_path: Path | None = None, *, settings: Any = None,
+                 writable: tuple[Path, ...] = (), readable: tuple[Path, ...] = (), hidden: tuple[Path, ...] = (),
+                 env: dict[str, str] | None = None) -> None:
+        from xeforge.settings import load_settings
+
         self.device = device
         self.workdir = Path(workdir).resolve()
-        self.log_path = log_path or self.workdir / "worker.log"
+        self.log_path = Path(log_path or self.workdir / "worker.log").resolve()
+        self.settings = settings or load_settings()
+        self.writable = tuple(Path(p).resolve() for p in writable)
+        self.readable = tuple(Path(p).resolve() for p in readable)
+        self.hidden = tuple(Path(p).resolve() for p in hidden)
+        self.extra_env = dict(env or {})
+        self.limits = sandbox.limits_for(self.settings, device)
+        self.sandbox = sandbox.report(device, self.settings.sandbox, self.limits)
         self.proc: subprocess.Popen | None = None
+        self._drain: threading.Thread | None = None
+        self._hello_pending = False
         self.restarts = 0
         self.generation = 0  # bumps on every (re)start: slots loaded earlier are gone
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "xeforge.worker", "--device", self.device],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, cwd=self.workdir,
-            env=scrubbed_env(self.device), start_new_session=True)
-        log.close()
-        self.generation += 1
-        hello = self._read(timeout)
+        """Start the worker and wait until it is ready."""
+        self.spawn()
+        self._await_hello(timeout)
+
+    def spawn(self) -> None:
+        """Start the worker without waiting for it (its interpreter and torch load while the caller goes on); the
+        next request waits for it to be ready. Starting two workers this way overlaps their start-up."""
+        if self.alive():
+            return
+        if self.generation > 0:
+            self.restarts += 1  # the previous worker died (crash, hang) or was closed: this is its replacement
+        self._launch()
+        self._hello_pending = True
+
+    def _await_hello(self, timeout: float) -> None:
+        if not self._hello_pending:
+            return
+        self._hello_pending = False
+        try:
+            hello = self._read(timeout)
+        except WorkerFailure as exc:
+            raise WorkerFailure("start", exc.detail) from None
         if not hello.get("ok"):
             self.kill()
             raise WorkerFailure("start", f"{hello.get('error')}: {hello.get('message')}")
+
+    def _launch(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        argv = sandbox.wrap([sys.executable, "-m", "xeforge.worker", "--device", self.device], self.device,
+                            self.workdir, list(self.writable), list(self.readable), self.sandbox, list(self.hidden))
+        env = scrubbed_env(self.device, {**os.environ, **self.extra_env})
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     cwd=self.workdir, env=env, preexec_fn=sandbox.preexec(self.limits))
+        self._drain = threading.Thread(target=_copy_capped, daemon=True,
+                                       args=(self.proc.stderr, self.log_path, int(self.settings.max_log_mib * (1 << 20))))
+        self._drain.start()
+        self.generation += 1
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
     def kill(self) -> None:
+        self._hello_pending = False
         if self.proc is not None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -97,6 +145,8 @@ class Worker:
                     stream.close()
                 except OSError:
                     pass
+            if self._drain is not None:
+                self._drain.join(timeout=5)  # the log is complete before the failure is read from it
         self.proc = None
 
     def close(self) -> None:
@@ -118,9 +168,8 @@ class Worker:
     def request(self, op: str, timeout: float, **payload: Any) -> dict[str, Any]:
         """Send one request; raise WorkerFailure on a crash, a timeout or an exception in the candidate."""
         if not self.alive():
-            if self.generation > 0:
-                self.restarts += 1  # the previous worker died (crash, hang) or was closed: this is its replacement
-            self.start()
+            self.spawn()
+        self._await_hello(120.0)
         try:
             self._write({"op": op, **payload})
             reply = self._read(timeout)
@@ -137,18 +186,21 @@ class Worker:
         return reply
 
     def _write(self, obj: Any) -> None:
-        data = pickle.dumps(obj)
+        data = wire.encode(obj)
         try:
-            self.proc.stdin.write(struct.pack("<Q", len(data)) + data)
+            self.proc.stdin.write(data)
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             raise self._crashed() from None
 
     def _read(self, timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
-        head = self._read_exact(8, deadline)
-        (n,) = struct.unpack("<Q", head)
-        return pickle.loads(self._read_exact(n, deadline))
+        try:
+            n = wire.message_length(self._read_exact(wire.HEADER.size, deadline))
+            return wire.decode(self._read_exact(n, deadline))
+        except wire.ProtocolError as exc:
+            self.kill()
+            raise WorkerFailure("protocol", f"the worker's reply was not a valid message: {exc}") from None
 
     def _read_exact(self, n: int, deadline: float) -> bytes:
         fd = self.proc.stdout.fileno()
@@ -176,6 +228,8 @@ class Worker:
             except subprocess.TimeoutExpired:
                 code = None
         self.kill()
+        if code is not None and code > 128 and self.sandbox.isolated:
+            code = -(code - 128)  # bubblewrap's reaper exits 128 + the signal that ended the worker
         if code is not None and code < 0:
             try:
                 name = signal.Signals(-code).name
@@ -193,3 +247,50 @@ class Worker:
         except OSError:
             return ""
         return " ".join(text[-n:].split())
+
+
+_FACTS: Worker | None = None
+
+
+def facts_worker() -> Worker:
+    """The xeforge process's one CPU worker for problem facts that need user code run (KernelBench's
+    ``get_inputs()``, parameter shapes on the meta device): started once, in a temporary folder, closed at exit."""
+    global _FACTS
+    if _FACTS is None:
+        import atexit
+        import shutil
+        import tempfile
+
+        folder = Path(tempfile.mkdtemp(prefix="xeforge-facts-"))
+        _FACTS = Worker("cpu", folder)
+
+        def _close() -> None:
+            _FACTS.close()
+            shutil.rmtree(folder, ignore_errors=True)
+
+        atexit.register(_close)
+    return _FACTS
+
+
+def _copy_capped(stream, log_path: Path, cap: int) -> None:
+    """Copy a worker's output into its log until ``cap`` bytes, then note the cut and discard the rest."""
+    written = 0
+    with open(log_path, "ab") as log:
+        while True:
+            try:
+                chunk = stream.read1(1 << 16)
+            except (OSError, ValueError):
+                break
+            if not chunk:
+                break
+            if written < cap:
+                part = chunk[:cap - written]
+                log.write(part)
+                written += len(part)
+                if written >= cap:
+                    log.write(f"\n[xeforge: the worker's output passed {cap >> 20} MiB; the rest is discarded]\n".encode())
+                log.flush()
+    try:
+        stream.close()
+    except OSError:
+        pass

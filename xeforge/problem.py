@@ -137,8 +137,23 @@ class Spec:
     from_kernelbench: bool = False
 
 
+@dataclass(frozen=True)
+class Code:
+    """Source text and the file name it came from: what crosses to a worker (never a path it would re-read)."""
+
+    text: str
+    filename: str
+
+    @property
+    def hash(self) -> str:
+        return source_hash(self.text)
+
+
 @dataclass
 class Problem:
+    """A loaded problem. Its files are read once, here: every later use takes these copies (the snapshot), so a
+    file changed after loading (by a candidate, say) changes nothing the tool runs or compares against."""
+
     name: str
     root: Path
     kernel_path: Path
@@ -147,10 +162,31 @@ class Problem:
     spec_path: Path | None
     reference_path: Path | None
     notes: list[str] = field(default_factory=list)
+    reference_source: str | None = None
 
     @property
     def has_reference(self) -> bool:
         return self.reference_path is not None
+
+    @property
+    def kernel_code(self) -> Code:
+        return Code(self.kernel_source, self.kernel_path.name)
+
+    @property
+    def oracle_code(self) -> Code:
+        """The reference (or, without one, the starting kernel) as loaded."""
+        if self.reference_path is not None and self.reference_source is not None:
+            return Code(self.reference_source, self.reference_path.name)
+        return self.kernel_code
+
+    def code_for(self, path: Path) -> Code | None:
+        """The snapshot of one of the problem's own files, or None for any other path."""
+        path = Path(path).resolve()
+        if path == self.kernel_path.resolve():
+            return self.kernel_code
+        if self.reference_path is not None and path == Path(self.reference_path).resolve():
+            return self.oracle_code
+        return None
 
     @property
     def source_hash(self) -> str:
@@ -492,56 +528,81 @@ def load_problem(path: Union[str, Path]) -> Problem:
             kernel = cands[0]
     else:
         kernel, root = path, path.parent
-    source = kernel.read_text()
+    source = read_text(kernel, "the starting kernel")
     spec_path = next((p for p in (root / "spec.yaml", kernel.with_suffix(".yaml"), root / f"{kernel.stem}.yaml")
                       if p.exists() and p != kernel), None)
     reference = next((p for p in (root / "reference.py", root / f"{kernel.stem}_pytorch.py") if p.exists()), None)
+    ref_source = read_text(reference, "the PyTorch reference") if reference is not None else None
     notes = []
     if spec_path is not None:
-        spec = _SpecReader(spec_path, spec_path.read_text()).read()
+        spec = _SpecReader(spec_path, read_text(spec_path, "the spec")).read()
     else:
-        spec = _kernelbench_spec(kernel, reference)
+        spec = _kernelbench_spec(Code(source, kernel.name),
+                                 Code(ref_source, reference.name) if reference is not None else None, root)
         notes.append("no spec.yaml: shapes come from get_inputs()/get_init_inputs() (one variant, no ragged shapes)")
     if reference is None:
         notes.append("no reference.py: the starting kernel is the oracle")
     name = root.name if path.is_dir() else kernel.stem
-    return Problem(name, root, kernel, source, spec, spec_path, reference, notes)
+    return Problem(name, root, kernel, source, spec, spec_path, reference, notes, ref_source)
 
 
-def _kernelbench_spec(kernel: Path, reference: Path | None) -> Spec:
-    """Build a one-variant spec from KernelBench-style ``get_inputs()`` / ``get_init_inputs()``."""
-    import importlib.util
+MAX_SOURCE_BYTES = 4 << 20  # a kernel, reference or spec file larger than this is not a hand-written one
 
-    import torch
+
+def read_text(path: Path, what: str, limit: int = MAX_SOURCE_BYTES) -> str:
+    """A problem file as text: read as bytes first (bounded), decoded as UTF-8, with an error that names it."""
+    path = Path(path)
+    if path.is_dir():
+        raise ProblemError(str(path), f"{what} is a folder, not a file", f"make {path.name} a file")
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError as exc:
+        raise ProblemError(str(path), f"{what} cannot be read: {exc.strerror}", "check the file's permissions") from None
+    if len(data) > limit:
+        raise ProblemError(str(path), f"{what} is larger than {limit >> 20} MiB",
+                           "a problem file is hand-written source or YAML; remove generated or binary content")
+    if b"\0" in data:
+        raise ProblemError(str(path), f"{what} holds NUL bytes (a binary file?)", "save it as UTF-8 text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise ProblemError(str(path), f"{what} is not valid UTF-8 (byte {exc.start}, line {line})",
+                           "save it as UTF-8 text") from None
+
+
+def _kernelbench_spec(kernel: Code, reference: Code | None, root: Path) -> Spec:
+    """Build a one-variant spec from KernelBench-style ``get_inputs()`` / ``get_init_inputs()``.
+
+    They are user code: they run in a worker (on the CPU, in a temporary folder), never in this process.
+    """
+    from xeforge.isolation import WorkerFailure, facts_worker
 
     for src in (reference, kernel):
-        if src is None:
+        if src is None or "def get_inputs" not in src.text:
             continue
-        text = src.read_text()
-        if "def get_inputs" not in text:
-            continue
-        mod_spec = importlib.util.spec_from_file_location(f"_xeforge_kb_{src.stem}", src)
-        mod = importlib.util.module_from_spec(mod_spec)
+        where = str(root / src.filename)
         try:
-            mod_spec.loader.exec_module(mod)
-            tensors = list(mod.get_inputs())
-            init = list(mod.get_init_inputs()) if hasattr(mod, "get_init_inputs") else []
-        except Exception as exc:  # user code: report, don't trace back
-            raise ProblemError(str(src), f"get_inputs()/get_init_inputs() failed: {type(exc).__name__}: {exc}",
+            facts = facts_worker().request("kernelbench", 120.0, source=src.text, filename=src.filename)
+        except WorkerFailure as exc:
+            raise ProblemError(where, f"get_inputs()/get_init_inputs() failed: {exc.detail}",
                                "make them runnable on the CPU, or add a spec.yaml") from None
         inputs, dims = {}, {}
-        for i, t in enumerate(tensors):
-            if not isinstance(t, torch.Tensor):
-                raise ProblemError(str(src), f"get_inputs()[{i}] is a {type(t).__name__}, not a tensor",
-                                   "return tensors only, or add a spec.yaml")
-            shape = []
-            for j, s in enumerate(t.shape):
-                dims[f"X{i}_{j}"] = int(s)
-                shape.append(f"X{i}_{j}")
-            inputs[f"x{i}"] = InputSpec(f"x{i}", tuple(shape), str(t.dtype).removeprefix("torch."))
+        try:
+            for i, (shape, dtype) in enumerate(facts["inputs"]):
+                names = []
+                for j, size in enumerate(shape):
+                    dims[f"X{i}_{j}"] = int(size)
+                    names.append(f"X{i}_{j}")
+                inputs[f"x{i}"] = InputSpec(f"x{i}", tuple(names), _norm_dtype(str(dtype)))
+            init = list(facts["init"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProblemError(where, f"get_inputs() described inputs this format cannot hold ({exc})",
+                               "add a spec.yaml (docs/problem-format.md)") from None
         variant = Variant("ci", tuple(inputs), None, dims, None, None)
         return Spec(inputs, [("value", v) for v in init], {"ci": variant}, from_kernelbench=True, ragged=False)
-    raise ProblemError(str(kernel.parent), "no spec.yaml and no get_inputs() to derive shapes from",
+    raise ProblemError(str(root), "no spec.yaml and no get_inputs() to derive shapes from",
                        "add a spec.yaml (docs/problem-format.md) or KernelBench-style get_inputs()/get_init_inputs()")
 
 
@@ -559,6 +620,16 @@ class TensorPlan:
     @property
     def is_float(self) -> bool:
         return self.dtype in FLOAT_DTYPES
+
+    def wire(self) -> dict[str, Any]:
+        """Plain JSON data, for a worker request."""
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "low": self.low, "high": self.high}
+
+    @classmethod
+    def from_wire(cls, d: "dict[str, Any] | TensorPlan") -> "TensorPlan":
+        if isinstance(d, TensorPlan):
+            return d
+        return cls(str(d["name"]), tuple(int(s) for s in d["shape"]), str(d["dtype"]), int(d["low"]), int(d["high"]))
 
 
 def plan_inputs(problem: Problem, variant: Variant) -> list[TensorPlan]:

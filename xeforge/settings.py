@@ -8,6 +8,7 @@ strict and names the variable and what it expects.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field, fields
 
@@ -19,6 +20,12 @@ class Settings:
     # gate 0 — isolation
     compile_timeout_s: float = field(default=120.0, metadata={"env": "XEFORGE_COMPILE_TIMEOUT"})
     run_timeout_s: float = field(default=300.0, metadata={"env": "XEFORGE_RUN_TIMEOUT"})
+    max_tensor_file_gib: float = field(default=16.0, metadata={"env": "XEFORGE_MAX_TENSOR_FILE_GIB"})  # from a worker
+    sandbox: str = field(default="auto", metadata={"env": "XEFORGE_SANDBOX", "choices": ("auto", "require", "off")})
+    worker_memory_gib: float = field(default=0.0, metadata={"env": "XEFORGE_WORKER_MEMORY_GIB",
+                                                                         "zero_ok": True})  # 0: 3/4 of RAM
+    worker_cpu_s: float = field(default=6 * 3600.0, metadata={"env": "XEFORGE_WORKER_CPU_S"})  # a worker's lifetime
+    max_log_mib: float = field(default=16.0, metadata={"env": "XEFORGE_MAX_LOG_MIB"})  # a worker's captured output
     # gate 2 — correctness
     correctness_rounds: int = field(default=5, metadata={"env": "XEFORGE_ROUNDS"})
     ragged_shapes: bool = field(default=True, metadata={"env": "XEFORGE_RAGGED"})
@@ -38,7 +45,17 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
 
-def _parse(name: str, raw: str, typ: type):
+def _parse(name: str, raw: str, f: dataclasses.Field):
+    """One environment value, parsed strictly: the type, the allowed values, and numbers > 0 (>= 0 where the
+    field says ``zero_ok``; a timeout of -5 s or a budget of 0 rounds is a mistake, not a setting)."""
+    typ = type(f.default)
+    choices = f.metadata.get("choices")
+    if choices is not None:
+        value = raw.strip().lower()
+        if value not in choices:
+            raise UsageError(f"environment variable {name}", f"{raw!r} is not one of {', '.join(choices)}",
+                             f"set {name} to one of {', '.join(choices)}")
+        return value
     try:
         if typ is bool:
             low = raw.strip().lower()
@@ -47,10 +64,16 @@ def _parse(name: str, raw: str, typ: type):
             if low in {"0", "false", "no", "off"}:
                 return False
             raise ValueError(raw)
-        return typ(raw)
+        value = typ(raw.strip())
     except ValueError:
         expected = {bool: "one of 1/0/true/false", int: "an integer", float: "a number"}[typ]
         raise UsageError(f"environment variable {name}", f"{raw!r} is not {expected}", f"set {name} to {expected}") from None
+    zero_ok = f.metadata.get("zero_ok", False)
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+        bound = ">= 0" if zero_ok else "> 0"
+        raise UsageError(f"environment variable {name}", f"{raw!r} is out of range (it must be {bound})",
+                         f"set {name} to a number {bound}, or unset it for the default ({f.default})")
+    return value
 
 
 def load_settings(env: dict[str, str] | None = None) -> Settings:
@@ -59,6 +82,5 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
     for f in fields(Settings):
         var = f.metadata.get("env")
         if var and var in env:
-            typ = type(f.default)
-            values[f.name] = _parse(var, env[var], typ)
+            values[f.name] = _parse(var, env[var], f)
     return Settings(**values)

@@ -108,28 +108,49 @@ def _is_submodule(model: KernelModel, attr: str) -> bool:
 
 
 def _forward_closure(model: KernelModel) -> list[ast.FunctionDef]:
-    """``Model.forward`` plus the module functions and ``self`` methods it calls, transitively."""
+    """``Model.forward`` plus what it calls in the file, transitively: module functions, ``self`` methods, methods of
+    the file's other classes called on any object (``self.op.launch(...)``), and the ``forward`` of a
+    ``torch.autograd.Function`` subclass reached through ``.apply``. By name: a static over-approximation."""
     fwd = model.forward()
     if fwd is None:
         return []
     module_fns = {n.name: n for n in model.tree.body if isinstance(n, ast.FunctionDef) and n.name not in model.functions}
-    seen: dict[str, ast.FunctionDef] = {"forward": fwd}
+    methods: dict[str, list[ast.FunctionDef]] = {}
+    for cls in (n for n in model.tree.body if isinstance(n, ast.ClassDef) and n is not model.model_class):
+        defs = [d for d in cls.body if isinstance(d, ast.FunctionDef)]
+        for d in defs:
+            methods.setdefault(d.name, []).append(d)
+        if any((dotted_name(b) or "").endswith("autograd.Function") for b in cls.bases):
+            methods.setdefault("apply", []).extend(d for d in defs if d.name == "forward")
+    seen: dict[int, ast.FunctionDef] = {id(fwd): fwd}
     todo = [fwd]
     while todo:
         fn = todo.pop()
         for node in ast.walk(fn):
             if not isinstance(node, ast.Call):
                 continue
-            target = None
+            targets: list[ast.FunctionDef] = []
             if isinstance(node.func, ast.Name) and node.func.id in module_fns:
-                target = module_fns[node.func.id]
-            elif isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
-                    and node.func.value.id == "self":
-                target = model.method(node.func.attr)
-            if target is not None and target.name not in seen:
-                seen[target.name] = target
-                todo.append(target)
+                targets = [module_fns[node.func.id]]
+            elif isinstance(node.func, ast.Attribute):
+                if isinstance(node.func.value, ast.Name) and node.func.value.id == "self" and model.method(node.func.attr):
+                    targets = [model.method(node.func.attr)]
+                else:
+                    targets = methods.get(node.func.attr, [])
+            for target in targets:
+                if id(target) not in seen:
+                    seen[id(target)] = target
+                    todo.append(target)
     return list(seen.values())
+
+
+def _dead_kernels(m: KernelModel) -> list[str]:
+    """@triton.jit functions that forward never launches, directly or through the functions it calls."""
+    if m.model_class is None or m.forward() is None:
+        return []
+    launched = {site.kernel for fn in _forward_closure(m) for site in m.launches if site.function == fn.name}
+    called_in_jit = {c.name.rsplit(".", 1)[-1] for c in m.calls if c.function in m.functions}
+    return [name for name in m.functions if name not in launched and name not in called_in_jit]
 
 
 class StaticChecker:
@@ -138,6 +159,10 @@ class StaticChecker:
     def __init__(self, starting: KernelModel | None = None, constraint_hooks: list[ConstraintHook] | None = None):
         self.starting = starting
         self.hooks = list(constraint_hooks or [])
+        # kernels the starting file already holds without forward launching them (backward kernels, helpers of
+        # other entry points): they may stay, and are noted, not rejected
+        self.dead_at_start = set(_dead_kernels(starting)) if starting is not None else set()
+        self.notes: list[str] = []  # what the last check noted without failing
 
     def check(self, source: str, path: str = "candidate.py") -> tuple[KernelModel | None, list[Finding]]:
         try:
@@ -169,10 +194,12 @@ class StaticChecker:
             out.append(Finding("S004-not-launched", m.forward().lineno,
                                "Model.forward launches no @triton.jit kernel",
                                "launch the kernel from forward: kernel[grid](...)"))
-        called_in_jit = {c.name.rsplit(".", 1)[-1] for c in m.calls if c.function in m.functions}
-        for name, fn in m.functions.items():
-            if name not in launched_from_forward and name not in called_in_jit:
-                out.append(Finding("S005-dead-kernel", fn.line, f"kernel {name} is never launched",
+        self.notes = []
+        for name in _dead_kernels(m):
+            if name in self.dead_at_start:
+                self.notes.append(f"kernel {name} is not launched by forward (as in the starting kernel: kept)")
+            else:
+                out.append(Finding("S005-dead-kernel", m.functions[name].line, f"kernel {name} is never launched",
                                    f"launch {name} from Model.forward or delete it"))
         return out
 

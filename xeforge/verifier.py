@@ -2,31 +2,32 @@
 
 Owns: running one candidate through the gates in order, stopping at the first failure, and producing a
 :class:`Verdict` with the evidence and the feedback an engine can learn from. Specification:
-``verification.md``. Siblings: :mod:`xeforge.isolation` (worker process), :mod:`xeforge.static_checks`
-(gate 1), :mod:`xeforge.compare` (gate 2 comparisons), :mod:`xeforge.timing` (gate 3 statistics). The oracle
-(the PyTorch reference in float64 with the same weights) is computed here, in the parent process; the worker
-never sees it.
+``verification.md``. Siblings: :mod:`xeforge.isolation` (worker processes), :mod:`xeforge.static_checks`
+(gate 1), :mod:`xeforge.compare` (gate 2 comparisons), :mod:`xeforge.integrity` (checks decided from the
+buffers a worker returns), :mod:`xeforge.timing` (gate 3 statistics), :mod:`xeforge.wire` (the data that
+crosses). Two workers per verifier: the oracle worker runs the reference (float64, same weights) and nothing
+else; the candidate worker runs candidates and never sees the expected outputs. This process imports none of
+them: code goes to the workers as text (the candidate as read once for its verdict, the problem's files as
+loaded), and what comes back is JSON and safetensors, compared here.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import secrets
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from xeforge import integrity, wire
 from xeforge.compare import compare_outputs
 from xeforge.devices import DeviceInfo
 from xeforge.errors import ProblemError
 from xeforge.isolation import Worker, WorkerFailure
-from xeforge.problem import (DISTRIBUTIONS, Problem, Variant, default_tolerance, generate_inputs, plan_inputs,
+from xeforge.problem import (DISTRIBUTIONS, Code, Problem, Variant, default_tolerance, generate_inputs, plan_inputs,
                              source_hash)
 from xeforge.settings import Settings
 from xeforge.static_checks import ConstraintHook, StaticChecker
-from xeforge.store import atomic_write
 from xeforge.timing import decide, noise_margin, paired_ratios, roofline_floor
 from xeforge.kernel_model import parse_kernel
 
@@ -83,14 +84,6 @@ class Verdict:
         return cls(**{**d, "gates": gates})
 
 
-def _import_file(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 class Verifier:
     """Verifies candidates of one problem on one device. Use as a context manager (owns a worker)."""
 
@@ -104,15 +97,32 @@ class Verifier:
         self.device_entry = device_entry
         self.static_checker = StaticChecker(parse_kernel(problem.kernel_source, str(problem.kernel_path)),
                                             constraint_hooks)
-        self.worker = Worker(device.kind, self.workdir)
+        # each worker has a folder of its own: the candidate's is its working directory and where its tensor
+        # files go; the oracle's holds the weights every candidate is loaded with
+        # the candidates' compiled kernels are cached in the run (prewarm fills it for the cascade); the oracle
+        # keeps a cache of its own, which no candidate can write
+        self._cache = self.workdir / "triton-cache"
+        self.worker = self._candidate_worker(self.workdir / "worker", self.workdir / "worker.log")
+        self.oracle_worker = Worker(device.kind, self.workdir / "oracle", self.workdir / "oracle.log", settings=settings,
+                                    writable=(self.workdir / "oracle-triton-cache",), hidden=(self.workdir,),
+                                    env={"TRITON_CACHE_DIR": str(self.workdir / "oracle-triton-cache")})
         self.weight_seed = secrets.randbits(31)
-        self._slots: dict[tuple[str, str], int] = {}  # (path, variant) -> worker generation it was loaded in
-        self._ref_models: dict[str, Any] = {}
-        self._weights: dict[str, Path] = {}
+        self._slots: dict[tuple, int] = {}  # (source hash, variant, mode[, alias]) -> worker generation
+        self._first: set[tuple] = set()  # slots whose first call (which compiles) has not run yet
+        self._refs: dict[str, tuple[int, Path | None, list[str] | None]] = {}  # variant -> (generation, weights, dtypes)
         self._margins: dict[str, tuple[float, dict]] = {}
+        self._weight_order: dict[str, list[str]] = {}  # variant -> the reference's parameter names, in order
+        self.weights_by_position: dict[str, dict[str, str]] = {}  # source hash -> reference name -> kernel name
         self.last_timing: dict = {}  # launch-overhead delay of the latest timing request (see timing.delay_flushes)
+        # the float64 reference runs where fp64 is native; on an Intel part without it, on the host
         self._oracle_device = device.kind if (device.kind != "xpu" or device.has_fp64) else "cpu"
-        self._oracle_models: dict[str, tuple[Any, list]] = {}  # variant -> (float64 reference on the device, dtypes)
+
+    def _candidate_worker(self, folder: Path, log: Path) -> Worker:
+        """A worker for candidates: it writes its own folder and the cache, and reads the oracle's weights."""
+        weights = self.workdir / "oracle" / "weights"
+        weights.mkdir(parents=True, exist_ok=True)
+        return Worker(self.device.kind, folder, log, settings=self.settings, writable=(self._cache,),
+                      readable=(weights,), hidden=(self.workdir,), env={"TRITON_CACHE_DIR": str(self._cache)})
 
     def __enter__(self) -> "Verifier":
         return self
@@ -122,23 +132,23 @@ class Verifier:
 
     def close(self) -> None:
         self.worker.close()
+        self.oracle_worker.close()
 
     # ------------------------------------------------------------------------------------------ gates
     def verify(self, cand_path: Path, incumbent_path: Path | None = None, *, time_it: bool = True,
                source_hash: str = "") -> Verdict:
         """Run the cascade. ``incumbent_path`` is what gate 3 times against (None: no gate 3)."""
-        cand_path = Path(cand_path).resolve()
-        source = cand_path.read_text()
+        cand = self.code(cand_path)  # read once: what gate 1 checks is what the worker runs
         verdict = Verdict(source_hash=source_hash)
         t0 = time.monotonic()
-        g1 = self.static(source, str(cand_path))
+        g1 = self.static(cand.text, str(cand_path))
         g1.details["seconds"] = round(time.monotonic() - t0, 3)  # where a port's time goes, per gate
         # gate 0 runs around everything below; gate 1 is purely static and reported first in order
         if not g1.passed:
             verdict.gates += [GateResult(GATES[0], "skipped", "not run: static checks failed"), g1]
             return verdict
         t0 = time.monotonic()
-        g0, g2 = self.correctness(cand_path)
+        g0, g2 = self.correctness(cand)
         if g2 is not None:
             g2.details["seconds"] = round(time.monotonic() - t0, 3)  # load and compile (gate 0) included
         verdict.gates += [g0, g1]
@@ -150,7 +160,7 @@ class Verifier:
         if incumbent_path is None or not time_it:
             return verdict
         t0 = time.monotonic()
-        g3 = self.performance(Path(incumbent_path), cand_path)
+        g3 = self.performance(self.code(incumbent_path), cand)
         g3.details["seconds"] = round(time.monotonic() - t0, 3)
         verdict.gates.append(g3)
         if g3.status == "fail" and g3.details.get("phase") == "isolation":
@@ -161,12 +171,26 @@ class Verifier:
         verdict.accepted = g3.status == "pass"
         return verdict
 
+    def code(self, path: Path | Code) -> Code:
+        """What the workers get for ``path``: the problem's own files as loaded, any other file as read now."""
+        if isinstance(path, Code):
+            return path
+        snapshot = self.problem.code_for(Path(path))
+        if snapshot is not None:
+            return snapshot
+        try:
+            return Code(Path(path).read_text(), Path(path).name)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ProblemError(str(path), f"cannot read the kernel: {exc}", "pass a readable UTF-8 kernel file") from None
+
     def static(self, source: str, path: str = "candidate.py") -> GateResult:
         _, findings = self.static_checker.check(source, path)
         if findings:
             return GateResult(GATES[1], "fail", "; ".join(f.render() for f in findings),
                               {"findings": [asdict(f) for f in findings]})
-        return GateResult(GATES[1], "pass", "static checks and knowledge-base constraints passed")
+        notes = list(self.static_checker.notes)
+        return GateResult(GATES[1], "pass", "static checks and knowledge-base constraints passed"
+                          + (f"; note: {'; '.join(notes)}" if notes else ""), {"notes": notes} if notes else {})
 
     # ------------------------------------------------------------------------------------------ gate 2
     def correctness_variants(self) -> list[tuple[Variant, int]]:
@@ -176,71 +200,94 @@ class Verifier:
             out += [(v, 2) for v in self.problem.ragged_variants(out[0][0])]
         return out
 
-    def correctness(self, cand_path: Path) -> tuple[GateResult, GateResult | None]:
-        rounds_done, seeds = 0, []
+    def correctness(self, cand: Code) -> tuple[GateResult, GateResult | None]:
+        rounds_done = 0
         for variant, rounds in self.correctness_variants():
             rtol, atol = self._tolerances(variant)
             for r in range(rounds):
                 seed = secrets.randbits(62)
                 dist = DISTRIBUTIONS[r % len(DISTRIBUTIONS)]
-                seeds.append(seed)
                 try:
-                    outs, facts = self._run(cand_path, variant, seed, dist, rerun=(r == 0))
+                    outs, facts = self._run(cand, variant, seed, dist, rerun=(r == 0))
                 except WorkerFailure as exc:
                     return self._isolation_failure(exc, variant), None
-                except ProblemError:
-                    raise
-                problem = self._worker_facts(facts, variant)
+                where = {"variant": variant.name, "seed": seed, "distribution": dist}
+                problem = self._worker_facts(facts, variant) or self._integrity(outs, variant, seed, dist)
                 if problem:
-                    return self._ok0(), GateResult(GATES[2], "fail", problem, {"variant": variant.name, "seed": seed,
-                                                                                 "distribution": dist})
+                    return self._ok0(), GateResult(GATES[2], "fail", problem, where)
                 refs, dtypes = self.oracle(variant, seed, dist)
                 # compared where the oracle lives: on a GPU the float64 arithmetic over bench-sized outputs takes
                 # milliseconds there and seconds on the host
-                outs = [o.to(self._oracle_device) if hasattr(o, "to") else o for o in outs]
-                mm = compare_outputs(outs, refs, dtypes, rtol, atol)
-                del outs, refs
+                got = [outs.get(f"out.{i}") for i in range(facts["n_outputs"])]
+                got = [o.to(self._oracle_device) if o is not None else None for o in got]
+                mm = compare_outputs(got, refs, dtypes, rtol, atol)
+                del got, refs
                 if mm is not None:
                     return self._ok0(), GateResult(
                         GATES[2], "fail", f"variant {variant.describe()}, {dist} inputs: {mm.message}",
-                        {"variant": variant.name, "dims": variant.dims, "seed": seed, "distribution": dist,
-                         "reason": mm.reason, **mm.details})
-                unstable = self._stability(facts, variant)
+                        {**where, "dims": variant.dims, "reason": mm.reason, **mm.details})
+                unstable = self._stability(outs, facts, variant)
                 if unstable:
-                    return self._ok0(), GateResult(GATES[2], "fail", unstable, {"variant": variant.name, "seed": seed,
-                                                                                  "reason": "unstable"})
+                    return self._ok0(), GateResult(GATES[2], "fail", unstable, {**where, "reason": "unstable"})
                 rounds_done += 1
         names = [v.name for v, _ in self.correctness_variants()]
+        details = {"rounds": rounds_done, "variants": names, "oracle": self._oracle_name()}
+        note = ""
+        if cand.hash in self.weights_by_position:
+            details["weights_by_position"] = self.weights_by_position[cand.hash]
+            note = "; the reference's weights were given to the kernel's parameters by position (names differ)"
         return self._ok0(), GateResult(GATES[2], "pass", f"matches the {self._oracle_name()} on {rounds_done} rounds over "
-                                       f"{', '.join(names)}", {"rounds": rounds_done, "variants": names,
-                                                               "oracle": self._oracle_name()})
+                                       f"{', '.join(names)}{note}", details)
 
     def _ok0(self) -> GateResult:
-        return GateResult(GATES[0], "pass", f"ran in an isolated worker on {self.device.kind}",
-                          {"worker_restarts": self.worker.restarts})
+        sb = self.worker.sandbox
+        how = f"sandboxed by {sb.tool}" if sb.isolated else "NOT sandboxed: " + "; ".join(sb.missing[:1])
+        return GateResult(GATES[0], "pass", f"ran in a worker process on {self.device.kind}, {how}",
+                          {"worker_restarts": self.worker.restarts, "sandbox": sb.as_dict()})
 
     def _isolation_failure(self, exc: WorkerFailure, variant: Variant) -> GateResult:
         what = {"crash": "crashed the worker", "timeout": "timed out", "exception": "raised",
-                "start": "could not start the worker"}[exc.kind]
+                "start": "could not start the worker",
+                "protocol": "forged or broke the worker protocol (a reply or tensor file that is not valid data)"}[exc.kind]
         return GateResult(GATES[0], "fail", f"variant {variant.name}: {what}: {exc.detail}"
                           + (f" (at {exc.where})" if exc.where else ""),
-                          {"kind": exc.kind, "detail": exc.detail, "where": exc.where, "variant": variant.name})
+                          {"kind": exc.kind, "detail": exc.detail, "where": exc.where, "variant": variant.name,
+                           "sandbox": self.worker.sandbox.as_dict()})
 
     def _worker_facts(self, facts: dict, variant: Variant) -> str | None:
+        """What only the worker's process could see (types, pointers), as it reported them."""
         if not all(facts.get("exact_tensor", [True])):
-            return f"returned {facts['types']} — outputs must be plain torch.Tensor"
-        if facts.get("inputs_mutated"):
-            return f"mutated its input(s) {', '.join(facts['inputs_mutated'])} (variant {variant.name})"
+            return f"returned {facts.get('types')} — outputs must be plain torch.Tensor"
         if facts.get("weights_mutated"):
-            return f"changed model weights {', '.join(facts['weights_mutated'][:5])} during forward"
-        if facts.get("canary_overwritten"):
-            return f"wrote outside the bounds of input(s) {', '.join(facts['canary_overwritten'])}"
+            return f"changed model weights {', '.join(map(str, facts['weights_mutated'][:5]))} during forward"
         if any(facts.get("aliases_input", [])):
             return "an output aliases an input's memory (return a fresh tensor)"
         return None
 
-    def _stability(self, facts: dict, variant: Variant) -> str | None:
-        if facts.get("bit_stable") is False and not self.problem.spec.nondeterministic:
+    def _integrity(self, outs: dict, variant: Variant, seed: int, dist: str) -> str | None:
+        """Decided here from the buffers the worker returned: inputs changed, writes outside an input's bounds."""
+        plan = plan_inputs(self.problem, variant)
+        originals = generate_inputs(plan, seed, dist, self.device.kind)
+        buffers = [outs.get(f"input.{j}") for j in range(len(plan))]
+        if any(b is None for b in buffers):
+            return "the worker did not return every input buffer after the call (its reply was tampered with)"
+        names = [tp.name for tp in plan]
+        mutated, overwritten = integrity.input_problems(names, originals, [b.to(self.device.kind) for b in buffers])
+        if overwritten:
+            return f"wrote outside the bounds of input(s) {', '.join(overwritten)}"
+        if mutated:
+            return f"mutated its input(s) {', '.join(mutated)} (variant {variant.name})"
+        return None
+
+    def _stability(self, outs: dict, facts: dict, variant: Variant) -> str | None:
+        if "n_rerun_outputs" not in facts or self.problem.spec.nondeterministic:
+            return None
+        n = facts["n_outputs"]
+        first = [outs.get(f"out.{i}") for i in range(n)]
+        second = [outs.get(f"rerun.{i}") for i in range(facts["n_rerun_outputs"])]
+        same = len(first) == len(second) and all(
+            a is not None and b is not None and integrity.same_bits(a, b) for a, b in zip(first, second))
+        if not same:
             return (f"two runs on the same inputs gave different bits (variant {variant.name}); mark the spec "
                     "'nondeterministic: true' only if that is intended")
         return None
@@ -252,124 +299,153 @@ class Verifier:
                 variant.atol if variant.atol is not None else default)
 
     # ------------------------------------------------------------------------------------------ worker
-    def _ensure_loaded(self, path: Path, variant: Variant, compile_mode: str | None = None) -> str:
-        path = Path(path).resolve()
-        key = (str(path), variant.name) + ((compile_mode,) if compile_mode else ())
-        slot = f"{path.stem}@{variant.name}#{abs(hash(key)) % 10**8}"
+    def _ensure_loaded(self, code: Code, variant: Variant, compile_mode: str | None = None, alias: int = 0) -> str:
+        """The candidate worker's slot holding ``code`` built for ``variant`` (loaded now if it is not there).
+
+        Slots are keyed by the source's hash: two trials' ``candidate.py`` are two slots. ``alias`` asks for an
+        independent second load of the same source (an A/A run times two slots, never one against itself).
+        """
+        key = (code.hash, variant.name, compile_mode, alias)
+        slot = f"{Path(code.filename).stem}@{variant.name}#{code.hash[:8]}" + (f"+{compile_mode}" if compile_mode else "") \
+            + (f"~{alias}" if alias else "")
         if self._slots.get(key) == self.worker.generation and self.worker.alive():
             return slot
         weights = self._weights_file(variant)
-        self.worker.request("load", self.settings.compile_timeout_s, slot=slot, path=str(path),
-                            init_args=self.problem.init_args(variant), weights_file=str(weights) if weights else None,
-                            dtype=variant.dtype, compile_mode=compile_mode)
+        reply = self.worker.request("load", self.settings.compile_timeout_s, slot=slot, source=code.text,
+                                    filename=code.filename, init_args=self.problem.init_args(variant),
+                                    weights_file=str(weights) if weights else None, dtype=variant.dtype,
+                                    compile_mode=compile_mode, weight_order=self._weight_order.get(variant.name))
+        if reply.get("weights_by_position"):
+            self.weights_by_position[code.hash] = {str(k): str(v) for k, v in reply["weights_by_position"].items()}
         self._slots[key] = self.worker.generation
-        self._slots[key + ("first",)] = True
+        self._first.add(key)
         return slot
 
-    def _run(self, path: Path, variant: Variant, seed: int, dist: str, rerun: bool):
-        import torch
+    def _io_file(self, worker: Worker, what: str) -> Path:
+        path = worker.workdir / "io" / f"{what}-{secrets.token_hex(6)}.safetensors"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
 
-        path = Path(path).resolve()
-        slot = self._ensure_loaded(path, variant)
-        first = self._slots.pop((str(path), variant.name, "first"), False)
-        timeout = self.settings.compile_timeout_s if first else self.settings.run_timeout_s
-        out_file = self.workdir / "io" / f"out-{secrets.token_hex(6)}.pt"
-        out_file.parent.mkdir(parents=True, exist_ok=True)
-        facts = self.worker.request("run", timeout, slot=slot, plan=plan_inputs(self.problem, variant), seed=seed,
-                                    distribution=dist, out_file=str(out_file), rerun=rerun)
-        outs = torch.load(out_file, weights_only=True)
-        out_file.unlink(missing_ok=True)
+    def _max_file_bytes(self) -> int:
+        return int(self.settings.max_tensor_file_gib * (1 << 30))
+
+    def _run(self, code: Code, variant: Variant, seed: int, dist: str, rerun: bool) -> tuple[dict, dict]:
+        """Run ``code`` once in the candidate worker: (the tensors it wrote, the facts it replied)."""
+        slot = self._ensure_loaded(code, variant)
+        key = (code.hash, variant.name, None, 0)
+        timeout = self.settings.compile_timeout_s if key in self._first else self.settings.run_timeout_s
+        self._first.discard(key)
+        out_file = self._io_file(self.worker, "out")
+        try:
+            facts = self.worker.request("run", timeout, slot=slot, plan=[tp.wire() for tp in plan_inputs(self.problem, variant)],
+                                        seed=seed, distribution=dist, out_file=str(out_file), rerun=rerun)
+            n = facts.get("n_outputs")
+            if not isinstance(n, int) or not 0 <= n <= 4096 or not isinstance(facts.get("n_rerun_outputs", 0), int):
+                raise WorkerFailure("protocol", f"the worker's reply gave {n!r} outputs")
+            outs = wire.load_tensors(out_file, self._max_file_bytes())
+        except wire.TensorFileError as exc:
+            raise WorkerFailure("protocol", f"the outputs file: {exc}") from None
+        finally:
+            out_file.unlink(missing_ok=True)
         return outs, facts
+
+    def trace(self, path: Path | Code, variant: Variant) -> "Trace":
+        """One call of ``path``'s Model on ``variant``, every launch and torch op recorded, in the candidate worker."""
+        from xeforge.analysis.trace import Trace, TraceError
+
+        code = self.code(path)
+        slot = self._ensure_loaded(code, variant)
+        key = (code.hash, variant.name, None, 0)
+        timeout = self.settings.compile_timeout_s if key in self._first else self.settings.run_timeout_s
+        self._first.discard(key)
+        reply = self.worker.request("trace", timeout, slot=slot,
+                                    plan=[tp.wire() for tp in plan_inputs(self.problem, variant)], seed=0,
+                                    distribution="normal")
+        try:
+            return Trace.from_json(variant.name, reply.get("trace"))
+        except TraceError as exc:
+            raise WorkerFailure("protocol", str(exc)) from None
 
     # ------------------------------------------------------------------------------------------ oracle
     def _oracle_name(self) -> str:
         return "float64 PyTorch reference" if self.problem.has_reference else "starting kernel (no reference.py)"
 
-    def _model_module(self):
-        if self.problem.has_reference:
-            return _import_file(self.problem.reference_path, f"xeforge_reference_{self.problem.name}")
-        return _import_file(self.problem.kernel_path, f"xeforge_start_{self.problem.name}")
+    def _oracle_where(self) -> str:
+        return str(self.problem.reference_path or self.problem.kernel_path)
 
-    def _reference_model(self, variant: Variant):
-        """The reference Model for ``variant`` with weights rounded to the variant dtype (cached)."""
-        import torch
+    def _oracle_request(self, op: str, first: bool, **payload: Any) -> dict:
+        """A request to the oracle worker; a failure there is the problem's (its reference), never the candidate's."""
+        timeout = self.settings.compile_timeout_s if first else self.settings.run_timeout_s
+        try:
+            return self.oracle_worker.request(op, timeout, **payload)
+        except WorkerFailure as exc:
+            what = {"timeout": f"did not finish within {timeout:g} s (XEFORGE_COMPILE_TIMEOUT / XEFORGE_RUN_TIMEOUT)",
+                    "crash": f"crashed its worker: {exc.detail}", "exception": f"raised {exc.detail}",
+                    "start": f"could not start its worker: {exc.detail}",
+                    "protocol": f"gave a malformed reply: {exc.detail}"}[exc.kind]
+            step = "building Model(*inits)" if op == "reference" else "running forward"
+            raise ProblemError(self._oracle_where() + (f" ({exc.where})" if exc.where else ""),
+                               f"the oracle ({self._oracle_name()}), {step}, {what}",
+                               "make the reference run on the spec's inputs (and 'inits' match Model.__init__)") from None
 
-        if variant.name not in self._ref_models:
-            module = self._model_module()
-            if not hasattr(module, "Model"):
-                raise ProblemError(str(self.problem.reference_path or self.problem.kernel_path),
-                                   "defines no class Model", "define class Model(torch.nn.Module)")
-            torch.manual_seed(self.weight_seed)
-            try:
-                model = module.Model(*self.problem.init_args(variant))
-            except Exception as exc:  # user code: report with the fix instead of a traceback
-                raise ProblemError(str(self.problem.reference_path or self.problem.kernel_path),
-                                   f"Model(*inits) failed for variant {variant.name}: {type(exc).__name__}: {exc}",
-                                   "make 'inits' in spec.yaml match Model.__init__'s arguments") from None
-            if variant.dtype:
-                model = model.to(dtype=getattr(torch, variant.dtype))
-            model.eval()
-            self._ref_models[variant.name] = model
-        return self._ref_models[variant.name]
+    def _reference(self, variant: Variant) -> tuple[Path | None, list[str] | None]:
+        """Build the oracle's Model for ``variant`` in the oracle worker: (its weights file, the output dtypes)."""
+        got = self._refs.get(variant.name)
+        if got is not None and got[0] == self.oracle_worker.generation and self.oracle_worker.alive():
+            return got[1], got[2]
+        self.worker.spawn()  # the candidate worker starts while the oracle builds the reference
+        weights = self.oracle_worker.workdir / "weights" / f"{variant.name}-{self.weight_seed}.safetensors"
+        weights.parent.mkdir(parents=True, exist_ok=True)
+        code = self.problem.oracle_code
+        reply = self._oracle_request("reference", True, slot=f"ref@{variant.name}", source=code.text,
+                                     filename=code.filename, init_args=self.problem.init_args(variant),
+                                     seed=self.weight_seed, dtype=variant.dtype, weights_out=str(weights))
+        path = weights if reply.get("weights") else None
+        self._refs[variant.name] = (self.oracle_worker.generation, path, None)
+        self._weight_order[variant.name] = [str(k) for k in reply.get("params", {})]
+        return path, None
 
     def _weights_file(self, variant: Variant) -> Path | None:
-        import torch
-
-        if variant.name not in self._weights:
-            state = self._reference_model(variant).state_dict()
-            if not state:
-                self._weights[variant.name] = None
-            else:
-                path = self.workdir / "weights" / f"{variant.name}-{self.weight_seed}.pt"
-                path.parent.mkdir(parents=True, exist_ok=True)
-                torch.save({k: v.detach().cpu() for k, v in state.items()}, path)
-                self._weights[variant.name] = path
-        return self._weights[variant.name]
+        return self._reference(variant)[0]
 
     def oracle(self, variant: Variant, seed: int, dist: str) -> tuple[list, list]:
         """Expected outputs (float64, on the oracle device) and the dtypes the kernel must return, for these inputs."""
         import torch
 
-        plan = plan_inputs(self.problem, variant)
+        self._reference(variant)
+        gen, weights, dtypes = self._refs[variant.name]
+        out_file = self._io_file(self.oracle_worker, "oracle")
+        try:
+            reply = self._oracle_request("oracle", dtypes is None, slot=f"ref@{variant.name}",
+                                         plan=[tp.wire() for tp in plan_inputs(self.problem, variant)], seed=seed,
+                                         distribution=dist, out_file=str(out_file),
+                                         float64=self.problem.has_reference, compute_device=self._oracle_device)
+            outs = wire.load_tensors(out_file, self._max_file_bytes())
+        except wire.TensorFileError as exc:
+            raise ProblemError(self._oracle_where(), f"the oracle's outputs could not be read: {exc}",
+                               "make the reference's forward return tensors") from None
+        finally:
+            out_file.unlink(missing_ok=True)
+        names = [str(d) for d in reply.get("dtypes", [])]
+        self._refs[variant.name] = (gen, weights, names)
+        refs = [outs[f"out.{i}"] for i in range(len(names)) if f"out.{i}" in outs]
+        if len(refs) != len(names):
+            raise ProblemError(self._oracle_where(), "the oracle's forward returned something other than tensors",
+                               "return a tensor (or a tuple of tensors) from the reference's forward")
         dev = self._oracle_device
-        if not self.problem.has_reference:
-            outs, _ = self._run(self.problem.kernel_path, variant, seed, dist, rerun=False)
-            return ([o.to(dev, torch.float64) if o.dtype.is_floating_point else o.to(dev) for o in outs],
-                    [o.dtype for o in outs])
-        inputs = generate_inputs(plan, seed, dist, self.device.kind)
-        with torch.no_grad():
-            if variant.name not in self._oracle_models:
-                # the output dtypes come from one run of the reference in the variant's dtype; the float64 copy
-                # (weights rounded to that dtype, then cast up) stays on the oracle device for every later round
-                model = self._reference_model(variant)
-                low = model.to(dev)(*[x.to(dev) for x in inputs])
-                lows = list(low) if isinstance(low, (tuple, list)) else [low]
-                self._oracle_models[variant.name] = (_double_copy(model).to(dev), [o.dtype for o in lows])
-                model.to("cpu")
-                del low, lows
-            m64, dtypes = self._oracle_models[variant.name]
-            prev = torch.backends.cuda.matmul.allow_tf32 if dev == "cuda" else None
-            if dev == "cuda":
-                torch.backends.cuda.matmul.allow_tf32 = False
-                torch.backends.cudnn.allow_tf32 = False
-            try:
-                x64 = [x.to(dev).to(torch.float64) if x.dtype.is_floating_point else x.to(dev) for x in inputs]
-                ref = m64(*x64)
-            finally:
-                if dev == "cuda":
-                    torch.backends.cuda.matmul.allow_tf32 = prev
-            refs = list(ref) if isinstance(ref, (tuple, list)) else [ref]
-        return [r.detach() for r in refs], dtypes
+        refs = [r.to(dev, torch.float64) if r.dtype.is_floating_point else r.to(dev) for r in refs]
+        return refs, [getattr(torch, n) for n in names]
 
     # ------------------------------------------------------------------------------------------ gate 3
-    def performance(self, inc_path: Path, cand_path: Path) -> GateResult:
+    def performance(self, inc: Path | Code, cand: Path | Code) -> GateResult:
         if not self.device.can_time:
             return GateResult(GATES[3], "skipped", "not timed: the CPU interpreter measures nothing about GPU speed "
                               "(correctness only)", {"reason": "interpreter"})
+        inc, cand = self.code(inc), self.code(cand)
         variant = self.problem.timing_variant(self.device.kind)
         try:
-            margin, aa = self.margin_for(inc_path, variant)
-            times = self._time([inc_path, cand_path], variant)
+            margin, aa = self.margin_for(inc, variant)
+            times = self._time([inc, cand], variant)
         except WorkerFailure as exc:
             return GateResult(GATES[3], "fail", f"timing failed: {exc}", {"phase": "isolation", "kind": exc.kind})
         inc_t, cand_t = times
@@ -387,66 +463,58 @@ class Verifier:
                 f"rotated inputs, interleaved A/B, {self.settings.timed_pairs} pairs after "
                 f"{self.settings.warmup_calls} warm-ups; median and IQR")
 
-    def margin_for(self, inc_path: Path, variant: Variant) -> tuple[float, dict]:
+    def margin_for(self, inc: Path | Code, variant: Variant) -> tuple[float, dict]:
         """The A/A noise margin of the incumbent against itself (cached per incumbent source)."""
-        key = Path(inc_path).read_text()
-        if key not in self._margins:
-            a, b = self._time([inc_path, inc_path], variant, aa=True)
+        inc = self.code(inc)
+        if inc.hash not in self._margins:
+            a, b = self._time([inc, inc], variant)
             ratios = paired_ratios(a, b)
             margin = noise_margin(a, b, self.settings.min_noise_margin)
             d = decide(a, b, 0.0, None, self.settings.speedup_flag)
-            self._margins[key] = (margin, {"aa_speedup": d.speedup, "aa_ratios_median": sorted(ratios)[len(ratios) // 2],
-                                           "margin": margin})
-        return self._margins[key]
+            self._margins[inc.hash] = (margin, {"aa_speedup": d.speedup,
+                                                "aa_ratios_median": sorted(ratios)[len(ratios) // 2], "margin": margin})
+        return self._margins[inc.hash]
 
-    def aa_test(self, path: Path) -> dict:
+    def aa_test(self, path: Path | Code) -> dict:
         """Time a kernel against itself; the result must never count as a win."""
         variant = self.problem.timing_variant(self.device.kind)
-        a, b = self._time([path, path], variant, aa=True)
+        code = self.code(path)
+        a, b = self._time([code, code], variant)
         margin = noise_margin(a, b, self.settings.min_noise_margin)
         d = decide(a, b, margin, None, self.settings.speedup_flag)
         return {"speedup": d.speedup, "margin": margin, "accepted": d.accepted, "a": d.incumbent.as_dict(),
                 "b": d.candidate.as_dict(), "a_ms": a, "b_ms": b}
 
-    def _time(self, paths: list[Path], variant: Variant, aa: bool = False) -> list[list[float]]:
-        entries: list[tuple[Path, str | None]] = []
-        for i, p in enumerate(paths):
-            if (aa and i == 1) or (i == 1 and Path(p).resolve() == Path(paths[0]).resolve()):
-                p = self.aa_alias(Path(p))
-            entries.append((Path(p), None))
-        return self.time_entries(entries, variant)
+    def _time(self, codes: list[Code], variant: Variant) -> list[list[float]]:
+        return self.time_entries([(c, None) for c in codes], variant)
 
-    def aa_alias(self, path: Path) -> Path:
-        """A second file with ``path``'s source, for an independent load of it (A/A measures two identical slots).
-
-        Named by the source's hash: the worker keeps a loaded module per path, so an alias named after the file
-        (every trial's ``candidate.py``) would time an earlier incumbent's module against the new one.
-        """
-        text = Path(path).read_text()
-        alias = self.workdir / "io" / f"aa-{source_hash(text)}.py"
-        if not alias.exists():
-            alias.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(alias, text)
-        return alias
-
-    def time_entries(self, entries: list[tuple[Path, str | None]], variant: Variant,
+    def time_entries(self, entries: list[tuple[Path | Code, str | None]], variant: Variant,
                      pairs: int | None = None) -> list[list[float]]:
         """Time several Models interleaved in one worker with the gate-3 method (events, L2 flush, rotation).
 
-        Each entry is (a file defining ``Model`` — a kernel file or a plain-PyTorch reference —, a
-        ``torch.compile`` mode or None). Used by ``xeforge bench`` for start / final / eager / torch.compile.
+        Each entry is (a file defining ``Model`` — a kernel file or a plain-PyTorch reference — or its Code, a
+        ``torch.compile`` mode or None). The same source twice is loaded twice (independent slots: an A/A run).
+        Used by ``xeforge bench`` for start / final / eager / torch.compile.
         """
-        slots = []
+        slots, seen = [], {}
         for path, mode in entries:
-            p = Path(path).resolve()
-            slots.append(self._ensure_loaded(p, variant, mode))
-            self._slots.pop((str(p), variant.name, "first"), None)
+            code = self.code(path)
+            alias = seen.get((code.hash, mode), 0)
+            seen[(code.hash, mode)] = alias + 1
+            slots.append(self._ensure_loaded(code, variant, mode, alias))
+            self._first.discard((code.hash, variant.name, mode, alias))
         reply = self.worker.request("time", self.settings.compile_timeout_s + self.settings.run_timeout_s, slots=slots,
-                                    plan=plan_inputs(self.problem, variant), seed=secrets.randbits(62),
-                                    pairs=pairs or self.settings.timed_pairs, warmup=self.settings.warmup_calls,
-                                    l2_bytes=self.device.l2_bytes, budget_bytes=self._rotation_budget())
+                                    plan=[tp.wire() for tp in plan_inputs(self.problem, variant)],
+                                    seed=secrets.randbits(62), pairs=pairs or self.settings.timed_pairs,
+                                    warmup=self.settings.warmup_calls, l2_bytes=self.device.l2_bytes,
+                                    budget_bytes=self._rotation_budget())
         self.last_timing = {k: reply.get(k) for k in ("host_ms_max", "flush_ms", "delay_flushes")}
-        return [reply["times_ms"][s] for s in slots]
+        times = reply.get("times_ms")
+        try:
+            out = [[float(t) for t in times[s]] for s in slots]
+        except (TypeError, KeyError, ValueError):
+            raise WorkerFailure("protocol", "the timing reply did not hold a list of times for every slot") from None
+        return out
 
     def _rotation_budget(self) -> int | None:
         if self.device.total_memory_bytes:
@@ -482,24 +550,18 @@ class Verifier:
         timing = self.problem.timing_variant(self.device.kind)
         variants = [timing] + [v for v, _ in self.correctness_variants() if v.name != timing.name]
         jobs = jobs or max(1, min(len(sources), (os.cpu_count() or 2) // 2, 8))
-        folder = self.workdir / "io" / "prewarm"
-        folder.mkdir(parents=True, exist_ok=True)
-        paths = []
-        for src in sources:
-            path = folder / f"c{source_hash_of(src)}.py"
-            path.write_text(src)
-            paths.append(path)
-        setups = [(v, self._weights_file(v), plan_inputs(self.problem, v)) for v in variants]
+        setups = [(v, self._weights_file(v), [tp.wire() for tp in plan_inputs(self.problem, v)]) for v in variants]
 
-        def one(path: Path) -> bool:
-            w = Worker(self.device.kind, self.workdir, self.workdir / "prewarm.log")
+        def one(i_src: tuple[int, str]) -> bool:
+            i, src = i_src
+            w = self._candidate_worker(self.workdir / "prewarm" / f"w{i}", self.workdir / "prewarm.log")
             try:
-                for i, (variant, weights, plan) in enumerate(setups):
-                    w.request("load", self.settings.compile_timeout_s, slot=f"p{i}", path=str(path),
-                              init_args=self.problem.init_args(variant),
+                for k, (variant, weights, plan) in enumerate(setups):
+                    w.request("load", self.settings.compile_timeout_s, slot=f"p{k}", source=src,
+                              filename=f"c{source_hash(src)}.py", init_args=self.problem.init_args(variant),
                               weights_file=str(weights) if weights else None, dtype=variant.dtype)
-                    out = self.workdir / "io" / f"prewarm-{path.stem}-{i}.pt"
-                    w.request("run", self.settings.compile_timeout_s, slot=f"p{i}", plan=plan, seed=0,
+                    out = w.workdir / f"prewarm-{k}.safetensors"
+                    w.request("run", self.settings.compile_timeout_s, slot=f"p{k}", plan=plan, seed=0,
                               distribution="normal", out_file=str(out), rerun=False)
                     out.unlink(missing_ok=True)
                 return True
@@ -509,25 +571,11 @@ class Verifier:
                 w.close()
 
         with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-            return sum(pool.map(one, paths))
+            return sum(pool.map(one, enumerate(sources)))
 
     # ------------------------------------------------------------------------------------------ final
     def restart_worker(self) -> None:
-        """Start from scratch: a fresh worker and no cached slots (used by the final gate)."""
+        """Start from scratch: a fresh candidate worker and no cached slots (used by the final gate)."""
         self.worker.close()
         self._slots.clear()
-
-
-def source_hash_of(text: str) -> str:
-    from xeforge.problem import source_hash
-
-    return source_hash(text)
-
-
-def _double_copy(model):
-    import copy
-
-    import torch
-
-    m = copy.deepcopy(model)
-    return m.to(dtype=torch.float64)
+        self._first.clear()

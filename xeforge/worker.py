@@ -1,41 +1,32 @@
-"""The worker process (gate 0): loads candidate kernels and runs or times them, isolated from the pipeline.
+"""The worker process (gate 0): loads kernels and runs or times them, isolated from the pipeline.
 
 Owns: the child side of the worker protocol. Started by :mod:`xeforge.isolation` as
-``python -m xeforge.worker --device KIND`` with a scrubbed environment and the run folder as its working
-directory. Requests and replies are length-prefixed pickles on the original stdout/stdin; the candidate's
-own prints go to stderr (the worker log). Tensors travel through ``.pt`` files in the run folder. The worker
-never receives expected outputs: it returns what the candidate produced, and facts only it can observe
-(input mutation, aliasing, out-of-bounds writes into canary padding, rerun bit-stability, output type).
+``python -m xeforge.worker --device KIND`` with a scrubbed environment and its own folder as working directory.
+Requests and replies are length-prefixed JSON (:mod:`xeforge.wire`) on the original stdout/stdin; the code's own
+prints go to stderr (the worker log). Code arrives as source text and is written to the worker's own ``src/``
+folder before it is imported: the worker never imports a file the parent names. Tensors travel as safetensors
+files. Two roles, each its own process: a candidate worker (``load``, ``run``, ``time``) and an oracle worker
+(``reference``, ``oracle``, and the problem facts ``param_shapes`` / ``kernelbench``) that runs the user's
+reference; a candidate never shares a process with the oracle. A candidate worker never receives expected
+outputs: it returns what the candidate produced, a rerun of it, and the input buffers after the call, and the
+parent decides from those (mutation, out-of-bounds writes into canary padding, bit stability).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
-import pickle
-import struct
+import re
 import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-_CANARY = 64  # elements of NaN (or sentinel) padding on each side of every input
+from xeforge import wire
+from xeforge.integrity import CANARY, canary_value, same_bits
 
-
-def _send(stream, obj: Any) -> None:
-    data = pickle.dumps(obj)
-    stream.write(struct.pack("<Q", len(data)))
-    stream.write(data)
-    stream.flush()
-
-
-def _recv(stream) -> Any:
-    head = stream.read(8)
-    if len(head) < 8:
-        return None
-    (n,) = struct.unpack("<Q", head)
-    return pickle.loads(stream.read(n))
 
 
 def _die_with_parent() -> None:
@@ -47,6 +38,10 @@ def _die_with_parent() -> None:
             ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         except OSError:
             pass
+
+
+def _outputs(out) -> list:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
 class WorkerState:
@@ -61,6 +56,26 @@ class WorkerState:
         self.models: dict[str, Any] = {}
         self.counter = 0
         self._flush_ms_by_size: dict[int | None, float] = {}  # one L2-flush write's device time, measured once
+        self._oracles: dict[str, tuple[Any, list[str]]] = {}  # slot -> (the float64 copy, the output dtypes)
+        self.pinned: set[str] = set()  # @triton.autotune kernels run at their first config (interpreter)
+        if device == "cpu":
+            self._pin_autotune()
+
+    def _pin_autotune(self) -> None:
+        """On the interpreter, an ``@triton.autotune`` kernel with several configs runs its first (pruned) one.
+
+        Triton's autotuner benchmarks configs with a GPU timer, which the interpreter lacks; every config is a
+        legal launch of the same kernel, so correctness is checked at the first, and the verdict says so.
+        """
+        from triton.runtime import autotuner
+
+        state = self
+
+        def first_config(tuner, *args, config=None, **kwargs):
+            state.pinned.add(getattr(getattr(tuner, "base_fn", None), "__name__", "?"))
+            return [0.0, 0.0, 0.0]  # equal times: the autotuner keeps the first config it was given
+
+        autotuner.Autotuner._bench = first_config
 
     def healthy(self) -> bool:
         """Whether the device still runs a trivial op (False after a sticky fault of a candidate's kernel)."""
@@ -74,21 +89,41 @@ class WorkerState:
             return False
 
     # -- loading ---------------------------------------------------------------------------------
-    def load(self, slot: str, path: str, init_args: list, weights_file: str | None, dtype: str | None,
-             compile_mode: str | None = None) -> dict:
-        torch = self.torch
+    def _module(self, source: str, filename: str, need_model: bool = True):
+        """Import ``source`` from a file of the worker's own (Triton's JIT reads kernels back from their file)."""
         self.counter += 1
-        name = f"xeforge_candidate_{self.counter}_{Path(path).stem}"
+        stem = re.sub(r"[^A-Za-z0-9_]", "_", Path(filename).stem)[:60] or "code"
+        folder = Path("src")
+        folder.mkdir(exist_ok=True)
+        path = (folder / f"{self.counter:04d}_{stem}.py").resolve()
+        path.write_text(source)
+        name = f"xeforge_code_{self.counter}_{stem}"
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
-        if not hasattr(module, "Model"):
-            raise LookupError(f"{path} defines no class Model")
+        if need_model and not hasattr(module, "Model"):
+            raise LookupError(f"{filename} defines no class Model")
+        return module
+
+    def load(self, slot: str, source: str, filename: str, init_args: list, weights_file: str | None,
+             dtype: str | None, compile_mode: str | None = None, weight_order: list | None = None) -> dict:
+        torch = self.torch
+        module = self._module(source, filename)
         torch.manual_seed(0)
         model = module.Model(*init_args)
+        renamed: dict[str, str] = {}
         if weights_file:
-            state = torch.load(weights_file, map_location="cpu", weights_only=True)
+            from safetensors.torch import load_file
+
+            state = load_file(weights_file)
+            own = model.state_dict()
+            if set(state) != set(own) and weight_order and set(weight_order) == set(state) and len(own) == len(state) \
+                    and all(state[a].shape == b.shape for a, b in zip(weight_order, own.values())):
+                # the kernel names its parameters differently (self.weight for the reference's fc.weight): the
+                # reference's, in its order, onto the kernel's, in its order — a wrong pairing fails gate 2
+                renamed = dict(zip(weight_order, own))
+                state = {renamed[k]: v for k, v in state.items()}
             model.load_state_dict(state, strict=True)
         if dtype:
             model = model.to(dtype=getattr(torch, dtype))
@@ -97,84 +132,180 @@ class WorkerState:
         if compile_mode:
             model = torch.compile(model, mode=None if compile_mode == "default" else compile_mode)
         self.models[slot] = model
-        return {"ok": True}
+        return {"ok": True, "weights_by_position": renamed}
 
     # -- running ---------------------------------------------------------------------------------
     def _padded(self, t):
         """A copy of ``t`` placed in the middle of a buffer whose padding is NaN (floats) or a sentinel."""
         torch = self.torch
         flat = t.reshape(-1)
-        buf = torch.empty(flat.numel() + 2 * _CANARY, dtype=t.dtype, device=t.device)
-        if t.dtype.is_floating_point:
-            buf.fill_(float("nan"))
-        elif t.dtype == torch.bool:
-            buf.fill_(True)
-        else:
-            buf.fill_(torch.iinfo(t.dtype).max if t.dtype != torch.int64 else 2**62)
-        buf[_CANARY:_CANARY + flat.numel()] = flat
-        return buf, buf[_CANARY:_CANARY + flat.numel()].view(t.shape)
+        buf = torch.empty(flat.numel() + 2 * CANARY, dtype=t.dtype, device=t.device)
+        buf.fill_(canary_value(torch, t.dtype))
+        buf[CANARY:CANARY + flat.numel()] = flat
+        return buf, buf[CANARY:CANARY + flat.numel()].view(t.shape)
 
     def run(self, slot: str, plan: list, seed: int, distribution: str, out_file: str, rerun: bool) -> dict:
-        from xeforge.problem import generate_inputs
+        """Call the model once (twice with ``rerun``) and write what it returned and its input buffers after it.
+
+        ``out_file`` holds ``out.i`` (the outputs), ``rerun.i`` (a second call on pristine copies of the same
+        inputs) and ``input.j`` (each input's padded buffer after the first call); the parent decides mutation,
+        canaries and bit stability from them. The facts only this process can see (output types, pointer
+        aliasing, weights changed) come back in the reply.
+        """
+        from xeforge.problem import TensorPlan, generate_inputs
 
         torch = self.torch
         model = self.models[slot]
+        plan = [TensorPlan.from_wire(d) for d in plan]
         inputs = generate_inputs(plan, seed, distribution, self.device)
         padded = [self._padded(x) for x in inputs]
         args = [view for _, view in padded]
-        before = [x.clone() for x in inputs]
         weights_before = {k: v.detach().clone() for k, v in model.state_dict().items()}
         with torch.no_grad():
             out = model(*args)
         self.rt.synchronize()
-        facts: dict[str, Any] = {"ok": True}
-        outs = list(out) if isinstance(out, (tuple, list)) else [out]
-        facts["container"] = type(out).__name__
-        facts["types"] = [type(o).__module__ + "." + type(o).__qualname__ for o in outs]
-        facts["exact_tensor"] = [type(o) is torch.Tensor for o in outs]
-        ranges = []
-        for buf, view in padded:
-            start = view.data_ptr()
-            ranges.append((buf.data_ptr(), buf.data_ptr() + buf.numel() * buf.element_size(), start))
+        outs = _outputs(out)
+        facts: dict[str, Any] = {"ok": True, "container": type(out).__name__, "n_outputs": len(outs),
+                                 "types": [type(o).__module__ + "." + type(o).__qualname__ for o in outs],
+                                 "exact_tensor": [type(o) is torch.Tensor for o in outs]}
+        ranges = [(buf.data_ptr(), buf.data_ptr() + buf.numel() * buf.element_size()) for buf, _ in padded]
         alias = []
         for o in outs:
-            if type(o) is not torch.Tensor or o.numel() == 0:
+            if not isinstance(o, torch.Tensor) or o.numel() == 0:
                 alias.append(False)
                 continue
             lo = o.data_ptr()
             hi = lo + o.numel() * o.element_size()
-            alias.append(any(lo < r_hi and r_lo < hi for r_lo, r_hi, _ in ranges))
+            alias.append(any(lo < r_hi and r_lo < hi for r_lo, r_hi in ranges))
         facts["aliases_input"] = alias
-        facts["inputs_mutated"] = [
-            plan[i].name for i, (x, b) in enumerate(zip(args, before)) if not _same_bits(torch, x, b)
-        ]
-        facts["canary_overwritten"] = [
-            plan[i].name for i, (buf, view) in enumerate(padded) if not _canary_intact(torch, buf, view)
-        ]
+        if self.pinned:
+            facts["autotune_pinned"] = sorted(self.pinned)
         after = model.state_dict()
-        facts["weights_mutated"] = [k for k, v in weights_before.items() if not _same_bits(torch, after[k], v)]
+        facts["weights_mutated"] = [k for k, v in weights_before.items() if not same_bits(after[k], v)]
+        tensors = {f"out.{i}": o for i, o in enumerate(outs) if isinstance(o, torch.Tensor)}
+        tensors.update({f"input.{j}": buf for j, (buf, _) in enumerate(padded)})
         if rerun:
-            # rerun on pristine copies of the same inputs: the result must be bit-identical
-            args2 = [self._padded(b)[1] for b in before]
+            fresh = generate_inputs(plan, seed, distribution, self.device)
             with torch.no_grad():
-                out2 = model(*args2)
+                out2 = model(*[self._padded(x)[1] for x in fresh])
             self.rt.synchronize()
-            outs2 = list(out2) if isinstance(out2, (tuple, list)) else [out2]
-            facts["bit_stable"] = len(outs2) == len(outs) and all(
-                type(a) is torch.Tensor and type(b) is torch.Tensor and _same_bits(torch, a, b)
-                for a, b in zip(outs, outs2))
-        cpu_outs = [o.detach().to("cpu").clone() if isinstance(o, torch.Tensor) else o for o in outs]
-        torch.save([o if isinstance(o, torch.Tensor) else None for o in cpu_outs], out_file)
+            outs2 = _outputs(out2)
+            facts["n_rerun_outputs"] = len(outs2)
+            tensors.update({f"rerun.{i}": o for i, o in enumerate(outs2) if isinstance(o, torch.Tensor)})
+        wire.save_tensors(out_file, tensors)
         return facts
+
+    def trace(self, slot: str, plan: list, seed: int, distribution: str) -> dict:
+        """One call of the model with every launch and torch op recorded (:mod:`xeforge.analysis.trace`)."""
+        from xeforge.analysis.trace import record
+        from xeforge.problem import TensorPlan, generate_inputs
+
+        inputs = generate_inputs([TensorPlan.from_wire(d) for d in plan], seed, distribution, self.device)
+        data = record(self.models[slot], inputs, self.torch, "src")
+        self.rt.synchronize()
+        return {"ok": True, "trace": data, "autotune_pinned": sorted(self.pinned)}
+
+    # -- the oracle ------------------------------------------------------------------------------
+    def reference(self, slot: str, source: str, filename: str, init_args: list, seed: int, dtype: str | None,
+                  weights_out: str) -> dict:
+        """Build the oracle's Model with ``seed`` in the variant dtype; its weights go to ``weights_out``."""
+        torch = self.torch
+        module = self._module(source, filename)
+        torch.manual_seed(seed)
+        model = module.Model(*init_args)
+        if dtype:
+            model = model.to(dtype=getattr(torch, dtype))
+        model.eval()
+        state = {k: v for k, v in model.state_dict().items()}
+        if state:
+            wire.save_tensors(weights_out, state)
+        self.models[slot] = model
+        self._oracles.pop(slot, None)
+        return {"ok": True, "weights": bool(state),
+                "params": {k: [list(v.shape), str(v.dtype).removeprefix("torch.")] for k, v in state.items()}}
+
+    def oracle(self, slot: str, plan: list, seed: int, distribution: str, out_file: str, float64: bool,
+               compute_device: str | None = None) -> dict:
+        """Expected outputs for these inputs: the reference in float64 (``float64``), or the model as built.
+
+        The output dtypes the kernel must return come from one run in the variant dtype; the float64 copy (weights
+        rounded to that dtype, then cast up, TF32 off) stays on the device for every later call.
+        """
+        import copy
+
+        from xeforge.problem import TensorPlan, generate_inputs
+
+        torch = self.torch
+        plan = [TensorPlan.from_wire(d) for d in plan]
+        inputs = generate_inputs(plan, seed, distribution, self.device)
+        model = self.models[slot]
+        with torch.no_grad():
+            if not float64:
+                outs = _outputs(model.to(self.device)(*inputs))
+                self.rt.synchronize()
+                wire.save_tensors(out_file, {f"out.{i}": o for i, o in enumerate(outs)})
+                return {"ok": True, "dtypes": [str(o.dtype).removeprefix("torch.") for o in outs]}
+            if slot not in self._oracles:
+                low = _outputs(model.to(self.device)(*inputs))
+                dtypes = [str(o.dtype).removeprefix("torch.") for o in low]
+                del low
+                self._oracles[slot] = (copy.deepcopy(model).to(compute_device or self.device, torch.float64), dtypes)
+                model.to("cpu")
+            m64, dtypes = self._oracles[slot]
+            inputs = [x.to(compute_device or self.device) for x in inputs]  # drawn on the device, like the candidate's
+            cuda = (compute_device or self.device) == "cuda"
+            prev = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) if cuda else None
+            if cuda:
+                torch.backends.cuda.matmul.allow_tf32 = False
+                torch.backends.cudnn.allow_tf32 = False
+            try:
+                x64 = [x.to(torch.float64) if x.dtype.is_floating_point else x for x in inputs]
+                refs = _outputs(m64(*x64))
+                self.rt.synchronize()
+            finally:
+                if cuda:
+                    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = prev
+        bad = [i for i, r in enumerate(refs) if not isinstance(r, torch.Tensor)]
+        if bad:
+            raise TypeError(f"the reference's forward returned {type(refs[bad[0]]).__name__} at output {bad[0]}, "
+                            "not a tensor")
+        wire.save_tensors(out_file, {f"out.{i}": r for i, r in enumerate(refs)})
+        return {"ok": True, "dtypes": dtypes}
+
+    # -- problem facts ---------------------------------------------------------------------------
+    def param_shapes(self, source: str, filename: str, init_args: list) -> dict:
+        """Shapes of the Model's parameters and buffers, built on the meta device (nothing is allocated)."""
+        torch = self.torch
+        module = self._module(source, filename)
+        with torch.device("meta"):
+            model = module.Model(*init_args)
+        return {"ok": True, "shapes": {k: list(v.shape) for k, v in model.state_dict().items()}}
+
+    def kernelbench(self, source: str, filename: str) -> dict:
+        """KernelBench's ``get_inputs()`` / ``get_init_inputs()``: input shapes and dtypes, init values as JSON."""
+        torch = self.torch
+        module = self._module(source, filename, need_model=False)
+        tensors = list(module.get_inputs())
+        init = list(module.get_init_inputs()) if hasattr(module, "get_init_inputs") else []
+        inputs = []
+        for i, t in enumerate(tensors):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"get_inputs()[{i}] is a {type(t).__name__}, not a tensor")
+            inputs.append([list(t.shape), str(t.dtype).removeprefix("torch.")])
+        try:
+            json.dumps(init, allow_nan=False)
+        except (TypeError, ValueError):
+            raise TypeError("get_init_inputs() returned values that are not plain numbers, strings or lists") from None
+        return {"ok": True, "inputs": inputs, "init": init}
 
     # -- timing ----------------------------------------------------------------------------------
     def time(self, slots: list[str], plan: list, seed: int, pairs: int, warmup: int, l2_bytes: int | None,
              budget_bytes: int | None) -> dict:
-        from xeforge.problem import generate_inputs
+        from xeforge.problem import TensorPlan, generate_inputs
         from xeforge.timing import delay_flushes
 
         torch = self.torch
-        base = generate_inputs(plan, seed, "normal", self.device)
+        base = generate_inputs([TensorPlan.from_wire(d) for d in plan], seed, "normal", self.device)
         set_bytes = sum(x.numel() * x.element_size() for x in base) or 1
         calls = pairs * len(slots)
         n_sets = calls
@@ -232,57 +363,43 @@ class WorkerState:
         return self._flush_ms_by_size[l2_bytes]
 
 
-def _same_bits(torch, a, b) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if a.dtype.is_floating_point:
-        return bool(torch.equal(a.view(-1).view(_int_view(torch, a.dtype)), b.view(-1).view(_int_view(torch, b.dtype))))
-    return bool(torch.equal(a, b))
-
-
-def _int_view(torch, dtype):
-    return {2: torch.int16, 4: torch.int32, 8: torch.int64}[torch.empty(0, dtype=dtype).element_size()]
-
-
-def _canary_intact(torch, buf, view) -> bool:
-    n = view.numel()
-    pads = torch.cat([buf[:_CANARY], buf[_CANARY + n:]])
-    if buf.dtype.is_floating_point:
-        return bool(torch.isnan(pads).all())
-    if buf.dtype == torch.bool:
-        return bool(pads.all())
-    sentinel = torch.iinfo(buf.dtype).max if buf.dtype != torch.int64 else 2**62
-    return bool((pads == sentinel).all())
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     device = argv[argv.index("--device") + 1] if "--device" in argv else "cpu"
     _die_with_parent()
     proto_out = os.fdopen(os.dup(1), "wb")
     proto_in = os.fdopen(os.dup(0), "rb")
-    os.dup2(2, 1)  # the candidate's prints go to the worker log, never into the protocol
+    os.dup2(2, 1)  # the code's prints go to the worker log, never into the protocol
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     try:
         state = WorkerState(device)
     except Exception as exc:  # report start-up failure to the parent instead of dying silently
-        _send(proto_out, {"ok": False, "error": type(exc).__name__, "message": str(exc), "where": "start"})
+        wire.write_message(proto_out, {"ok": False, "error": type(exc).__name__, "message": str(exc)[:2000],
+                                       "where": "start"})
         return 1
-    _send(proto_out, {"ok": True, "ready": True, "pid": os.getpid()})
+    wire.write_message(proto_out, {"ok": True, "ready": True, "pid": os.getpid()})
     while True:
-        req = _recv(proto_in)
+        try:
+            req = wire.read_message(proto_in)
+        except wire.ProtocolError:
+            return 1
         if req is None or req.get("op") == "exit":
             return 0
         op = req.pop("op")
         try:
+            if op not in OPS:
+                raise LookupError(f"unknown request {op!r}")
             reply = getattr(state, op)(**req)
-        except BaseException as exc:  # noqa: BLE001 — anything the candidate raises is data for the verdict
+        except BaseException as exc:  # noqa: BLE001 — anything the code raises is data for the verdict
             reply = failure_reply(exc, state)
             if isinstance(exc, (KeyboardInterrupt, SystemExit)) or reply.get("poisoned"):
-                _send(proto_out, reply)
+                wire.write_message(proto_out, reply)
                 return 1
-        _send(proto_out, reply)
+        wire.write_message(proto_out, reply)
+
+
+OPS = frozenset({"load", "run", "time", "trace", "reference", "oracle", "param_shapes", "kernelbench"})
 
 
 def failure_reply(exc: BaseException, state: Any) -> dict:
@@ -293,7 +410,8 @@ def failure_reply(exc: BaseException, state: Any) -> dict:
     exits after replying, and the parent starts a fresh one for the next candidate.
     """
     tb = traceback.extract_tb(exc.__traceback__)
-    user = [f for f in tb if "xeforge" not in f.filename or "candidates" in f.filename]
+    code = str(Path("src").resolve()) + os.sep  # where the worker writes the code it imports
+    user = [f for f in tb if f.filename.startswith(code)]
     frame = (user or tb)[-1] if tb else None
     reply = {"ok": False, "error": type(exc).__name__, "message": str(exc)[:2000],
              "where": f"{Path(frame.filename).name}:{frame.lineno}" if frame else "",

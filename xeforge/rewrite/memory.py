@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import importlib.util
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -263,30 +261,21 @@ class HostEval:
         return None
 
 
-def _import_model(path: Path, tag: str):
-    spec = importlib.util.spec_from_file_location(f"xeforge_meta_{tag}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @functools.lru_cache(maxsize=32)
-def _parameter_shapes(path: str, init_args: tuple) -> dict[str, TensorVal]:
-    """Shapes of the Model's parameters and buffers, built on the meta device (nothing is allocated)."""
-    import torch
+def _parameter_shapes(source: str, filename: str, init_args: tuple) -> dict[str, TensorVal]:
+    """Shapes of the Model's parameters and buffers, built on the meta device in a worker (user code never runs
+    in this process)."""
+    from xeforge.isolation import facts_worker
 
-    module = _import_model(Path(path), f"{abs(hash((path, init_args)))}")
-    with torch.device("meta"):
-        model = module.Model(*init_args)
-    return {k: TensorVal.contiguous(tuple(v.shape)) for k, v in model.state_dict().items()}
+    reply = facts_worker().request("param_shapes", 120.0, source=source, filename=filename, init_args=list(init_args))
+    return {str(k): TensorVal.contiguous(tuple(int(d) for d in v)) for k, v in reply["shapes"].items()}
 
 
 def parameter_shapes(problem: Any, variant: Any) -> dict[str, TensorVal]:
-    path = problem.reference_path or problem.kernel_path
+    code = problem.oracle_code
     try:
         init = tuple(tuple(a) if isinstance(a, list) else a for a in problem.init_args(variant))
-        return dict(_parameter_shapes(str(path), init))
+        return dict(_parameter_shapes(code.text, code.filename, init))
     except Exception:  # user code that cannot be built on the meta device: parameter shapes stay unknown
         return {}
 

@@ -1,0 +1,90 @@
+"""The traced model of forward (xeforge/analysis/trace.py) on one problem written in five styles.
+
+tests/fixtures/styles/linear_relu/ holds relu(x @ W^T + b) as people write it: the launch in forward (direct), a
+module-level wrapper with module constants and a META grid, ``@triton.autotune`` with no block sizes at the
+launch, a ``torch.autograd.Function`` with a backward kernel forward never launches, and a launcher method with
+block sizes from instance attributes. The trace must see the same launch in every one: the kernel, its real
+argument dtypes and shapes, the constexprs as used, the grid, and how forward reaches it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import FIXTURES
+from xeforge.analysis.trace import Trace, TraceError
+from xeforge.devices import describe
+from xeforge.problem import load_problem
+from xeforge.settings import Settings
+from xeforge.verifier import Verifier
+
+STYLES = FIXTURES / "styles" / "linear_relu"
+# style -> (the frames from forward down to the launch, the constexprs the launch used)
+EXPECT = {
+    "direct": (["Model.forward"], {"BM": 16, "BN": 16, "BK": 32}),
+    "wrapper": (["Model.forward", "linear_relu"], {"BM": 16, "BN": 16, "BK": 32}),
+    "autotune": (["Model.forward"], {"BM": 16, "BN": 16, "BK": 32}),  # the first config, pinned on the interpreter
+    "autograd": (["Model.forward", "LinearReLUFunction.forward"], {"BM": 16, "BN": 16, "BK": 32}),
+    "launcher": (["Model.forward", "FusedLinear.launch"], {"BM": 16, "BN": 16, "BK": 32}),
+}
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    out = {}
+    for style in EXPECT:
+        p = load_problem(STYLES / f"{style}.py")
+        with Verifier(p, describe("cpu"), Settings(correctness_rounds=1), tmp_path_factory.mktemp(style)) as v:
+            out[style] = (v.trace(p.kernel_path, p.variant("ci")), v.verify(p.kernel_path))
+    return out
+
+
+@pytest.mark.parametrize("style", list(EXPECT))
+def test_every_style_shows_the_same_launch(traced, style):
+    trace, _ = traced[style]
+    frames, consts = EXPECT[style]
+    assert trace.kernels() == ["fc_relu"], trace.summary()  # relu_grad (backward only) never ran
+    (la,) = trace.launches
+    assert [f.function for f in la.stack] == frames, la.via()
+    assert {c: la.args[c].value for c in la.constexprs} == consts
+    assert la.grid == (2, 3), la.grid  # cdiv(24, 16), cdiv(48, 16): resolved from a tuple or a META lambda
+    x, w = la.args["x_ptr"], la.args["w_ptr"]
+    assert (x.kind, x.dtype, x.shape) == ("tensor", "float32", (24, 64))
+    assert (w.dtype, w.shape, w.strides) == ("float32", (48, 64), (64, 1))
+    assert trace.arg_dtypes("fc_relu", "x_ptr") == {"float32"}
+    # what forward returns is what the kernel wrote
+    assert trace.returns[0].storage == la.args["y_ptr"].storage
+
+
+def test_the_trace_names_the_construct_on_the_way(traced):
+    trace, _ = traced["autograd"]
+    assert "torch.autograd.Function.forward" in trace.launches[0].via()
+    wrapper, _ = traced["wrapper"]
+    assert wrapper.launches[0].site.function == "linear_relu"
+
+
+def test_autotune_records_its_configs_and_the_one_it_ran(traced):
+    trace, verdict = traced["autotune"]
+    tuned = trace.launches[0].autotune
+    assert len(tuned["configs"]) == 3 and tuned["chosen"]["kwargs"] == {"BM": 16, "BN": 16, "BK": 32}
+    assert tuned["key"] == ["M", "N", "K"]
+    assert "@triton.autotune ran config" in trace.summary()[0]
+
+
+@pytest.mark.parametrize("style", list(EXPECT))
+def test_every_style_verifies_on_the_interpreter(traced, style):
+    _, verdict = traced[style]
+    assert verdict.correct, verdict.feedback()
+
+
+def test_torch_ops_are_recorded_with_their_kind(traced):
+    trace, _ = traced["autograd"]
+    ops = {(o.op.rsplit(".", 1)[-1], o.kind) for o in trace.ops}
+    assert ("empty", "allocation") in ops and ("to", "view") in ops
+    assert trace.compute_ops() == []  # the Parameters' .to(dtype) is a cast, not compute
+
+
+def test_a_malformed_trace_is_an_error_not_a_crash():
+    for bad in (None, {}, {"events": [{"event": "launch"}]}, {"events": "x"}, {"events": [{"stack": [{}]}]}):
+        with pytest.raises(TraceError):
+            Trace.from_json("ci", bad)

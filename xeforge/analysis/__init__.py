@@ -1,0 +1,9 @@
+"""Analysis: what a kernel file does, observed (the trace) and read (the static model), as facts every stage reads.
+
+- :mod:`xeforge.analysis.trace` — one call of ``Model.forward`` recorded in a worker: every Triton launch with the
+  Python call stack down to it (wrapper functions, methods, ``torch.autograd.Function``, custom ops, lambdas), the
+  actual dtype / shape / strides of each tensor argument, every constexpr and launch option as really used
+  (``@triton.autotune``, ``@triton.heuristics``, META grids, module constants), the resolved grid, and the torch
+  ops around the launches; returned as JSON and read here into :class:`~xeforge.analysis.trace.Trace`.
+- :mod:`xeforge.kernel_model` — the static model of the source (gate 1, and what needs no execution).
+"""
