@@ -123,7 +123,10 @@ def test_resume_without_earlier_run_is_an_error(tmp_path):
 def test_dry_run_runs_nothing_and_writes_the_plan(tmp_path):
     proc = _port(str(VADD), "--device", "cpu", "--dry-run", "--runs-dir", str(tmp_path / "runs"))
     assert proc.returncode == 0, proc.stderr
-    assert "tactic launch-params: applies" in proc.stdout and "nothing is executed" in proc.stdout
+    assert "tactic launch-params: applies" in proc.stdout and "no kernel is executed" in proc.stdout
+    # forward was traced on the meta device in a worker: every launch with how forward reaches it
+    assert "trace of forward at ci (the meta device, in a worker" in proc.stdout
+    assert "launch add_kernel grid (4,) [BLOCK=64]" in proc.stdout and "via Model.forward" in proc.stdout
     assert "+++ launch-params" in proc.stdout  # the diff the tactic would make
     plans = list((tmp_path / "runs").glob("vadd/*-dry-run/plan.json"))
     assert len(plans) == 1

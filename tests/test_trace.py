@@ -88,3 +88,58 @@ def test_a_malformed_trace_is_an_error_not_a_crash():
     for bad in (None, {}, {"events": [{"event": "launch"}]}, {"events": "x"}, {"events": [{"stack": [{}]}]}):
         with pytest.raises(TraceError):
             Trace.from_json("ci", bad)
+
+
+# ------------------------------------------------------------------------------------------------ style coverage
+# tactics that apply to direct.py but not yet to a style: (style, tactic) -> the construct the tactic stops at.
+# The coverage test fails if one of these starts to apply (take it off the list) or another gap appears.
+KNOWN_GAPS = {
+    ("autotune", "tensor-descriptor"): "@triton.autotune'd",
+    ("autotune", "persistent-loop"): "@triton.autotune'd",
+    ("autotune", "group-swizzle"): "@triton.autotune'd",
+    ("autograd", "persistent-loop"): "grid divisor block_m is not a literal block size",
+    ("autograd", "group-swizzle"): "grid divisor block_m is not a literal block size",
+    ("launcher", "persistent-loop"): "grid divisor bm is not a literal block size",
+    ("launcher", "group-swizzle"): "grid divisor bm is not a literal block size",
+    ("wrapper", "autotune-from-space"): "no literal block sizes or launch options to tune",
+    ("autotune", "autotune-from-space"): "already @triton.autotune'd",
+    ("autograd", "autotune-from-space"): "no literal block sizes or launch options to tune",
+    ("launcher", "autotune-from-space"): "grid divisor bm is not a literal block size",
+}
+
+
+def _applicable(style: str) -> dict[str, tuple[bool, str]]:
+    import stages
+    from tests.conftest import tactic_context
+
+    p = load_problem(STYLES / f"{style}.py")
+    ctx = tactic_context(p, kind="cuda", target="h200", cores=132)
+    return {t.name: (a.applies, a.reason) for st in stages.ALL for t in st.tactics for a in [t.check(ctx)]}
+
+
+@pytest.mark.parametrize("style", [s for s in EXPECT if s != "direct"])
+def test_style_coverage_of_the_tactics_that_apply_to_the_direct_style(style):
+    direct = {name for name, (ok, _) in _applicable("direct").items() if ok}
+    got = _applicable(style)
+    missing = {name: got[name][1] for name in direct if not got[name][0]}
+    expected = {t: why for (s, t), why in KNOWN_GAPS.items() if s == style}
+    assert set(missing) == set(expected), missing
+    for name, why in expected.items():
+        assert why in missing[name]  # the reason names the construct
+    assert {"drop-upcast-before-dot", "dot-accumulate-in-place"} <= direct - set(missing)
+
+
+@pytest.mark.parametrize("style", list(EXPECT))
+def test_the_dropped_upcast_verifies_in_every_style(style, tmp_path):
+    """The dtype rewrite reads the operands' dtypes from the trace (bf16 at bench-gpu) wherever the launch is."""
+    from stages import dtype
+    from tests.conftest import tactic_context
+
+    p = load_problem(STYLES / f"{style}.py")
+    (cand,) = dtype.STAGE.tactics[0].propose(tactic_context(p))
+    assert ".to(tl.float32)" not in cand.source.split("acc = tl.zeros")[1].split("tl.dot")[0]
+    path = tmp_path / f"{style}.py"
+    path.write_text(cand.source)
+    with Verifier(p, describe("cpu"), Settings(correctness_rounds=1), tmp_path / "run") as v:
+        verdict = v.verify(path)
+    assert verdict.correct, verdict.feedback()

@@ -67,7 +67,11 @@ def _split(value: str | None) -> list[str] | None:
 
 def _print_plan(plan: dict) -> None:
     print(f"plan for {plan['problem']} on {plan['device']['kind']} (KB device {plan['kb_device'] or 'none'}, "
-          f"Triton {plan['triton']}), engine {plan['engine']} ({plan['engine_reason']}) — nothing is executed")
+          f"Triton {plan['triton']}), engine {plan['engine']} ({plan['engine_reason']}) — no kernel is executed")
+    for variant, lines in plan.get("trace", {}).items():
+        print(f"\ntrace of forward at {variant} (the meta device, in a worker; launches recorded, not run):")
+        for line in lines:
+            print(f"  {line}")
     for st in plan["stages"]:
         print(f"\n== stage {st['order']}/9 {st['name']}: {st['goal']}")
         for i in st["issues"]:

@@ -164,7 +164,8 @@ class Pipeline:
         engine, why = self.resolve_engine_for_dry_run()
         ctx = self.context(device, kbc, self.problem.kernel_source)
         plan = {"problem": self.problem.name, "device": device.as_dict(), "kb_device": kbc.device_id,
-                "triton": getattr(kbc.triton, "text", None), "engine": engine, "engine_reason": why, "stages": []}
+                "triton": getattr(kbc.triton, "text", None), "engine": engine, "engine_reason": why,
+                "trace": trace_summary(self.problem), "stages": []}
         for stage in self.selected_stages():
             issues = stage.detect(ctx)
             entry: dict[str, Any] = {"name": stage.name, "order": stage.order, "goal": stage.goal,
@@ -534,3 +535,12 @@ def _stage_dict(r: StageRecord) -> dict[str, Any]:
             } for o in t.outcomes],
         } for t in r.tactics],
     }
+
+
+def trace_summary(problem) -> dict[str, list[str]]:
+    """Per variant, what one traced call of the starting kernel's forward did (on the meta device, in a worker:
+    launches recorded, not run), or why it could not be traced."""
+    from xeforge.analysis.observe import traces
+    from xeforge.analysis.trace import Trace
+
+    return {v: (t.summary() if isinstance(t, Trace) else [t]) for v, t in traces(problem).items()}

@@ -205,6 +205,22 @@ class WorkerState:
         self.rt.synchronize()
         return {"ok": True, "trace": data, "autotune_pinned": sorted(self.pinned)}
 
+    def trace_meta(self, source: str, filename: str, init_args: list, dtype: str | None, plan: list) -> dict:
+        """A trace on the meta device: the Model built and called there, launches recorded but not run."""
+        from xeforge.analysis.trace import record
+        from xeforge.problem import TensorPlan
+
+        torch = self.torch
+        module = self._module(source, filename)
+        with torch.device("meta"):
+            model = module.Model(*init_args)
+        if dtype:
+            model = model.to(dtype=getattr(torch, dtype))
+        model.eval()
+        inputs = [torch.empty(tp.shape, dtype=getattr(torch, tp.dtype), device="meta")
+                  for tp in (TensorPlan.from_wire(d) for d in plan)]
+        return {"ok": True, "trace": record(model, inputs, torch, "src", execute=False)}
+
     # -- the oracle ------------------------------------------------------------------------------
     def reference(self, slot: str, source: str, filename: str, init_args: list, seed: int, dtype: str | None,
                   weights_out: str) -> dict:
@@ -399,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         wire.write_message(proto_out, reply)
 
 
-OPS = frozenset({"load", "run", "time", "trace", "reference", "oracle", "param_shapes", "kernelbench"})
+OPS = frozenset({"load", "run", "time", "trace", "trace_meta", "reference", "oracle", "param_shapes", "kernelbench"})
 
 
 def failure_reply(exc: BaseException, state: Any) -> dict:

@@ -47,9 +47,10 @@ VIEWS = {"view", "reshape", "contiguous", "t", "transpose", "permute", "flatten"
 class _Recorder:
     """Installed for one call: records launches and torch ops into ``events`` (worker side)."""
 
-    def __init__(self, torch: Any, code_dir: str) -> None:
+    def __init__(self, torch: Any, code_dir: str, execute: bool = True) -> None:
         self.torch = torch
         self.code_dir = code_dir
+        self.execute = execute  # False: launches are recorded, not run (a trace on the meta device)
         self.events: list[dict] = []
         self.storages: dict[int, str] = {}
         self.truncated = False
@@ -59,8 +60,8 @@ class _Recorder:
     # -- identities -------------------------------------------------------------------------------------
     def key(self, t: Any) -> str:
         try:
-            ptr = t.untyped_storage().data_ptr()
-        except (RuntimeError, NotImplementedError):
+            ptr = t.untyped_storage()._cdata  # the storage itself: shared by views, distinct on the meta device too
+        except (AttributeError, RuntimeError, NotImplementedError):
             ptr = id(t)
         if ptr not in self.storages:
             self.storages[ptr] = f"s{len(self.storages)}"
@@ -176,8 +177,10 @@ class _Recorder:
             original = cls.run
 
             def run(self, *args, _original=original, **kwargs):
+                if kwargs.get("warmup"):  # a compile, not a launch
+                    return _original(self, *args, **kwargs)
                 rec.launch(self, args, kwargs)
-                return _original(self, *args, **kwargs)
+                return _original(self, *args, **kwargs) if rec.execute else None
 
             self.patch(cls, "run", run)
         tuner_run, tuner_bench = autotuner.Autotuner.run, autotuner.Autotuner._bench
@@ -188,6 +191,8 @@ class _Recorder:
             return ret
 
         def bench(self, *args, **kwargs):
+            if not rec.execute:
+                return [0.0, 0.0, 0.0]  # nothing runs: the autotuner keeps its first config
             rec._benchmarking += 1
             try:
                 return tuner_bench(self, *args, **kwargs)
@@ -246,9 +251,13 @@ def _flatten(xs: list) -> list:
     return out
 
 
-def record(model: Any, args: list, torch: Any, code_dir: str) -> dict:
-    """Call ``model(*args)`` once with the observers installed; the trace as JSON-ready data (worker side)."""
-    rec = _Recorder(torch, str(Path(code_dir).resolve()) + "/")
+def record(model: Any, args: list, torch: Any, code_dir: str, execute: bool = True) -> dict:
+    """Call ``model(*args)`` once with the observers installed; the trace as JSON-ready data (worker side).
+
+    With ``execute=False`` (a model and inputs on the meta device) the launches are recorded and not run: the host
+    code, the grids and every dtype and shape are real, at any size, in milliseconds and without a device.
+    """
+    rec = _Recorder(torch, str(Path(code_dir).resolve()) + "/", execute)
     params = {name: rec.tensor(t) for name, t in list(model.named_parameters()) + list(model.named_buffers())}
     inputs = [rec.value(a) for a in args]
     with torch.no_grad(), rec:

@@ -41,10 +41,27 @@ def _variants(c: Ctx) -> dict[str, Any]:
 
 
 def param_dtypes(c: Ctx, kernel: str, param: str) -> dict[str, str | None]:
-    """The element dtype of pointer ``param`` of ``kernel`` in each variant (None where unknown)."""
+    """The element dtype of pointer ``param`` of ``kernel`` in each variant (None where unknown).
+
+    Read from the trace of the source at each variant (what the kernel was really given, wherever it is launched
+    from: a wrapper, a method, an autograd Function); where a variant has no trace of that kernel, from the static
+    reading of forward.
+    """
+    from xeforge.analysis.observe import traces
+    from xeforge.analysis.trace import Trace
+
+    try:
+        traced = traces(c.problem, c.source)
+    except Exception:  # noqa: BLE001 — a problem the trace cannot describe falls back to the static reading
+        traced = {}
     sites = c.launches_of(kernel)
     out: dict[str, str | None] = {}
     for vname, var in _variants(c).items():
+        t = traced.get(vname)
+        if isinstance(t, Trace) and t.launches_of(kernel):
+            ds = t.arg_dtypes(kernel, param)
+            out[vname] = ds.pop() if len(ds) == 1 else None
+            continue
         found: set[str | None] = set()
         for site in sites:
             a = c.env.binding(site).get(param)
@@ -54,8 +71,6 @@ def param_dtypes(c: Ctx, kernel: str, param: str) -> dict[str, str | None]:
             v = c.env.eval(a, site.line)
             found.add(c.env.dtype_in(v.dtype, var) if v.is_tensor else None)
         out[vname] = found.pop() if len(found) == 1 else None
-    if not sites:
-        return {v: None for v in out}
     return out
 
 

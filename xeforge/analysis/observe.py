@@ -1,0 +1,48 @@
+"""The traces every detector and tactic reads: one per spec variant, of the source they are looking at.
+
+Owns: asking a worker for the trace of a source at each variant of the problem (on the meta device: the real
+host code, shapes, dtypes, constexprs and grids of the bench-sized variants without running a kernel or needing a
+device), caching them per source, and saying why a variant could not be traced (host code that needs real values,
+such as ``.item()``, fails on the meta device). Runs in the process-wide facts worker (:func:`facts_worker`):
+the kernel file is user code, and never runs in this process.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from xeforge.analysis.trace import Trace, TraceError
+
+
+@functools.lru_cache(maxsize=64)
+def _trace(source: str, filename: str, init_args: tuple, dtype: str | None, plan: tuple, variant: str) -> Trace | str:
+    """``plan`` is ((name, shape, dtype, low, high), ...): hashable, for the cache."""
+    from xeforge.isolation import WorkerFailure, facts_worker
+
+    wire_plan = [{"name": n, "shape": list(shape), "dtype": dt, "low": lo, "high": hi} for n, shape, dt, lo, hi in plan]
+    try:
+        reply = facts_worker().request("trace_meta", 120.0, source=source, filename=filename,
+                                       init_args=list(init_args), dtype=dtype, plan=wire_plan)
+        return Trace.from_json(variant, reply.get("trace"))
+    except WorkerFailure as exc:
+        return f"forward could not be traced on the meta device at {variant}: {exc.detail[:300]}"
+    except TraceError as exc:
+        return f"the trace of {variant} was malformed: {exc}"
+
+
+def traces(problem: Any, source: str | None = None) -> dict[str, Trace | str]:
+    """Variant name -> the trace of ``source`` (default: the starting kernel), or why there is none."""
+    from xeforge.problem import plan_inputs
+
+    source = problem.kernel_source if source is None else source
+    out: dict[str, Trace | str] = {}
+    for name, variant in problem.spec.variants.items():
+        try:
+            init = tuple(tuple(a) if isinstance(a, list) else a for a in problem.init_args(variant))
+            plan = tuple((tp.name, tuple(tp.shape), tp.dtype, tp.low, tp.high) for tp in plan_inputs(problem, variant))
+        except Exception as exc:  # noqa: BLE001 — a spec the trace cannot follow is a reason, not a crash
+            out[name] = f"the inputs of {name} could not be planned ({exc})"
+            continue
+        out[name] = _trace(source, problem.kernel_path.name, init, variant.dtype, plan, name)
+    return out
