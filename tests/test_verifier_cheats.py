@@ -32,6 +32,13 @@ CASES = [
     ("reads_api_key", "vadd", "1-static", "environment"),
     ("pow2_only", "vadd", "2-correctness", "ragged"),
     ("rowsum_reads_oob", "rowsum", "2-correctness", "ragged"),
+    # past gate 1's names, caught by what the call did (run-time checks against the starting kernel's call)
+    ("skips_launch", "vadd", "2-correctness", "no Triton kernel ran during the call"),
+    ("torch_fallback_getattr", "vadd", "2-correctness", "torch computed beyond the starting kernel at run time: "
+                                                         "torch.Tensor.add"),
+    ("overwrites_output", "vadd", "2-correctness", "torch computed beyond the starting kernel at run time"),
+    # fresh values at the same input addresses: a result cached by address is stale
+    ("caches_by_address", "vadd", "2-correctness", "outside tolerance"),
 ]
 
 

@@ -107,6 +107,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     device = devices.describe(devices.resolve(args.device))
     kbc = kb_context(device, args.target, args.triton)
     cand = Path(args.candidate).resolve() if args.candidate else problem.kernel_path
+    if cand.exists() and not cand.is_file():
+        from xeforge.errors import UsageError
+
+        raise UsageError("--candidate", f"{cand} is a folder, not a kernel file", "pass a kernel .py file")
     if not cand.exists():
         from xeforge.errors import UsageError
 
@@ -222,7 +226,8 @@ def cmd_aa(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- parser
 def _add_device_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="auto", help="auto (xpu, then cuda, then cpu), xpu, cuda or cpu")
+    p.add_argument("--device", default="auto", choices=["auto", "xpu", "cuda", "cpu"],
+                   help="auto (xpu, then cuda, then cpu), xpu, cuda or cpu")
     p.add_argument("--target", default=None, help="knowledge-base device id to use (default: the entry matching the device)")
     p.add_argument("--triton", default=None, help="Triton version to gate the knowledge base on (default: installed)")
 
@@ -230,8 +235,8 @@ def _add_device_args(p: argparse.ArgumentParser) -> None:
 def _add_llm_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="LiteLLM model string (default: $XEFORGE_MODEL)")
     p.add_argument("--api-base", default=None, help="base URL of an OpenAI-compatible server")
-    p.add_argument("--max-iters", type=int, default=None, help="CoVeR refinement rounds per candidate")
-    p.add_argument("--best-k", type=int, default=None, help="independent candidates per stage")
+    p.add_argument("--max-iters", type=_positive_int, default=None, help="CoVeR refinement rounds per candidate")
+    p.add_argument("--best-k", type=_positive_int, default=None, help="independent candidates per stage")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -251,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the latest run of this problem")
     p.add_argument("--run-dir", default=None, help="run folder to use (default: RUNS_DIR/<problem>/<timestamp>)")
     p.add_argument("--runs-dir", default=os.environ.get("XEFORGE_RUNS_DIR", "runs"))
-    p.add_argument("--budget", type=int, default=None, help="hardware evaluations per search tactic")
+    p.add_argument("--budget", type=_positive_int, default=None, help="hardware evaluations per search tactic")
     p.add_argument("--json", action="store_true", help="print the report (or plan) as JSON on stdout")
     _add_llm_args(p)
     p.set_defaults(func=cmd_port)
@@ -281,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--candidate", default=None, help="kernel file to time against itself (default: the problem's "
                    "starting kernel), e.g. a run's final/kernel.py")
     _add_device_args(p)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=_positive_int, default=3)
     p.add_argument("--runs-dir", default=os.environ.get("XEFORGE_RUNS_DIR", "runs"))
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_aa)
@@ -299,6 +304,16 @@ def build_parser() -> argparse.ArgumentParser:
     if register_bench is not None:
         register_bench(sub)
     return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer (pass a whole number >= 1)") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not >= 1 (pass a whole number >= 1)")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,3 +52,45 @@ def input_problems(names: list[str], originals: list[Any], buffers: list[Any]) -
         if not intact:
             overwritten.append(name)
     return mutated, overwritten
+
+
+def runtime_problems(cand: Any, start: Any) -> str | None:
+    """What the candidate's call did that the starting kernel's did not, from the two calls' traces.
+
+    Decided on what ran, not on how the source spells it (``getattr(torch, 'mat' + 'mul')`` is ``torch.matmul``
+    here): no Triton kernel launched where the start launched one; torch compute beyond the start's, counted per
+    op; an output whose last writer is a torch op (or nothing) where the start's was a kernel launch. Both traces
+    are :class:`xeforge.analysis.trace.Trace` objects of one call each.
+    """
+    from collections import Counter
+
+    if start.launches and not cand.launches:
+        return "no Triton kernel ran during the call (the starting kernel launches one): the output came from elsewhere"
+    extra = Counter(o.op for o in cand.compute_ops()) - Counter(o.op for o in start.compute_ops())
+    if extra:
+        shown = ", ".join(f"{op} x{n}" if n > 1 else op for op, n in sorted(extra.items()))
+        return f"torch computed beyond the starting kernel at run time: {shown} (the work must stay in Triton kernels)"
+    theirs, ours = last_writers(cand), last_writers(start)
+    for i, (mine, ref) in enumerate(zip(theirs, ours)):
+        if ref == "launch" and mine != "launch":
+            return (f"output {i} was last written by {mine}, not by a Triton kernel launched during the call "
+                    "(the starting kernel's is)")
+    return None
+
+
+def last_writers(trace: Any) -> list[str]:
+    """Per returned tensor: 'launch' when a kernel launch was the last event to receive its storage, 'torch <op>'
+    when a torch op computed or copied into it after that, 'nothing' when neither touched it during the call."""
+    out = []
+    for ret in trace.returns:
+        writer = "nothing"
+        if ret.kind == "tensor":
+            for ev in trace.order:
+                if hasattr(ev, "kernel"):
+                    if any(a.storage == ret.storage for a in ev.args.values() if a.kind in ("tensor", "descriptor")):
+                        writer = "launch"
+                elif ev.kind != "allocation" and any(o.storage == ret.storage for o in ev.outputs) and \
+                        (ev.kind == "compute" or all(i.storage != ret.storage for i in ev.inputs)):
+                    writer = f"torch {ev.op}"  # computed, or copied (a cast, .contiguous()): not a view of its input
+        out.append(writer)
+    return out

@@ -484,7 +484,9 @@ class Pipeline:
 
 
 def _new_at(path: Path) -> RunStore:
-    Path(path).mkdir(parents=True, exist_ok=True)
+    from xeforge.store import make_run_folder
+
+    make_run_folder(Path(path))
     return RunStore(Path(path))
 
 

@@ -310,16 +310,31 @@ def eval_formula(expr: Union[str, int, float], dims: dict[str, Any]) -> float:
         if isinstance(node, ast.Constant):
             return node.value
         if isinstance(node, ast.Name):
+            if node.id not in dims:
+                raise ValueError(f"unknown name {node.id!r} (not a dim of this variant)")
             v = dims[node.id]
             return math.prod(v) if isinstance(v, (list, tuple)) else v
         if isinstance(node, ast.UnaryOp):
             return -ev(node.operand) if isinstance(node.op, ast.USub) else ev(node.operand)
         if isinstance(node, ast.BinOp):
-            return _BINOPS[type(node.op)](ev(node.left), ev(node.right))
+            left, right = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.Pow) and (abs(right) > 64 or (abs(left) > 1 and abs(right) * math.log2(abs(left)) > 128)):
+                raise ValueError(f"{left} ** {right} is beyond any flop or byte count (at most 2**128)")
+            if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and right == 0:
+                raise ValueError("division by zero")
+            out = _BINOPS[type(node.op)](left, right)
+            if abs(out) > _FORMULA_MAX:
+                raise ValueError(f"an intermediate value {out:.3g} is beyond any flop or byte count")
+            return out
         raise ValueError(type(node).__name__)
 
+    if len(str(expr)) > 1000:
+        raise ValueError("a formula longer than 1000 characters")
     formula_names(expr)
     return ev(ast.parse(str(expr), mode="eval"))
+
+
+_FORMULA_MAX = 2.0 ** 128  # flop and byte counts: far beyond any real kernel, far below a hang
 
 
 # --------------------------------------------------------------------------------------------- YAML lines
@@ -360,7 +375,7 @@ class _SpecReader:
     def __init__(self, path: Path, text: str) -> None:
         self.path = path
         self.text = text
-        self.lines = _yaml_lines(text)
+        self.lines: dict[tuple, int] = {}  # key path -> line, once the text passed the YAML limits
 
     def fail(self, key: tuple, what: str, fix: str) -> SpecError:
         line = None
@@ -372,13 +387,13 @@ class _SpecReader:
         return SpecError(f"{where} key '{_fmt_path(key)}'", what, fix)
 
     def read(self) -> Spec:
+        from xeforge.kb.yamlio import YamlSyntaxError, parse_yaml
+
         try:
-            data = yaml.safe_load(self.text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"{self.path}:{mark.line + 1}" if mark else str(self.path)
-            raise SpecError(where, f"not valid YAML ({getattr(exc, 'problem', exc)})",
-                            "fix the YAML syntax (indentation, colons, quotes)") from None
+            data = parse_yaml(self.text)  # safe, bounded (depth, aliases), a key written twice is an error
+        except YamlSyntaxError as exc:
+            raise SpecError(f"{self.path}:{exc.line}", exc.what, exc.fix) from None
+        self.lines = _yaml_lines(self.text)
         if not isinstance(data, dict):
             raise self.fail((), "the spec must be a mapping with 'inputs' and at least one variant",
                             "see docs/problem-format.md for a complete example")
@@ -469,7 +484,7 @@ class _SpecReader:
                 if unknown:
                     raise ValueError(f"unknown name(s) {', '.join(unknown)}")
                 eval_formula(str(expr), dims)
-            except (ValueError, SyntaxError, ZeroDivisionError, TypeError) as exc:
+            except (ValueError, SyntaxError, ZeroDivisionError, TypeError, OverflowError, RecursionError) as exc:
                 raise self.fail(key0 + (fname,), f"{fname} formula {expr!r} cannot be evaluated: {exc}",
                                 f"write {fname} as arithmetic over this variant's dims, e.g. \"2*M*N*K\"") from None
         for tol in ("rtol", "atol"):

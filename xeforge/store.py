@@ -57,6 +57,21 @@ def read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text())
 
 
+def make_run_folder(root: Path) -> None:
+    """Create a run folder, or say why it cannot be (a file in the way, no permission) with the fix."""
+    root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise RunError(str(root), "is a file, not a folder", "pass a folder for --run-dir / --runs-dir")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / ".xeforge-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise RunError(str(root), f"cannot write the run folder here ({exc.strerror})",
+                       "pass a writable --runs-dir (or --run-dir)") from None
+
+
 class RunStore:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
@@ -73,7 +88,7 @@ class RunStore:
         while root.exists():
             n += 1
             root = Path(runs_dir) / problem / f"{stamp}-{n}"
-        root.mkdir(parents=True)
+        make_run_folder(root)
         return cls(root)
 
     @classmethod

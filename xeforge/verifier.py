@@ -112,6 +112,7 @@ class Verifier:
         self._refs: dict[str, tuple[int, Path | None, list[str] | None]] = {}  # variant -> (generation, weights, dtypes)
         self._margins: dict[str, tuple[float, dict]] = {}
         self._weight_order: dict[str, list[str]] = {}  # variant -> the reference's parameter names, in order
+        self._start_traces: dict[str, Any] = {}  # variant -> the starting kernel's traced call (run-time checks)
         self.weights_by_position: dict[str, dict[str, str]] = {}  # source hash -> reference name -> kernel name
         self.last_timing: dict = {}  # launch-overhead delay of the latest timing request (see timing.delay_flushes)
         # the float64 reference runs where fp64 is native; on an Intel part without it, on the host
@@ -226,6 +227,10 @@ class Verifier:
                     return self._ok0(), GateResult(
                         GATES[2], "fail", f"variant {variant.describe()}, {dist} inputs: {mm.message}",
                         {**where, "dims": variant.dims, "reason": mm.reason, **mm.details})
+                # right values; now how they were made: launches, torch compute, who wrote the outputs
+                cheat = self._runtime(cand, facts, variant)
+                if cheat:
+                    return self._ok0(), GateResult(GATES[2], "fail", cheat, {**where, "reason": "runtime"})
                 unstable = self._stability(outs, facts, variant)
                 if unstable:
                     return self._ok0(), GateResult(GATES[2], "fail", unstable, {**where, "reason": "unstable"})
@@ -278,6 +283,23 @@ class Verifier:
         if mutated:
             return f"mutated its input(s) {', '.join(mutated)} (variant {variant.name})"
         return None
+
+    def _runtime(self, cand: Code, facts: dict, variant: Variant) -> str | None:
+        """What the call did against what the starting kernel's call did (launches, torch compute, who wrote the
+        outputs), from the two calls' traces; the start's is taken once per variant."""
+        from xeforge.analysis.trace import Trace, TraceError
+
+        try:
+            mine = Trace.from_json(variant.name, facts.get("trace"))
+        except TraceError as exc:
+            return f"the worker's record of the call was malformed ({exc})"
+        if cand.hash == self.problem.kernel_code.hash:
+            self._start_traces.setdefault(variant.name, mine)
+            return None
+        if variant.name not in self._start_traces:
+            self._start_traces[variant.name] = self.trace(self.problem.kernel_code, variant)
+        problem = integrity.runtime_problems(mine, self._start_traces[variant.name])
+        return f"{problem} (variant {variant.name})" if problem else None
 
     def _stability(self, outs: dict, facts: dict, variant: Variant) -> str | None:
         if "n_rerun_outputs" not in facts or self.problem.spec.nondeterministic:

@@ -58,6 +58,7 @@ class WorkerState:
         self._flush_ms_by_size: dict[int | None, float] = {}  # one L2-flush write's device time, measured once
         self._oracles: dict[str, tuple[Any, list[str]]] = {}  # slot -> (the float64 copy, the output dtypes)
         self.pinned: set[str] = set()  # @triton.autotune kernels run at their first config (interpreter)
+        self._buffers: dict[str, list] = {}  # plan -> padded input buffers, reused (see _buffers_for)
         if device == "cpu":
             self._pin_autotune()
 
@@ -144,30 +145,47 @@ class WorkerState:
         buf[CANARY:CANARY + flat.numel()] = flat
         return buf, buf[CANARY:CANARY + flat.numel()].view(t.shape)
 
+    def _buffers_for(self, plan: list, inputs: list) -> list:
+        """The padded input buffers for this plan, reused by every call: fresh values at the same addresses, so a
+        result cached by address or shape, or state kept from an earlier call, is stale and fails the comparison."""
+        key = json.dumps([[tp.name, list(tp.shape), tp.dtype] for tp in plan])
+        bufs = self._buffers.pop(key, None)
+        if bufs is None or any(view.shape != x.shape for (_, view), x in zip(bufs, inputs)):
+            bufs = [self._padded(x) for x in inputs]
+        else:
+            for (buf, view), x in zip(bufs, inputs):
+                buf.fill_(canary_value(self.torch, buf.dtype))
+                view.copy_(x)
+        self._buffers[key] = bufs  # most recent last; a few shapes kept (a port checks 3-5 variants)
+        while len(self._buffers) > 6:
+            self._buffers.pop(next(iter(self._buffers)))
+        return bufs
+
     def run(self, slot: str, plan: list, seed: int, distribution: str, out_file: str, rerun: bool) -> dict:
         """Call the model once (twice with ``rerun``) and write what it returned and its input buffers after it.
 
         ``out_file`` holds ``out.i`` (the outputs), ``rerun.i`` (a second call on pristine copies of the same
         inputs) and ``input.j`` (each input's padded buffer after the first call); the parent decides mutation,
         canaries and bit stability from them. The facts only this process can see (output types, pointer
-        aliasing, weights changed) come back in the reply.
+        aliasing, weights changed) come back in the reply, with the first call's trace (launch accounting and the
+        torch ops it ran, for the parent's run-time checks).
         """
+        from xeforge.analysis.trace import record_call
         from xeforge.problem import TensorPlan, generate_inputs
 
         torch = self.torch
         model = self.models[slot]
         plan = [TensorPlan.from_wire(d) for d in plan]
         inputs = generate_inputs(plan, seed, distribution, self.device)
-        padded = [self._padded(x) for x in inputs]
+        padded = self._buffers_for(plan, inputs)
         args = [view for _, view in padded]
         weights_before = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        with torch.no_grad():
-            out = model(*args)
+        data, out = record_call(model, args, torch, "src")  # the call, observed: what launched, what torch computed
         self.rt.synchronize()
         outs = _outputs(out)
         facts: dict[str, Any] = {"ok": True, "container": type(out).__name__, "n_outputs": len(outs),
                                  "types": [type(o).__module__ + "." + type(o).__qualname__ for o in outs],
-                                 "exact_tensor": [type(o) is torch.Tensor for o in outs]}
+                                 "exact_tensor": [type(o) is torch.Tensor for o in outs], "trace": data}
         ranges = [(buf.data_ptr(), buf.data_ptr() + buf.numel() * buf.element_size()) for buf, _ in padded]
         alias = []
         for o in outs:

@@ -55,6 +55,7 @@ class _Recorder:
         self.storages: dict[int, str] = {}
         self.truncated = False
         self._benchmarking = 0
+        self._inside = 0  # > 0 inside Triton's launcher or autotuner: their torch calls are not recorded
         self._patched: list[tuple[Any, str, Any]] = []
 
     # -- identities -------------------------------------------------------------------------------------
@@ -180,7 +181,13 @@ class _Recorder:
                 if kwargs.get("warmup"):  # a compile, not a launch
                     return _original(self, *args, **kwargs)
                 rec.launch(self, args, kwargs)
-                return _original(self, *args, **kwargs) if rec.execute else None
+                if not rec.execute:
+                    return None
+                rec._inside += 1  # torch calls Triton's launcher makes are its own, not the program's
+                try:
+                    return _original(self, *args, **kwargs)
+                finally:
+                    rec._inside -= 1
 
             self.patch(cls, "run", run)
         tuner_run, tuner_bench = autotuner.Autotuner.run, autotuner.Autotuner._bench
@@ -194,10 +201,12 @@ class _Recorder:
             if not rec.execute:
                 return [0.0, 0.0, 0.0]  # nothing runs: the autotuner keeps its first config
             rec._benchmarking += 1
+            rec._inside += 1  # the autotuner's timing (cache flushes, events) is not the program's either
             try:
                 return tuner_bench(self, *args, **kwargs)
             finally:
                 rec._benchmarking -= 1
+                rec._inside -= 1
 
         self.patch(autotuner.Autotuner, "run", tuned)
         self.patch(autotuner.Autotuner, "_bench", bench)
@@ -227,6 +236,8 @@ def _mode(rec: _Recorder):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
+            if rec._inside:
+                return out
             name = resolve_name(func) or getattr(func, "__name__", str(func))
             short = name.rsplit(".", 1)[-1]
             if short in _METADATA or name.endswith(".__get__"):
@@ -257,6 +268,11 @@ def record(model: Any, args: list, torch: Any, code_dir: str, execute: bool = Tr
     With ``execute=False`` (a model and inputs on the meta device) the launches are recorded and not run: the host
     code, the grids and every dtype and shape are real, at any size, in milliseconds and without a device.
     """
+    return record_call(model, args, torch, code_dir, execute)[0]
+
+
+def record_call(model: Any, args: list, torch: Any, code_dir: str, execute: bool = True) -> tuple[dict, Any]:
+    """:func:`record`, and what the call returned (the worker's correctness run observes the call it checks)."""
     rec = _Recorder(torch, str(Path(code_dir).resolve()) + "/", execute)
     params = {name: rec.tensor(t) for name, t in list(model.named_parameters()) + list(model.named_buffers())}
     inputs = [rec.value(a) for a in args]
@@ -264,7 +280,7 @@ def record(model: Any, args: list, torch: Any, code_dir: str, execute: bool = Tr
         out = model(*args)
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     return {"events": rec.events, "truncated": rec.truncated, "params": params, "inputs": inputs,
-            "returns": [rec.value(o) for o in outs]}
+            "returns": [rec.value(o) for o in outs]}, out
 
 
 # ------------------------------------------------------------------------------------------------ reading

@@ -1,7 +1,9 @@
 """YAML with line numbers: every mapping and list remembers where it and each of its keys/items start.
 
 Owns: :func:`load_yaml` (a ``yaml.SafeLoader`` subclass that builds :class:`LineDict` / :class:`LineList`
-instead of plain ``dict`` / ``list``, and rejects a key written twice in one mapping), and
+instead of plain ``dict`` / ``list``, and rejects a key written twice in one mapping), the limits every YAML file
+the tool reads is held to before it is built (nesting depth, and the size the document has once its aliases are
+expanded: an alias bomb is refused, not grown), and
 :func:`line_of`, which turns a location path (``("constraints", 3, "check", "option")``, as pydantic
 reports it) into the 1-based line of the deepest node on that path that exists in the file.
 """
@@ -91,9 +93,45 @@ _LineLoader.add_constructor("tag:yaml.org,2002:map", _LineLoader.construct_yaml_
 _LineLoader.add_constructor("tag:yaml.org,2002:seq", _LineLoader.construct_yaml_seq)
 
 
+MAX_DEPTH = 64  # nesting of mappings and lists
+MAX_EXPANDED_NODES = 1_000_000  # nodes once every alias is expanded (a spec or KB file has thousands)
+
+
+def check_limits(text: str) -> None:
+    """Refuse a document nested too deep, or whose aliases expand past :data:`MAX_EXPANDED_NODES`, from its event
+    stream (nothing is built): each anchor's expanded size is counted once, each alias adds it again."""
+    sizes: dict[str, int] = {}
+    stack: list[list] = [[0, None]]  # [expanded nodes so far, anchor] per open collection
+    for ev in yaml.parse(text, Loader=_BaseLoader):
+        line = ev.start_mark.line + 1 if ev.start_mark is not None else 1
+        if isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            stack.append([1, ev.anchor])
+            if len(stack) - 1 > MAX_DEPTH:
+                raise YamlSyntaxError(line, f"nested deeper than {MAX_DEPTH} levels",
+                                      "a spec or knowledge-base file is a few levels deep; flatten it")
+        elif isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            size, anchor = stack.pop()
+            if anchor:
+                sizes[anchor] = size
+            stack[-1][0] += size
+        elif isinstance(ev, yaml.ScalarEvent):
+            stack[-1][0] += 1
+            if ev.anchor:
+                sizes[ev.anchor] = 1
+        elif isinstance(ev, yaml.AliasEvent):
+            stack[-1][0] += sizes.get(ev.anchor, 1)
+        else:
+            continue
+        if sum(level[0] for level in stack) > MAX_EXPANDED_NODES:
+            raise YamlSyntaxError(line, f"the document expands to more than {MAX_EXPANDED_NODES:,} nodes "
+                                  "(aliases referring to aliases: a YAML bomb?)",
+                                  "write the values out, or use fewer nested aliases")
+
+
 def parse_yaml(text: str) -> Any:
     """Parse YAML text into LineDict/LineList/scalars. Raises :class:`YamlSyntaxError` with the line."""
     try:
+        check_limits(text)
         return yaml.load(text, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
     except YamlSyntaxError:
         raise
