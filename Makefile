@@ -40,7 +40,7 @@ verify: $(STAMP)
 	$(BIN)/xeforge verify $(KERNEL) --device $(DEVICE) $(ARGS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 $(ARGS)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile $(ARGS)
 
 bench: $(STAMP)
 	$(BIN)/xeforge bench kernels/ --device $(DEVICE) $(ARGS)

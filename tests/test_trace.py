@@ -143,3 +143,26 @@ def test_the_dropped_upcast_verifies_in_every_style(style, tmp_path):
     with Verifier(p, describe("cpu"), Settings(correctness_rounds=1), tmp_path / "run") as v:
         verdict = v.verify(path)
     assert verdict.correct, verdict.feedback()
+
+
+def _trace(events, returns, **extra):
+    return Trace.from_json("ci", {"events": events, "returns": returns, "params": {}, "inputs": [], **extra})
+
+
+def test_run_time_checks_count_the_autotuners_timing_launches_and_refuse_a_flood():
+    """On a GPU the autotuner times its configs with hundreds of launches: they are counted, not listed, so the
+    launch that writes the output is still in the trace (listing them cut it and failed a correct candidate)."""
+    from xeforge.integrity import runtime_problems
+
+    out = {"kind": "tensor", "storage": "s1", "dtype": "float32", "shape": [4], "strides": [1], "offset": 0,
+           "contiguous": True, "device": "cpu"}
+    launch = {"event": "launch", "kernel": "k", "stack": [], "args": {"out": out}, "constexprs": [], "options": {},
+              "grid": [1]}
+    start = _trace([launch], [out])
+    assert runtime_problems(_trace([launch], [out], tuning_launches=600), start) is None
+    assert "no Triton kernel ran" in runtime_problems(_trace([], [out]), start)
+    copy = {"event": "torch", "op": "torch.Tensor.copy_", "kind": "compute", "stack": [], "inputs": [out],
+            "outputs": [out]}
+    assert "torch.Tensor.copy_" in runtime_problems(_trace([launch, copy], [out]), start)
+    assert "more launches and torch ops than a trace holds" in runtime_problems(
+        _trace([launch], [out], truncated=True), start)

@@ -34,11 +34,17 @@ CASES = [
     ("rowsum_reads_oob", "rowsum", "2-correctness", "ragged"),
     # past gate 1's names, caught by what the call did (run-time checks against the starting kernel's call)
     ("skips_launch", "vadd", "2-correctness", "no Triton kernel ran during the call"),
-    ("torch_fallback_getattr", "vadd", "2-correctness", "torch computed beyond the starting kernel at run time: "
-                                                         "torch.Tensor.add"),
+    ("torch_fallback_hidden", "vadd", "2-correctness", "torch computed beyond the starting kernel at run time: "
+                                                        "torch.Tensor.add"),
     ("overwrites_output", "vadd", "2-correctness", "torch computed beyond the starting kernel at run time"),
     # fresh values at the same input addresses: a result cached by address is stale
     ("caches_by_address", "vadd", "2-correctness", "outside tolerance"),
+    # obfuscated escapes: gate 1 is the fast first filter for them too (the sandbox is the defence)
+    ("gate1_torch_os_system", "vadd", "1-static", "torch.os reaches the os module through torch"),
+    ("gate1_import_by_name", "vadd", "1-static", ".__import__ reaches the interpreter's internals"),
+    ("gate1_eval_alias", "vadd", "1-static", "eval is used as a value"),
+    ("gate1_environ_by_name", "vadd", "1-static", "getattr with a computed attribute name"),
+    ("gate1_subclass_walk", "vadd", "1-static", ".__subclasses__ reaches the interpreter's internals"),
 ]
 
 

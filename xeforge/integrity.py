@@ -64,7 +64,12 @@ def runtime_problems(cand: Any, start: Any) -> str | None:
     """
     from collections import Counter
 
-    if start.launches and not cand.launches:
+    if cand.truncated:
+        if start.truncated:
+            return None  # both calls did more than a trace holds: nothing to compare event by event
+        return (f"the call made more launches and torch ops than a trace holds ({len(cand.order)}), far more than the "
+                "starting kernel's call")
+    if start.launches and not (cand.launches or cand.tuning):  # an autotuner's timing runs are launches too
         return "no Triton kernel ran during the call (the starting kernel launches one): the output came from elsewhere"
     extra = Counter(o.op for o in cand.compute_ops()) - Counter(o.op for o in start.compute_ops())
     if extra:

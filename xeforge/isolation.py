@@ -2,8 +2,8 @@
 
 Owns: starting ``python -m xeforge.worker`` with a scrubbed environment (no API keys or other secrets) in
 its own folder, inside the OS sandbox with its resource limits (:mod:`xeforge.sandbox`), copying its output
-into the worker log up to a cap, sending requests with a compile or run timeout, and turning a crash, a hang, an exception or a
-malformed reply into a :class:`WorkerFailure` the verifier records. Requests and replies are bounded JSON
+into the worker log up to a cap, sending requests with a compile or run timeout, and turning a crash, a hang,
+an exception or a malformed reply into a :class:`WorkerFailure` the verifier records. Requests and replies are bounded JSON
 (:mod:`xeforge.wire`): nothing a worker sends can run code here. A dead or hung worker is killed and replaced on
 the next request; the pipeline itself never runs candidate code.
 """
@@ -118,9 +118,9 @@ class Worker:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = sandbox.wrap([sys.executable, "-m", "xeforge.worker", "--device", self.device], self.device,
                             self.workdir, list(self.writable), list(self.readable), self.sandbox, list(self.hidden))
-        env = scrubbed_env(self.device, {**os.environ, **self.extra_env})
+        env = scrubbed_env(self.device, {**os.environ, **self.extra_env, **sandbox.limits_env(self.limits)})
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     cwd=self.workdir, env=env, preexec_fn=sandbox.preexec(self.limits))
+                                     cwd=self.workdir, env=env, start_new_session=True)
         self._drain = threading.Thread(target=_copy_capped, daemon=True,
                                        args=(self.proc.stderr, self.log_path, int(self.settings.max_log_mib * (1 << 20))))
         self._drain.start()

@@ -1,8 +1,8 @@
 """The OS sandbox around every worker (gate 0): bubblewrap namespaces plus resource limits.
 
 Owns: finding bubblewrap and checking once that it works here, the command line that wraps a worker, the
-resource limits set before it starts, and the report of what was applied and what could not be had — shown by
-``xeforge env`` and recorded in every verdict. The worker, inside:
+resource limits each worker sets on itself at start-up (:func:`apply_own_limits`), and the report of what was
+applied and what could not be had — shown by ``xeforge env`` and recorded in every verdict. The worker, inside:
 
 - has no network (its own network namespace: not even the host's loopback);
 - sees no other process (its own PID namespace and ``/proc``): the parent's environment and memory are out of
@@ -28,7 +28,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from xeforge.errors import DeviceError
 
@@ -199,25 +199,37 @@ def limits_for(settings: Any, device: str) -> Limits:
                   file_bytes=int(settings.max_tensor_file_gib * (1 << 30)))
 
 
-def preexec(limits: Limits) -> Callable[[], None]:
-    """Set the rlimits in the child before it execs (inherited by bubblewrap and everything inside)."""
+LIMITS_ENV = "XEFORGE_WORKER_LIMITS"  # how a worker learns its caps (set by the parent, read at start-up)
 
-    def apply() -> None:
-        import resource
 
-        def cap(which: int, value: int) -> None:
-            soft, hard = resource.getrlimit(which)
-            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
-            resource.setrlimit(which, (value, value))
+def limits_env(limits: Limits) -> dict[str, str]:
+    import json
 
-        os.setsid()
-        cap(resource.RLIMIT_CPU, limits.cpu_seconds)
-        cap(resource.RLIMIT_FSIZE, limits.file_bytes)
-        cap(resource.RLIMIT_NOFILE, limits.open_files)
-        cap(resource.RLIMIT_CORE, 0)
-        if limits.memory_bytes is not None:
-            cap(resource.RLIMIT_AS, limits.memory_bytes)
-        if os.geteuid() != 0:
-            cap(resource.RLIMIT_NPROC, limits.processes)
+    return {LIMITS_ENV: json.dumps(asdict(limits))}
 
-    return apply
+
+def apply_own_limits() -> None:
+    """In the worker, before it reads a request: cap itself (soft = hard, so the code it runs cannot raise them
+    back without a capability the sandbox drops); every process it starts inherits them. Done here rather than in
+    a ``preexec_fn``, which is not safe in a parent with threads (prewarm starts workers from several)."""
+    import json
+    import resource
+
+    raw = os.environ.get(LIMITS_ENV)
+    if not raw:
+        return
+    limits = Limits(**json.loads(raw))
+
+    def cap(which: int, value: int) -> None:
+        _, hard = resource.getrlimit(which)
+        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(which, (value, value))
+
+    cap(resource.RLIMIT_CPU, limits.cpu_seconds)
+    cap(resource.RLIMIT_FSIZE, limits.file_bytes)
+    cap(resource.RLIMIT_NOFILE, limits.open_files)
+    cap(resource.RLIMIT_CORE, 0)
+    if limits.memory_bytes is not None:
+        cap(resource.RLIMIT_AS, limits.memory_bytes)
+    if os.geteuid() != 0:
+        cap(resource.RLIMIT_NPROC, limits.processes)

@@ -41,6 +41,13 @@ FORBIDDEN_ATTRS = {  # dotted-name suffixes
     "environ": "reads environment variables", "getenv": "reads environment variables",
     "lru_cache": "caches results across calls", "cache": "caches results across calls",
 }
+# reflection that reaches what the rules above forbid by other roads (frames, builtins, the class graph)
+REFLECTION_ATTRS = {"__builtins__", "__import__", "__subclasses__", "__globals__", "__code__", "__base__", "__bases__",
+                    "__mro__", "__dict__", "__getattribute__", "__closure__", "__loader__", "__spec__", "f_back",
+                    "f_globals", "f_locals", "gi_frame", "tb_frame", "__reduce__", "__reduce_ex__"}
+# modules that are never kernel code, also when reached as an attribute of an allowed one (torch.os.system)
+ESCAPE_MODULES = {"os", "sys", "subprocess", "ctypes", "socket", "builtins", "importlib", "shutil", "pathlib", "io",
+                  "pickle", "marshal", "signal", "inspect", "gc", "posix", "pty", "urllib", "http", "requests"}
 ALLOC_OR_VIEW = {"empty", "empty_like", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like",
                  "empty_strided", "arange", "new_empty", "new_zeros", "new_ones", "new_full", "view", "reshape",
                  "permute", "transpose", "t", "contiguous", "unsqueeze", "squeeze", "expand", "expand_as",
@@ -144,6 +151,14 @@ def _forward_closure(model: KernelModel) -> list[ast.FunctionDef]:
     return list(seen.values())
 
 
+def _is_called(tree: ast.AST, name: ast.Name) -> bool:
+    """Whether ``name`` is the function of a call (``eval(...)``), not a value (``e = eval``)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.func is name:
+            return True
+    return False
+
+
 def _dead_kernels(m: KernelModel) -> list[str]:
     """@triton.jit functions that forward never launches, directly or through the functions it calls."""
     if m.model_class is None or m.forward() is None:
@@ -217,12 +232,29 @@ class StaticChecker:
                     if mod.split(".")[0] in {"threading", "multiprocessing", "concurrent", "asyncio"}:
                         out.append(Finding("S012-threads", _line(node), "uses threads or processes",
                                            "launch kernels synchronously from forward"))
-            elif isinstance(node, ast.Call):
+            if isinstance(node, ast.Call):
                 name = dotted_name(node.func) or ""
                 if name in FORBIDDEN_BUILTINS:
                     out.append(Finding("S011-builtin", _line(node), f"calls {name}()",
                                        "kernels may not execute code dynamically, open files or change attributes by name"))
-            elif isinstance(node, ast.Attribute):
+            if isinstance(node, ast.Call) and (dotted_name(node.func) or "") in {"getattr", "hasattr"} \
+                    and len(node.args) >= 2 and not isinstance(node.args[1], ast.Constant):
+                out.append(Finding("S018-reflection", _line(node), "getattr with a computed attribute name (what it "
+                                   "reaches cannot be checked)", "name the attribute: obj.name"))
+            if isinstance(node, ast.Name) and node.id in FORBIDDEN_BUILTINS | {"getattr", "__builtins__"} \
+                    and isinstance(node.ctx, ast.Load) and not _is_called(m.tree, node):
+                out.append(Finding("S018-reflection", _line(node), f"{node.id} is used as a value (an alias of it "
+                                   "would escape the checks)", f"do not pass {node.id} around"))
+            if isinstance(node, ast.Attribute) and node.attr in REFLECTION_ATTRS:
+                out.append(Finding("S018-reflection", _line(node), f".{node.attr} reaches the interpreter's "
+                                   "internals (frames, builtins or the class graph)", "remove it"))
+            if isinstance(node, ast.Attribute) and isinstance(node.value, (ast.Name, ast.Attribute)):
+                parts = (dotted_name(node) or "").split(".")
+                hit = next((p for p in parts[1:] if p in ESCAPE_MODULES), None)
+                if hit and parts[-1] == hit:  # reported once, at the attribute that names the module
+                    out.append(Finding("S018-reflection", _line(node), f"{'.'.join(parts)} reaches the {hit} module "
+                                       f"through {parts[0]}", "remove it: kernel files use torch and triton only"))
+            if isinstance(node, ast.Attribute):
                 full = dotted_name(node) or node.attr
                 why = FORBIDDEN_ATTRS.get(node.attr)
                 if why and not full.startswith(("tl.", "triton.language.")):

@@ -113,6 +113,7 @@ class Verifier:
         self._margins: dict[str, tuple[float, dict]] = {}
         self._weight_order: dict[str, list[str]] = {}  # variant -> the reference's parameter names, in order
         self._start_traces: dict[str, Any] = {}  # variant -> the starting kernel's traced call (run-time checks)
+        self.runtime_notes: list[str] = []  # where the run-time checks could not be made
         self.weights_by_position: dict[str, dict[str, str]] = {}  # source hash -> reference name -> kernel name
         self.last_timing: dict = {}  # launch-overhead delay of the latest timing request (see timing.delay_flushes)
         # the float64 reference runs where fp64 is native; on an Intel part without it, on the host
@@ -297,7 +298,19 @@ class Verifier:
             self._start_traces.setdefault(variant.name, mine)
             return None
         if variant.name not in self._start_traces:
-            self._start_traces[variant.name] = self.trace(self.problem.kernel_code, variant)
+            from xeforge.analysis.observe import trace_at
+
+            # the start's call on the meta device (cached for the process); a real call where that cannot run
+            meta = trace_at(self.problem, variant)
+            try:
+                self._start_traces[variant.name] = meta if isinstance(meta, Trace) else \
+                    self.trace(self.problem.kernel_code, variant)
+            except WorkerFailure as exc:  # the start was verified; if its call cannot be traced, say so, judge on
+                self._start_traces[variant.name] = None
+                self.runtime_notes.append(f"{variant.name}: the starting kernel's call could not be traced "
+                                          f"({exc.kind}: {exc.detail[:200]}); run-time checks skipped there")
+        if self._start_traces[variant.name] is None:
+            return None
         problem = integrity.runtime_problems(mine, self._start_traces[variant.name])
         return f"{problem} (variant {variant.name})" if problem else None
 

@@ -401,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     device = argv[argv.index("--device") + 1] if "--device" in argv else "cpu"
     _die_with_parent()
+    from xeforge.sandbox import apply_own_limits
+
+    apply_own_limits()
     proto_out = os.fdopen(os.dup(1), "wb")
     proto_in = os.fdopen(os.dup(0), "rb")
     os.dup2(2, 1)  # the code's prints go to the worker log, never into the protocol

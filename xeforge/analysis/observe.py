@@ -31,18 +31,20 @@ def _trace(source: str, filename: str, init_args: tuple, dtype: str | None, plan
         return f"the trace of {variant} was malformed: {exc}"
 
 
-def traces(problem: Any, source: str | None = None) -> dict[str, Trace | str]:
-    """Variant name -> the trace of ``source`` (default: the starting kernel), or why there is none."""
+def trace_at(problem: Any, variant: Any, source: str | None = None) -> Trace | str:
+    """The trace of ``source`` (default: the starting kernel) at one variant (a derived one too: ragged shapes,
+    ``ci@bfloat16``), or why there is none."""
     from xeforge.problem import plan_inputs
 
     source = problem.kernel_source if source is None else source
-    out: dict[str, Trace | str] = {}
-    for name, variant in problem.spec.variants.items():
-        try:
-            init = tuple(tuple(a) if isinstance(a, list) else a for a in problem.init_args(variant))
-            plan = tuple((tp.name, tuple(tp.shape), tp.dtype, tp.low, tp.high) for tp in plan_inputs(problem, variant))
-        except Exception as exc:  # noqa: BLE001 — a spec the trace cannot follow is a reason, not a crash
-            out[name] = f"the inputs of {name} could not be planned ({exc})"
-            continue
-        out[name] = _trace(source, problem.kernel_path.name, init, variant.dtype, plan, name)
-    return out
+    try:
+        init = tuple(tuple(a) if isinstance(a, list) else a for a in problem.init_args(variant))
+        plan = tuple((tp.name, tuple(tp.shape), tp.dtype, tp.low, tp.high) for tp in plan_inputs(problem, variant))
+    except Exception as exc:  # noqa: BLE001 — a spec the trace cannot follow is a reason, not a crash
+        return f"the inputs of {variant.name} could not be planned ({exc})"
+    return _trace(source, problem.kernel_path.name, init, variant.dtype, plan, variant.name)
+
+
+def traces(problem: Any, source: str | None = None) -> dict[str, Trace | str]:
+    """Variant name -> the trace of ``source`` (default: the starting kernel), or why there is none."""
+    return {name: trace_at(problem, variant, source) for name, variant in problem.spec.variants.items()}

@@ -8,7 +8,8 @@ Owns both halves of the trace. In a worker, :func:`record` calls the Model once 
   autotuner chose, the heuristics' values, module constants, variables. ``run`` is wrapped for the call; the grid
   (a tuple, or a META lambda called with the bound arguments) is resolved as Triton resolves it. Triton's own
   launch hooks (``triton.knobs.runtime.launch_enter_hook``) are not used: they do not fire on the interpreter, on
-  which CI and every dry run trace. The autotuner's own benchmarking launches are marked, not counted.
+  which CI and every dry run trace. The autotuner's own timing launches (hundreds per config) are counted, not
+  listed: listing them filled the trace and cut the launch that produced the output.
 - **torch ops**: a ``TorchFunctionMode`` sees every torch function and tensor method ``forward`` calls (metadata
   queries such as ``.shape`` or ``.stride()`` left out), with its input and output tensors.
 
@@ -55,6 +56,7 @@ class _Recorder:
         self.storages: dict[int, str] = {}
         self.truncated = False
         self._benchmarking = 0
+        self.tuning_launches = 0
         self._inside = 0  # > 0 inside Triton's launcher or autotuner: their torch calls are not recorded
         self._patched: list[tuple[Any, str, Any]] = []
 
@@ -120,6 +122,10 @@ class _Recorder:
     def launch(self, fn: Any, args: tuple, kwargs: dict) -> None:
         import inspect
 
+        if self._benchmarking:  # the autotuner timing its configs: hundreds of launches, counted, not listed
+            self.tuning_launches += 1
+            return
+
         base = getattr(fn, "fn", fn)
         names = list(getattr(fn, "arg_names", None) or inspect.signature(base).parameters)
         sig = inspect.signature(base)
@@ -145,13 +151,12 @@ class _Recorder:
                   "args": {n: self.value(v) for n, v in bound.items()}, "constexprs": sorted(constexpr & set(bound)),
                   "options": {k: self.value(v)["value"] if self.value(v)["kind"] == "scalar" else str(v)
                               for k, v in options.items()},
-                  "grid": [int(g) for g in grid] if isinstance(grid, (tuple, list)) else str(grid),
-                  "autotune_benchmark": self._benchmarking > 0})
+                  "grid": [int(g) for g in grid] if isinstance(grid, (tuple, list)) else str(grid)})
 
     def autotuned(self, tuner: Any) -> None:
         """After an autotuned launch: its config list and the one it ran."""
         for e in reversed(self.events):
-            if e["event"] == "launch" and not e["autotune_benchmark"]:
+            if e["event"] == "launch":
                 e["autotune"] = {"configs": [_config(c) for c in tuner.configs],
                                  "chosen": _config(getattr(tuner, "best_config", None)),
                                  "key": list(getattr(tuner, "keys", []))}
@@ -279,8 +284,8 @@ def record_call(model: Any, args: list, torch: Any, code_dir: str, execute: bool
     with torch.no_grad(), rec:
         out = model(*args)
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
-    return {"events": rec.events, "truncated": rec.truncated, "params": params, "inputs": inputs,
-            "returns": [rec.value(o) for o in outs]}, out
+    return {"events": rec.events, "truncated": rec.truncated, "tuning_launches": rec.tuning_launches,
+            "params": params, "inputs": inputs, "returns": [rec.value(o) for o in outs]}, out
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -343,6 +348,7 @@ class TorchOp:
 class Trace:
     variant: str
     launches: list[Launch] = field(default_factory=list)
+    tuning: int = 0  # launches the autotuner made to time its configs (real launches, not listed)
     ops: list[TorchOp] = field(default_factory=list)
     order: list[Launch | TorchOp] = field(default_factory=list)
     params: dict[str, Arg] = field(default_factory=dict)
@@ -352,14 +358,12 @@ class Trace:
     @classmethod
     def from_json(cls, variant: str, data: Any) -> "Trace":
         try:
-            t = cls(variant, truncated=bool(data.get("truncated")))
+            t = cls(variant, truncated=bool(data.get("truncated")), tuning=int(data.get("tuning_launches", 0)))
             t.params = {str(k): _arg(v) for k, v in data.get("params", {}).items()}
             t.returns = [_arg(v) for v in data.get("returns", [])]
             for e in data["events"]:
                 stack = tuple(Frame(str(f["function"]), int(f["line"]), str(f["kind"])) for f in e["stack"])
                 if e["event"] == "launch":
-                    if e.get("autotune_benchmark"):
-                        continue
                     grid = e["grid"]
                     ev: Launch | TorchOp = Launch(
                         str(e["kernel"]), stack, {str(k): _arg(v) for k, v in e["args"].items()},
