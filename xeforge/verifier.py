@@ -356,6 +356,14 @@ class Verifier:
         self._first.add(key)
         return slot
 
+    def _slot_and_timeout(self, code: Code, variant: Variant) -> tuple[str, float]:
+        """The slot for one call of ``code``, and its timeout: the compile timeout for the first call (it compiles)."""
+        slot = self._ensure_loaded(code, variant)
+        key = (code.hash, variant.name, None, 0)
+        timeout = self.settings.compile_timeout_s if key in self._first else self.settings.run_timeout_s
+        self._first.discard(key)
+        return slot, timeout
+
     def _io_file(self, worker: Worker, what: str) -> Path:
         path = worker.workdir / "io" / f"{what}-{secrets.token_hex(6)}.safetensors"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -366,10 +374,7 @@ class Verifier:
 
     def _run(self, code: Code, variant: Variant, seed: int, dist: str, rerun: bool) -> tuple[dict, dict]:
         """Run ``code`` once in the candidate worker: (the tensors it wrote, the facts it replied)."""
-        slot = self._ensure_loaded(code, variant)
-        key = (code.hash, variant.name, None, 0)
-        timeout = self.settings.compile_timeout_s if key in self._first else self.settings.run_timeout_s
-        self._first.discard(key)
+        slot, timeout = self._slot_and_timeout(code, variant)
         out_file = self._io_file(self.worker, "out")
         try:
             facts = self.worker.request("run", timeout, slot=slot, plan=[tp.wire() for tp in plan_inputs(self.problem, variant)],
@@ -388,11 +393,7 @@ class Verifier:
         """One call of ``path``'s Model on ``variant``, every launch and torch op recorded, in the candidate worker."""
         from xeforge.analysis.trace import Trace, TraceError
 
-        code = self.code(path)
-        slot = self._ensure_loaded(code, variant)
-        key = (code.hash, variant.name, None, 0)
-        timeout = self.settings.compile_timeout_s if key in self._first else self.settings.run_timeout_s
-        self._first.discard(key)
+        slot, timeout = self._slot_and_timeout(self.code(path), variant)
         reply = self.worker.request("trace", timeout, slot=slot,
                                     plan=[tp.wire() for tp in plan_inputs(self.problem, variant)], seed=0,
                                     distribution="normal")

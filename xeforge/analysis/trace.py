@@ -149,8 +149,8 @@ class _Recorder:
             grid = (grid,)
         self.add({"event": "launch", "kernel": base.__name__, "stack": self.stack(),
                   "args": {n: self.value(v) for n, v in bound.items()}, "constexprs": sorted(constexpr & set(bound)),
-                  "options": {k: self.value(v)["value"] if self.value(v)["kind"] == "scalar" else str(v)
-                              for k, v in options.items()},
+                  "options": {k: v.get("value") if v["kind"] == "scalar" else str(options[k])
+                              for k, v in ((k, self.value(o)) for k, o in options.items())},
                   "grid": [int(g) for g in grid] if isinstance(grid, (tuple, list)) else str(grid)})
 
     def autotuned(self, tuner: Any) -> None:
