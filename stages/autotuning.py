@@ -10,6 +10,9 @@ KB tuning space for the device — every one passing ``kb.check_config``.
 On the CPU interpreter Triton's autotuner cannot time configurations (it needs a GPU driver's benchmarker),
 so there the list holds only the launch's own configuration: the rewrite (decorator, key, ``META`` grid, launch
 without the tuned arguments) is still verified for correctness.
+
+A kernel that arrives ``@triton.autotune``'d keeps its decorator, key and configs: the tactic appends KB-valid
+configurations for the device to its list (on a GPU; on the interpreter there is nothing it could rank).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic
+from xeforge.analysis.launches import bindings, live_launches
 from xeforge.rewrite import autotune
 from xeforge.rewrite.tiling import KernelAnalysis, NotApplicable
 from xeforge.rewrite.tiling_configs import kb_configs, kb_errors, measured_configs, tunable
@@ -60,7 +64,12 @@ class AutotuneFromSpace(Tactic):
         for kernel in launched_kernels_gemm_first(ctx.model):
             try:
                 pool, why = config_pool(ctx, kernel)
-                src, plan = autotune.rewrite(ctx.source, pool, kind, kernel=kernel)
+                if ctx.model.functions[kernel].is_autotuned:  # met where it is: its own list, extended
+                    if not pool:
+                        raise NotApplicable(f"{kernel} is @triton.autotune'd already and {why}")
+                    src, plan = autotune.extend(ctx.source, kernel, pool, kind)
+                else:
+                    src, plan = autotune.rewrite(ctx.source, pool, kind, kernel=kernel)
             except NotApplicable as exc:
                 errors.append(str(exc))
                 continue
@@ -94,7 +103,7 @@ def _detect_fixed_config(ctx: StageContext) -> list[Issue]:
         model = ctx.model
     except Exception:  # an unparsable incumbent is reported by gate 1
         return out
-    for site in model.launches:
+    for site in live_launches(model):
         fn = model.functions[site.kernel]
         if fn.is_autotuned:
             continue
@@ -103,7 +112,8 @@ def _detect_fixed_config(ctx: StageContext) -> list[Issue]:
             continue
         key = autotune.shape_args(KernelAnalysis(fn))
         if key:
-            fixed = ", ".join(f"{n}={site.constexprs[n]}" for n in names)
+            values = bindings(model, site)
+            fixed = ", ".join(f"{n}={values[n].value}" for n in names)
             out.append(Issue("autotuning", "fixed-config",
                              f"{site.kernel} runs {fixed} for every {'/'.join(key)}", site.line))
     return out

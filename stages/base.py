@@ -1,7 +1,9 @@
 """What a stage is: a goal, issue detectors, knowledge-base topics, deterministic tactics, a prompt template.
 
 Owns: the :class:`Stage` and :class:`Tactic` interfaces and the data passed between a stage, an engine and
-the pipeline (:class:`StageContext`, :class:`Issue`, :class:`Candidate`, :class:`Applicability`). A stage is
+the pipeline (:class:`StageContext`, :class:`Issue`, :class:`Candidate`, :class:`Applicability`, and what an
+engine returns for a stage: :class:`TacticRecord` with its :class:`TrialOutcome` list, both engines — the rules
+engine in :mod:`xeforge.engines` and the llm engine in :mod:`cover_agent` — filling the same records). A stage is
 one module in ``stages/`` plus its ``<name>.md.j2`` prompt template; adding one touches that module, its
 template, its KB patterns and its tests.
 """
@@ -12,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from xeforge.analysis.observe import traces
 from xeforge.kernel_model import KernelModel, parse_kernel
 
 TEMPLATE_DIR = Path(__file__).resolve().parent
@@ -45,6 +48,30 @@ class Candidate:
 
 
 @dataclass
+class TrialOutcome:
+    trial: str  # trial folder name
+    candidate: Candidate
+    verdict: Any  # xeforge.verifier.Verdict
+    adopted: bool = False  # became the incumbent (set by the pipeline)
+    replayed: bool = False  # verdict replayed from the trial store (--resume)
+
+
+#: what an engine calls to judge a candidate (may also have .prepare(list[Candidate]): parallel compile)
+Evaluate = Callable[[Candidate], TrialOutcome]
+
+
+@dataclass
+class TacticRecord:
+    name: str
+    applies: bool
+    reason: str
+    engine: str = "rules"
+    outcomes: list[TrialOutcome] = field(default_factory=list)
+    best: TrialOutcome | None = None
+    note: str = ""
+
+
+@dataclass
 class StageContext:
     """Everything a stage's detectors and tactics may read. Tactics never touch a device."""
 
@@ -64,7 +91,19 @@ class StageContext:
     def model(self) -> KernelModel:
         if self._model is None or self._model.source != self.source:
             self._model = parse_kernel(self.source, str(getattr(self.problem, "kernel_path", "kernel.py")))
+            self.observe()
         return self._model
+
+    def observe(self) -> None:
+        """Trace the source at every variant (in the facts worker, on the meta device), so what each launch
+        really passes and which kernels really run is known to every detector and tactic reading it
+        (:mod:`xeforge.analysis.launches`). A source that cannot be traced keeps the static reading."""
+        if getattr(getattr(self.problem, "spec", None), "variants", None) is None:
+            return
+        try:
+            traces(self.problem, self.source)
+        except Exception:  # noqa: BLE001 — no trace: the tactics read the code alone and say so
+            pass
 
     def with_source(self, source: str) -> "StageContext":
         return StageContext(self.problem, source, self.original_source, self.device, self.device_id, self.kb,

@@ -1,10 +1,12 @@
 """Stage 7, device_tuning: tile sizes, ``num_warps``, ``num_stages`` (and on xpu ``grf_mode``/``warp_size``).
 
-Owns: the launch-parameter search tactic — find the literal constexpr block sizes and launch options at the
-launch site of the kernel that matters most, draw alternatives from the knowledge base's tuning space for
-the device and kernel family (a small built-in space when no KB entry applies), prune what the KB
-constraints forbid, keep grid sizes consistent with the block sizes, and hand the candidates to the
-verifier. The pipeline keeps the best verified one.
+Owns: the launch-parameter search tactic — find the block sizes (literal or an expression with one value at every
+shape: :func:`xeforge.rewrite.tiling_configs.tunable_names`) and launch options at the launch site of the kernel
+that matters most, draw alternatives from the knowledge base's tuning space for the device and kernel family (a
+small built-in space when no KB entry applies), prune what the KB constraints forbid, keep grid sizes consistent
+with the block sizes, and hand the candidates to the verifier. The pipeline keeps the best verified one. An
+``@triton.autotune``'d kernel is searched by pinning: each of its own configurations and the KB's is written at
+the launch with the decorator removed, so the verifier times them one by one.
 
 The stage's other tactics live beside it, in this order (each one works on the best kernel of the ones before):
 ``split-k`` (:mod:`stages.device_tuning_splitk`, SPLIT_K programs per output tile over slices of K when a GEMM's
@@ -24,109 +26,36 @@ from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Ta
 from stages.device_tuning_rows import RowsPerProgram
 from stages.device_tuning_splitk import SplitK
 from stages.device_tuning_swizzle import GroupedTileOrder
-from xeforge.codemod import grid_axis_literal, set_grid_block, set_launch_kwargs
-from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, axis_blocks, dotted_name
-
-BLOCK_HINTS = ("BLOCK", "TILE", "GROUP_SIZE")
-
-
-def kernel_family(model: KernelModel, fn: JitFunction, declared: str | None = None) -> str:
-    """The knowledge-base family whose tuning space fits ``fn``: the spec's kind, unless the kernel cannot be one.
-
-    A matrix product written without ``tl.dot`` (a decode GEMV: each program reduces its outputs' rows over K
-    with ``tl.sum``) is ``gemv``: GEMM tiles (64-256 outputs a program) starve it of programs. Any other kernel
-    without ``tl.dot`` in a gemm/attention problem (an epilogue kernel) is classified by its body.
-    """
-    calls = [c.name for c in model.calls if c.function == fn.name]
-    dots = sum(1 for c in calls if c.endswith(".dot"))
-    reduces = any(c.rsplit(".", 1)[-1] in {"sum", "max", "min", "reduce", "argmax"} for c in calls)
-    if declared in {"gemm", "attention"} and not dots:
-        return "gemv" if declared == "gemm" and reduces else ("reduction" if reduces else "elementwise")
-    if declared in {"gemm", "gemv", "reduction", "elementwise", "attention"}:
-        return declared
-    if dots >= 2 and any(c.endswith(".exp") or c.endswith(".exp2") for c in calls):
-        return "attention"
-    if dots:
-        return "gemm"
-    if reduces:
-        return "reduction"
-    return "elementwise"
-
-
-def _is_pow2(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v > 0 and v & (v - 1) == 0
+from xeforge.analysis.launches import autotune_configs, bindings, block_params, live_launches
+from xeforge.kernel_model import KernelModel, LaunchSite, dotted_name
+from xeforge.rewrite import NotApplicable, autotune
+from xeforge.rewrite.tiling_configs import apply_config, kernel_family, tunable_names
 
 
 def target_site(model: KernelModel) -> LaunchSite | None:
-    """The launch worth tuning first: a kernel with tl.dot, else the first launch with literal block sizes."""
+    """The launch worth tuning first, of the kernels that really run: one with tl.dot, else the first launch with
+    tunable block sizes or an ``@triton.autotune`` list to pin."""
     def score(site: LaunchSite) -> tuple:
         fn = model.functions[site.kernel]
         has_dot = any(c.name.endswith(".dot") and c.function == fn.name for c in model.calls)
         return (not has_dot, site.line)
 
-    sites = [s for s in model.launches if tunable_names(model, s)[0] and not model.functions[s.kernel].is_autotuned]
+    sites = [s for s in live_launches(model) if _pinnable(model, s) or
+             (not model.functions[s.kernel].is_autotuned and tunable_names(model, s)[0])]
     return min(sites, key=score) if sites else None
 
 
-def grid_literals(model: KernelModel, site: LaunchSite) -> list[int]:
-    """The literal block sizes in ``cdiv(x, <int>)`` calls of the grid used by ``site`` (inline or a variable)."""
-    import ast
-
-    expr = model.segment(site.node.func.slice)
-    try:
-        node = ast.parse(expr, mode="eval").body
-    except SyntaxError:
-        return []
-    if isinstance(node, ast.Name):
-        fn = next((f for f in ast.walk(model.tree) if isinstance(f, ast.FunctionDef) and f.name == site.function), None)
-        assigns = [a for a in ast.walk(fn) if isinstance(a, ast.Assign) and a.lineno < site.line
-                   and any(isinstance(t, ast.Name) and t.id == node.id for t in a.targets)] if fn else []
-        node = max(assigns, key=lambda a: a.lineno).value if assigns else node
-    out = []
-    for call in ast.walk(node):
-        if isinstance(call, ast.Call) and len(call.args) == 2 and (dotted_name(call.func) or "").endswith("cdiv") \
-                and isinstance(call.args[1], ast.Constant) and isinstance(call.args[1].value, int):
-            out.append(call.args[1].value)
-    return out
+def _pinnable(model: KernelModel, site: LaunchSite) -> bool:
+    """An autotuned kernel whose configurations are known (literal or traced) and launched from one place."""
+    return model.functions[site.kernel].is_autotuned and bool(autotune_configs(model, site.kernel)) and \
+        sum(s.kernel == site.kernel for s in model.launches) == 1
 
 
-def tunable_names(model: KernelModel, site: LaunchSite) -> tuple[list[str], dict[str, str]]:
-    """Constexprs at ``site`` the search may change, and why each other block-like constexpr is left alone."""
-    fn = model.functions[site.kernel]
-    axes = axis_blocks(fn)
-    # grid literals that no program-id axis explains (e.g. a swizzled 1D grid cdiv(M, 128) * cdiv(N, 128)): a block
-    # of that value may size the grid in a way the search cannot follow, so it is left alone
-    unexplained = list(grid_literals(model, site))
-    for ax, names in axes.items():
-        for n in names:
-            if site.constexprs.get(n) in unexplained:
-                unexplained.remove(site.constexprs[n])
-                break
-    ok, why = [], {}
-    for name, value in site.constexprs.items():
-        if not any(h in name.upper() for h in BLOCK_HINTS):
-            continue
-        if not _is_pow2(value):
-            why[name] = f"{name}={value!r} is not a power-of-two literal"
-            continue
-        coupled = [ax for ax, names in axes.items() if name in names]
-        if not coupled and value in unexplained:
-            why[name] = (f"{name}={value} may size the grid (cdiv(..., {value}) at the launch) through an index "
-                         "computation the search cannot follow")
-            continue
-        if coupled:
-            kind, lit = grid_axis_literal(model.source, site.kernel, site.line, coupled[0])
-            if lit != value:
-                why[name] = f"{name} sizes grid axis {coupled[0]}, whose size is not cdiv(..., {value}) at the launch"
-                continue
-        ok.append(name)
-    return ok, why
-
-
-def _fallback_space(site: LaunchSite, names: list[str], device_kind: str) -> dict[str, list[Any]]:
+def _fallback_space(site: LaunchSite, current: dict[str, Any], names: list[str], device_kind: str
+                    ) -> dict[str, list[Any]]:
     space: dict[str, list[Any]] = {}
     for n in names:
-        v = site.constexprs[n]
+        v = current[n]
         if "GROUP" in n.upper():
             space[n] = sorted({1, 4, 8, v})
         else:
@@ -139,30 +68,48 @@ def _fallback_space(site: LaunchSite, names: list[str], device_kind: str) -> dic
 
 class LaunchParamSearch(Tactic):
     name = "launch-params"
-    summary = "search block sizes, num_warps and num_stages at the launch site within the KB's valid space"
+    summary = ("search block sizes, num_warps and num_stages at the launch site within the KB's valid space "
+               "(an @triton.autotune'd kernel: each of its configs and the KB's, pinned at the launch)")
 
     def check(self, ctx: StageContext) -> Applicability:
         m = ctx.model
         if not m.launches:
-            return Applicability(False, "no kernel launch found in Model.forward")
+            return Applicability(False, "no kernel launch found in the file")
         site = target_site(m)
         if site is None:
             reasons = []
-            for s in m.launches:
+            for s in live_launches(m):
                 if m.functions[s.kernel].is_autotuned:
-                    reasons.append(f"{s.kernel} is already @triton.autotune'd")
+                    reasons.append(f"{s.kernel} is @triton.autotune'd with configs that are neither literal nor "
+                                   "traced" if not autotune_configs(m, s.kernel) else
+                                   f"{s.kernel} is @triton.autotune'd and launched from several places")
                 else:
                     _, why = tunable_names(m, s)
-                    reasons.append(f"{s.kernel}: " + ("; ".join(why.values()) or "no literal block-size constexprs"))
-            return Applicability(False, "no launch with literal block sizes to search (" + "; ".join(reasons) + ")")
+                    reasons.append(f"{s.kernel}: " + ("; ".join(why.values()) or "no block-size constexprs"))
+            return Applicability(False, "no launch with block sizes to search (" + "; ".join(reasons) + ")")
+        if m.functions[site.kernel].is_autotuned:
+            n = len(autotune_configs(m, site.kernel))
+            return Applicability(True, f"{site.kernel} at line {site.line}: its {n} @triton.autotune config(s) and "
+                                       "the KB's, each pinned at the launch (decorator removed)")
         names, why = tunable_names(m, site)
         extra = f" (left alone: {'; '.join(why.values())})" if why else ""
         return Applicability(True, f"{site.kernel} at line {site.line}: {', '.join(names)} + launch options{extra}")
 
+    def _current(self, m: KernelModel, site: LaunchSite) -> tuple[list[str], dict[str, Any], list[dict[str, Any]]]:
+        """The names to search, the configuration to search around, and configurations to try first."""
+        fn = m.functions[site.kernel]
+        if fn.is_autotuned:
+            own = autotune_configs(m, site.kernel)
+            names = sorted({k for c in own for k in c if k in block_params(fn)})
+            return names, dict(own[0]), [dict(c) for c in own]
+        names, _ = tunable_names(m, site)
+        values = bindings(m, site)
+        return names, {**{n: values[n].value for n in names}, **site.options}, []
+
     def configs(self, ctx: StageContext, site: LaunchSite, names: list[str]) -> list[dict[str, Any]]:
         m = ctx.model
         fn = m.functions[site.kernel]
-        current = {**{n: site.constexprs[n] for n in names}, **site.options}
+        _, current, first = self._current(m, site)
         budget = ctx.settings.tuning_budget if ctx.device.can_time else ctx.settings.cpu_tuning_budget
         pool: list[dict[str, Any]] = []
         kb_space = None
@@ -178,19 +125,20 @@ class LaunchParamSearch(Tactic):
                              ("num_warps", "num_stages", "grf_mode", "warp_size")})
             n_seeds = len(getattr(kb_space, "seeds", []) or [])
         else:
-            space = _fallback_space(site, names, ctx.device.kind)
+            space = _fallback_space(site, current, names, ctx.device.kind)
             keys = list(space)
             pool = [dict(zip(keys, vals)) for vals in itertools.product(*(space[k] for k in keys))]
         seen, out = set(), []
-        # the KB's seeds (configurations known to be good on the device) first, in order; then a deterministic
-        # shuffle of the rest, so a small budget still samples the whole space rather than one corner of it
+        # an autotuned kernel's own configurations first (each one pinned is a candidate); then the KB's seeds
+        # (configurations known to be good on the device), in order; then a deterministic shuffle of the rest, so a
+        # small budget still samples the whole space rather than one corner of it
         rest = pool[n_seeds:]
         random.Random(f"{site.kernel}:{sorted(current.items())}").shuffle(rest)
-        pool = pool[:n_seeds] + rest
+        pool = first + pool[:n_seeds] + rest
         for cfg in pool:
             full = {**current, **cfg}
             key = tuple(sorted(full.items()))
-            if key in seen or full == current:
+            if key in seen or (full == current and not first):
                 continue
             seen.add(key)
             if ctx.kb is not None and ctx.device_id:
@@ -199,7 +147,7 @@ class LaunchParamSearch(Tactic):
                         continue
                 except AttributeError:
                     pass
-            out.append(cfg)
+            out.append(full if first else cfg)
             if len(out) >= budget:
                 break
         return out
@@ -209,28 +157,33 @@ class LaunchParamSearch(Tactic):
         site = target_site(m)
         if site is None:
             return []
-        names, _ = tunable_names(m, site)
-        axes = axis_blocks(m.functions[site.kernel])
+        names, _, _ = self._current(m, site)
+        pinned = m.functions[site.kernel].is_autotuned
+        kind = getattr(ctx.device, "kind", "cuda")
         out = []
         for cfg in self.configs(ctx, site, names):
-            src = set_launch_kwargs(ctx.source, site.kernel, site.line, cfg)
-            for name in names:
-                if name in cfg and cfg[name] != site.constexprs[name]:
-                    for ax, ax_names in axes.items():
-                        if name in ax_names:
-                            src = set_grid_block(src, site.kernel, site.line, ax, site.constexprs[name], cfg[name])
+            try:
+                src = autotune.pin(ctx.source, site.kernel, cfg, kind) if pinned else \
+                    apply_config(ctx.source, site.kernel, cfg)
+            except NotApplicable:
+                continue
             desc = ", ".join(f"{k}={v}" for k, v in cfg.items())
-            out.append(Candidate(src, self.name, f"{site.kernel}: {desc}", kind="search", params=cfg))
+            out.append(Candidate(src, self.name, f"{site.kernel}: {'pinned ' if pinned else ''}{desc}", kind="search",
+                                 params=cfg))
         return out
 
 
 def _detect_defaults(ctx: StageContext) -> list[Issue]:
     out = []
-    for site in ctx.model.launches:
-        if "num_warps" not in site.options and not ctx.model.functions[site.kernel].is_autotuned:
+    m = ctx.model
+    for site in live_launches(m):
+        fn = m.functions[site.kernel]
+        if "num_warps" not in site.options and not fn.is_autotuned:
             out.append(Issue("device_tuning", "default-warps", f"{site.kernel} launches with default num_warps",
                              site.line))
-        small = [f"{k}={v}" for k, v in site.constexprs.items() if "BLOCK" in k.upper() and _is_pow2(v) and v <= 32]
+        blocks = block_params(fn)
+        small = [f"{k}={b.value}" for k, b in bindings(m, site).items() if k in blocks and b.constant and
+                 isinstance(b.value, int) and not isinstance(b.value, bool) and 0 < b.value <= 32]
         if small:
             out.append(Issue("device_tuning", "small-tiles", f"{site.kernel} uses small fixed tiles ({', '.join(small)})",
                              site.line))

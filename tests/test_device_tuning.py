@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import ast
 
-from stages.device_tuning import LaunchParamSearch, target_site, tunable_names
+from stages.device_tuning import LaunchParamSearch, target_site
+from xeforge.rewrite.tiling_configs import tunable_names
 from tests.conftest import ROOT, tactic_context
 from xeforge.kernel_model import parse_kernel
 from xeforge.problem import load_problem
@@ -48,13 +49,37 @@ def test_the_kb_seeds_come_first():
     assert first["num_warps"] == seeds[0]["num_warps"]
 
 
-def test_grid_variable_is_found_by_name_not_by_position():
-    from xeforge.codemod import set_grid_block
+GRID_VAR = """import triton
+import triton.language as tl
 
-    src = ("def f(M, N):\n    grid = (triton.cdiv(M, 64),)\n    shape = (3, 4)\n"
-           "    k[grid](M, BLOCK=64)\n")
-    out = set_grid_block(src, "k", 4, 0, 64, 128)
-    assert "grid = (triton.cdiv(M, 128),)" in out and "shape = (3, 4)" in out
+
+@triton.jit
+def k(x_ptr, M, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, 1.0, mask=offs < M)
+
+
+def f(x, M):
+    bs = 64
+    grid = (triton.cdiv(M, bs),)
+    shape = (3, 4)
+    k[grid](x, M, BLOCK=bs)
+"""
+
+
+def test_a_config_follows_the_grid_variable_and_the_block_variable():
+    """``BLOCK=bs`` with ``grid = (cdiv(M, bs),)``: a new block size is written at the launch and in the grid (found
+    by name, not position), other tuples and the variable's own line left alone."""
+    from xeforge.rewrite.tiling_configs import apply_config
+
+    m = parse_kernel(GRID_VAR)
+    assert tunable_names(m, m.launches[0]) == (["BLOCK"], {})
+    out = apply_config(GRID_VAR, "k", {"BLOCK": 128})
+    assert "grid = (triton.cdiv(M, 128),)" in out and "shape = (3, 4)" in out and "bs = 64" in out
+    assert "k[grid](x, M, BLOCK=128)" in out
+    used = GRID_VAR.replace("    shape = (3, 4)\n", "    shape = (bs, 4)\n")
+    names, why = tunable_names(parse_kernel(used), parse_kernel(used).launches[0])
+    assert names == [] and "also read at line 14" in why["BLOCK"]
 
 
 OVER = ("variant ci@bfloat16: raised: OutOfResources: out of resource: shared memory, Required: 240000, "
@@ -97,7 +122,7 @@ def test_a_gemv_without_tl_dot_is_tuned_from_the_gemv_space_not_with_gemm_tiles(
     """gemv_decode is declared a gemm problem, but its kernel reduces with tl.sum: GEMM tiles (64-256 outputs a
     program) left it 32-64 programs for 132 SMs on the H200 (0.27-0.59x in the suite run); the gemv space's small
     output blocks come first now. An epilogue kernel of a gemm problem is classified by its own body."""
-    from stages.device_tuning import kernel_family
+    from xeforge.rewrite.tiling_configs import kernel_family
 
     p = load_problem(KERNELS / "gemv_decode")
     m = parse_kernel(p.kernel_source)

@@ -143,11 +143,21 @@ def test_unsupported_kernels_are_left_alone_with_a_reason(folder, reason):
     assert TACTIC.propose(ctx) == []
 
 
-def test_an_autotuned_kernel_is_not_autotuned_again():
+def test_an_autotuned_kernel_keeps_its_list_and_gets_the_kbs_configs(verify):
+    """Not autotuned twice: on the interpreter there is nothing to add; on a GPU the KB's configurations are
+    appended to the kernel's own list (its key and configs kept), and the result verifies."""
     p = load_problem(KERNELS / "vector_add")
     cand = TACTIC.propose(context(p))[0]
     app = TACTIC.check(context(p, cand.source))
-    assert not app.applies and "already @triton.autotune'd" in app.reason
+    assert not app.applies and "@triton.autotune'd already" in app.reason
+    gpu = context(p, cand.source, kind="cuda", target="h200")
+    app = TACTIC.check(gpu)
+    assert app.applies and "its own @triton.autotune list of 1 extended by" in app.reason, app.reason
+    (ext,) = TACTIC.propose(gpu)
+    assert ext.source.count("@triton.autotune") == 1 and ext.source.count("triton.Config(") == len(ext.params["configs"])
+    assert ext.source.count("triton.Config(") > cand.source.count("triton.Config(")
+    verdict = verify(p, ext.source)
+    assert verdict.correct, verdict.feedback()
 
 
 def test_detector_reports_fixed_configs():

@@ -12,7 +12,8 @@ import ast
 
 import pytest
 
-from stages.device_tuning import LaunchParamSearch, tunable_names
+from stages.device_tuning import LaunchParamSearch
+from xeforge.rewrite.tiling_configs import tunable_names
 from stages.device_tuning_swizzle import GroupedTileOrder, group_size
 from tests.conftest import tactic_context, FIXTURES, ROOT
 from xeforge.kernel_model import parse_kernel
@@ -32,9 +33,9 @@ def context(p, source: str | None = None, kind: str = "cpu", target: str | None 
 def with_group(source: str, group: int) -> str:
     """The swizzled source with GROUP_SIZE_M set to ``group`` at the launch (what the search would try)."""
     site = next(s for s in parse_kernel(source).launches if tiling_swizzle.PARAM in s.constexprs)
-    from xeforge.codemod import set_launch_kwargs
+    from xeforge.rewrite.tiling_edit import LaunchEdit, edit_launch
 
-    return set_launch_kwargs(source, site.kernel, site.line, {tiling_swizzle.PARAM: group})
+    return edit_launch(source, LaunchEdit(site.kernel, site.line, set_kwargs={tiling_swizzle.PARAM: repr(group)}))
 
 
 def test_2d_grid_becomes_a_grouped_1d_grid(verify):

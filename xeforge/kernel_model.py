@@ -4,7 +4,7 @@ Owns: parsing a kernel source (``ast``) into :class:`KernelModel` — jit functi
 parameters and ``@triton.autotune`` configs, the launch sites ``kernel[grid](...)`` reachable from
 ``Model.forward`` with literal constexpr values and launch options, and the calls made inside each
 function (``tl.dot``, ``tl.make_block_ptr`` ...). Static checks (gate 1), knowledge-base constraints and the
-rules engine's tactics read this model; source *rewriting* lives in :mod:`xeforge.codemod`.
+rules engine's tactics read this model; source *rewriting* lives in :mod:`xeforge.rewrite`.
 """
 
 from __future__ import annotations
@@ -66,10 +66,11 @@ class JitFunction:
     autotune_key: list[str]
     has_heuristics: bool
     node: ast.FunctionDef = field(repr=False, compare=False)
+    autotuned: bool = False  # decorated with @triton.autotune (its configs may not be literals: a comprehension)
 
     @property
     def is_autotuned(self) -> bool:
-        return bool(self.autotune_configs)
+        return self.autotuned or bool(self.autotune_configs)
 
 
 @dataclass
@@ -217,6 +218,8 @@ def parse_kernel(source: str, path: str = "kernel.py") -> KernelModel:
                     for d in node.decorator_list
                 ),
                 node=node,
+                autotuned=any(isinstance(d, ast.Call) and dotted_name(d.func) in {"triton.autotune", "autotune"}
+                              for d in node.decorator_list),
             )
         elif isinstance(node, ast.ClassDef) and node.name == "Model":
             model_class = node

@@ -2,7 +2,7 @@
 
 Owns: asking a worker for the trace of a source at each variant of the problem (on the meta device: the real
 host code, shapes, dtypes, constexprs and grids of the bench-sized variants without running a kernel or needing a
-device), caching them per source, and saying why a variant could not be traced (host code that needs real values,
+device), caching them per source (and handing each to :func:`xeforge.analysis.launches.remember`), and saying why a variant could not be traced (host code that needs real values,
 such as ``.item()``, fails on the meta device). Runs in the process-wide facts worker (:func:`facts_worker`):
 the kernel file is user code, and never runs in this process.
 """
@@ -12,14 +12,15 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from xeforge.analysis.launches import remember
 from xeforge.analysis.trace import Trace, TraceError
+from xeforge.isolation import WorkerFailure, facts_worker
+from xeforge.problem import plan_inputs
 
 
 @functools.lru_cache(maxsize=64)
 def _trace(source: str, filename: str, init_args: tuple, dtype: str | None, plan: tuple, variant: str) -> Trace | str:
     """``plan`` is ((name, shape, dtype, low, high), ...): hashable, for the cache."""
-    from xeforge.isolation import WorkerFailure, facts_worker
-
     wire_plan = [{"name": n, "shape": list(shape), "dtype": dt, "low": lo, "high": hi} for n, shape, dt, lo, hi in plan]
     try:
         reply = facts_worker().request("trace_meta", 120.0, source=source, filename=filename,
@@ -34,15 +35,16 @@ def _trace(source: str, filename: str, init_args: tuple, dtype: str | None, plan
 def trace_at(problem: Any, variant: Any, source: str | None = None) -> Trace | str:
     """The trace of ``source`` (default: the starting kernel) at one variant (a derived one too: ragged shapes,
     ``ci@bfloat16``), or why there is none."""
-    from xeforge.problem import plan_inputs
-
     source = problem.kernel_source if source is None else source
     try:
         init = tuple(tuple(a) if isinstance(a, list) else a for a in problem.init_args(variant))
         plan = tuple((tp.name, tuple(tp.shape), tp.dtype, tp.low, tp.high) for tp in plan_inputs(problem, variant))
     except Exception as exc:  # noqa: BLE001 — a spec the trace cannot follow is a reason, not a crash
         return f"the inputs of {variant.name} could not be planned ({exc})"
-    return _trace(source, problem.kernel_path.name, init, variant.dtype, plan, variant.name)
+    got = _trace(source, problem.kernel_path.name, init, variant.dtype, plan, variant.name)
+    if isinstance(got, Trace):
+        remember(source, got)  # the launches' values and which kernels ran, for every reader of this source
+    return got
 
 
 def traces(problem: Any, source: str | None = None) -> dict[str, Trace | str]:

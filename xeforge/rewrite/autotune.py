@@ -13,6 +13,11 @@ Owns: planning and applying the autotuning stage's codemod. For the launch of on
 
 A kernel that both loads and stores the same tensor gets ``restore_value`` for it (autotuning runs every
 config on the real arguments); one that uses atomics is left alone, since benchmark runs would accumulate.
+
+A kernel that arrives ``@triton.autotune``'d (most kernels people write for NVIDIA) is met where it is:
+:func:`extend` appends KB-valid configurations for the device to its own list (``configs=[...]`` literal), and
+:func:`pin` removes the decorator and writes one configuration at the launch (the launch-parameter search times
+each of the kernel's own configurations this way, and the best one is kept without the first-call tuning).
 """
 
 from __future__ import annotations
@@ -21,11 +26,12 @@ import ast
 from dataclasses import dataclass, field
 from typing import Any
 
+from xeforge.analysis.launches import autotune_configs, bindings
 from xeforge.kernel_model import KernelModel, axis_blocks, parse_kernel
 from xeforge.rewrite.tiling import BlockPtr, KernelAnalysis, Mask, NotApplicable, Ptr, is_tl_call
 from xeforge.rewrite.tiling_grid import GridTranslator, launch_grid, launched_kernels_gemm_first, single_launch
 from xeforge.rewrite.tiling_configs import OPTION_KEYS, tunable
-from xeforge.rewrite.tiling_edit import LaunchEdit, add_decorator, edit_launch
+from xeforge.rewrite.tiling_edit import LaunchEdit, add_decorator, edit_launch, extend_decorator_list, remove_decorator
 
 #: options triton.Config takes as keywords
 CONFIG_KWARGS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
@@ -43,10 +49,14 @@ class AutotunePlan:
     configs: list[dict[str, Any]]
     grid: str | None  # the new grid expression (None: unchanged)
     restore: list[str] = field(default_factory=list)
+    added: int = 0  # configurations appended to a list the kernel already had (0: a new decorator)
 
     def describe(self) -> str:
-        return (f"{self.kernel}: @triton.autotune over {len(self.configs)} config(s) of "
-                f"{', '.join(self.tuned + self.options)}, keyed on {', '.join(self.key)}")
+        what = ", ".join(self.tuned + self.options)
+        if self.added:
+            return (f"{self.kernel}: its own @triton.autotune list of {len(self.configs) - self.added} extended by "
+                    f"{self.added} KB configuration(s) of {what}, keyed on {', '.join(self.key) or 'nothing'}")
+        return f"{self.kernel}: @triton.autotune over {len(self.configs)} config(s) of {what}, keyed on {', '.join(self.key)}"
 
 
 def shape_args(an: KernelAnalysis) -> list[str]:
@@ -91,7 +101,8 @@ def plan_autotune(model: KernelModel, kernel: str, configs: list[dict[str, Any]]
     if not names and not site.options:
         raise NotApplicable(f"{kernel}'s launch has no literal block sizes or launch options to tune")
     xpu = device_kind == "xpu"
-    current = {**{n: site.constexprs[n] for n in names}, **site.options}
+    values = bindings(model, site)
+    current = {**{n: values[n].value for n in names}, **site.options}
     cleaned: list[dict[str, Any]] = []
     for cfg in ([current] if include_incumbent else []) + list(configs):
         c = {k: v for k, v in {**current, **cfg}.items() if k in names or k in OPTION_KEYS}
@@ -181,3 +192,58 @@ def rewrite(source: str, configs: list[dict[str, Any]], device_kind: str, kernel
         return apply_autotune(source, plan, device_kind), plan
     raise NotApplicable("; ".join(errors) or "no kernel launch found")
 
+
+
+AUTOTUNE_DECORATORS = ("triton.autotune", "autotune")
+
+
+def _kwargs_code(cfg: dict[str, Any], device_kind: str) -> dict[str, str]:
+    xpu = device_kind == "xpu"
+    return {k: repr(v) for k, v in cfg.items() if v is not None and (xpu or k not in XPU_DICT_OPTIONS)}
+
+
+def pin(source: str, kernel: str, cfg: dict[str, Any], device_kind: str = "cuda") -> str:
+    """``source`` with ``kernel``'s ``@triton.autotune`` removed and ``cfg`` written at its launch (its grid reads
+    the block sizes from ``META``, which holds the launch's keyword arguments)."""
+    model = parse_kernel(source)
+    fn = model.functions[kernel]
+    if not fn.is_autotuned:
+        raise NotApplicable(f"{kernel} is not @triton.autotune'd")
+    site = single_launch(model, kernel)
+    grid = launch_grid(model, site)
+    if grid is None:
+        raise NotApplicable(f"the grid of the launch at line {site.line} is not a tuple or a lambda returning one")
+    unknown = [k for k in cfg if k not in fn.constexpr_params and k not in OPTION_KEYS]
+    if unknown:
+        raise NotApplicable(f"config keys {', '.join(unknown)} are neither constexprs of {kernel} nor launch options")
+    source = edit_launch(source, LaunchEdit(kernel, site.line, set_kwargs=_kwargs_code(cfg, device_kind)))
+    return remove_decorator(source, kernel, AUTOTUNE_DECORATORS)  # last: it moves the lines below it
+
+
+def extend(source: str, kernel: str, configs: list[dict[str, Any]], device_kind: str) -> tuple[str, AutotunePlan]:
+    """``source`` with ``configs`` (those not already listed) appended to ``kernel``'s ``@triton.autotune`` list."""
+    model = parse_kernel(source)
+    fn = model.functions[kernel]
+    if not fn.is_autotuned:
+        raise NotApplicable(f"{kernel} is not @triton.autotune'd")
+    own = autotune_configs(model, kernel)
+    tuned = sorted({k for c in own for k in c if k in fn.constexpr_params})
+    xpu = device_kind == "xpu"
+    new: list[dict[str, Any]] = []
+    for cfg in configs:
+        c = {k: v for k, v in cfg.items() if k in tuned or k in OPTION_KEYS}
+        if not xpu:
+            c = {k: v for k, v in c.items() if k not in XPU_DICT_OPTIONS}
+        if set(tuned) - set(c):
+            continue  # a configuration must set every constexpr the kernel's own list sets
+        if c and c not in own and c not in new:
+            new.append(c)
+        if len(new) >= MAX_CONFIGS:
+            break
+    if not new:
+        raise NotApplicable(f"{kernel}'s @triton.autotune already lists every KB configuration drawn for the device"
+                            if configs else f"no KB configuration for {kernel} on this device to add")
+    items = [_config_code(c, tuned, xpu) for c in new]
+    source = extend_decorator_list(source, kernel, AUTOTUNE_DECORATORS, "configs", items)
+    options = sorted({k for c in new for k in c if k in OPTION_KEYS})
+    return source, AutotunePlan(kernel, list(fn.autotune_key), tuned, options, own + new, None, added=len(new))

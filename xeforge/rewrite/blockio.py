@@ -167,8 +167,6 @@ def _base_of(acc: Access, params: list[str] | None = None) -> str:
 
 def plan_block_io(model: KernelModel, kernel: str, mode: str = DESCRIPTOR) -> BlockIOPlan:
     fn = model.functions[kernel]
-    if fn.is_autotuned or fn.has_heuristics:
-        raise NotApplicable(f"{kernel} is @triton.autotune'd / @triton.heuristics'd (rewrite it before tuning)")
     if FLAG in fn.params:
         raise NotApplicable(f"{kernel} already has structured loads ({FLAG})")
     an = KernelAnalysis(fn)

@@ -94,8 +94,6 @@ def _hoistable_assign(st: ast.stmt, counts: dict[str, int], dependent: set[str])
 
 def plan_persistent(model: KernelModel, kernel: str) -> PersistentPlan:
     fn = model.functions[kernel]
-    if fn.is_autotuned:
-        raise NotApplicable(f"{kernel} is @triton.autotune'd (make it persistent before autotuning)")
     if is_persistent(fn.node):
         raise NotApplicable(f"{kernel} already loops over tiles from tl.program_id (persistent)")
     site = single_launch(model, kernel)

@@ -1,10 +1,13 @@
 """Launch configurations for the structural rewrites: drawn from the knowledge base, applied at the launch.
 
-Owns: reading a kernel's current launch configuration (literal block sizes and launch options), drawing
+Owns: which block sizes of a launch a configuration may change (:func:`tunable_names`, with the reason for each
+one left alone; values and provenance from :mod:`xeforge.analysis.launches`, so a block size passed as a variable,
+module constant or attribute is tunable like a literal), reading its current configuration, drawing
 KB-valid alternatives from the device's tuning space (seeds first, filtered by ``kb.check_config``), applying
-a configuration to a launch site while keeping a tuple grid consistent with the block sizes, and ranking the
+a configuration to a launch site while keeping its grid consistent with the block sizes, and ranking the
 configurations that earlier ``device_tuning`` trials measured (from the run folder's trial store), and refitting
-``num_stages`` when the compiler reports a configuration over the device's shared memory.
+``num_stages`` when the compiler reports a configuration over the device's shared memory; and the knowledge-base
+family whose tuning space fits a kernel (:func:`kernel_family`, read by the launch-parameter search too).
 
 A structural rewrite that only pays off with larger tiles (descriptors, persistence, swizzling) is proposed
 as-is and, on a GPU, also with the top few KB configurations: the verifier times each one, so the stage can
@@ -19,7 +22,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from xeforge.kernel_model import KernelModel, LaunchSite, axis_blocks, literal, parse_kernel
+from xeforge.analysis.launches import Binding, autotune_configs, bindings, block_params, expression_uses
+from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, axis_blocks, literal, parse_kernel
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.kb.roles import first_int
 from xeforge.rewrite.tiling_grid import _cdiv_args, launch_grid, launched_kernels_gemm_first, single_launch
@@ -29,41 +33,124 @@ from xeforge.rewrite.tiling_edit import LaunchEdit, edit_launch
 OPTION_KEYS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "grf_mode", "warp_size", "threads_per_warp")
 
 
-def tunable(model: KernelModel, site: LaunchSite) -> list[str]:
-    """Block-size constexprs at ``site`` that a configuration may change: power-of-two literals named like
-    tiles, and — when one scales a grid axis — only if that axis is ``cdiv(..., <the same literal>)`` (the
-    launch-parameter search's rule, read from the ``ast`` so it costs no libcst pass)."""
-    from stages.device_tuning import BLOCK_HINTS
+def _pow2(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0 and v & (v - 1) == 0
 
-    fn = model.functions[site.kernel]
-    axes = axis_blocks(fn)
+
+def grid_literals(model: KernelModel, site: LaunchSite) -> list[int]:
+    """The literal block sizes in ``cdiv(x, <int>)`` calls of the grid used by ``site`` (inline or a variable)."""
     grid = launch_grid(model, site)
     out = []
-    for name, value in site.constexprs.items():
-        if not any(h in name.upper() for h in BLOCK_HINTS):
-            continue
-        if not (isinstance(value, int) and not isinstance(value, bool) and value > 0 and value & (value - 1) == 0):
-            continue
-        coupled = [ax for ax, names in axes.items() if name in names]
-        if coupled:
-            ax = coupled[0]
-            el = grid.elements[ax] if grid is not None and grid.kind == "tuple" and ax < len(grid.elements) else None
-            cd = _cdiv_args(el) if el is not None else None
-            if cd is None or literal(cd[1]) != value:
-                continue
-        out.append(name)
+    for el in (grid.elements if grid is not None else []):
+        for call in ast.walk(el):
+            cd = _cdiv_args(call)
+            if cd is not None and isinstance(literal(cd[1]), int):
+                out.append(literal(cd[1]))
     return out
 
 
-def family(model: KernelModel, kernel: str, declared: str | None) -> str:
-    from stages.device_tuning import kernel_family
+def _axis_follows(model: KernelModel, site: LaunchSite, grid: Any, axis: int, name: str, bd: Binding) -> bool:
+    """Grid axis ``axis`` is ``cdiv(..., <the block>)``: its literal, the expression the launch passes for it, or
+    ``META[name]`` in a lambda grid."""
+    if grid is None or axis >= len(grid.elements):
+        return False
+    cd = _cdiv_args(grid.elements[axis])
+    if cd is None:
+        return False
+    div = cd[1]
+    if grid.kind == "lambda" and isinstance(div, ast.Subscript) and isinstance(div.value, ast.Name) \
+            and div.value.id == grid.meta and literal(div.slice) == name:
+        return True
+    if isinstance(div, ast.Constant):
+        return div.value == bd.value
+    src = (ast.get_source_segment(model.source, div) or ast.unparse(div)).strip()
+    return bd.expr is not None and src == bd.expr.strip()
 
+
+def tunable_names(model: KernelModel, site: LaunchSite) -> tuple[list[str], dict[str, str]]:
+    """Block-size constexprs at ``site`` a configuration may change, and why each other one is left alone.
+
+    A block size is tunable when the launch gives it one constant value (a literal, or an expression such as a
+    variable or module constant whose value the code or every trace fixes: a new literal replaces it at the
+    launch) that is a power of two, and the grid axis it scales is ``cdiv(..., <that block>)``.
+    """
+    fn = model.functions[site.kernel]
+    axes = axis_blocks(fn)
+    binds = bindings(model, site)
+    grid = launch_grid(model, site)
+    # grid literals that no program-id axis explains (e.g. a swizzled 1D grid cdiv(M, 128) * cdiv(N, 128)): a block
+    # of that value may size the grid in a way the search cannot follow, so it is left alone
+    unexplained = grid_literals(model, site) if grid is not None and grid.kind == "tuple" else []
+    for ax, names in axes.items():
+        for n in names:
+            if n in binds and binds[n].value in unexplained:
+                unexplained.remove(binds[n].value)
+                break
+    ok, why = [], {}
+    for name in fn.constexpr_params:
+        if name not in block_params(fn) or name not in binds:
+            continue
+        bd = binds[name]
+        if not bd.constant:
+            why[name] = bd.why
+            continue
+        if not _pow2(bd.value):
+            why[name] = f"{name}={bd.value!r} is not a power of two"
+            continue
+        if bd.how == "expression":
+            kw = next(k for k in site.node.keywords if k.arg == name)
+            others = expression_uses(model, site, kw.value)
+            if others:
+                why[name] = (f"{name}={bd.expr} is also read at line {', '.join(map(str, others))} of "
+                             f"{site.function} (a new value at the launch would leave it behind)")
+                continue
+        coupled = [ax for ax, names in axes.items() if name in names]
+        if not coupled and bd.value in unexplained:
+            why[name] = (f"{name}={bd.value} may size the grid (cdiv(..., {bd.value}) at the launch) through an index "
+                         "computation the search cannot follow")
+            continue
+        if coupled and not _axis_follows(model, site, grid, coupled[0], name, bd):
+            why[name] = f"{name} sizes grid axis {coupled[0]}, whose size at line {site.line} is not cdiv(..., {name})"
+            continue
+        ok.append(name)
+    return ok, why
+
+
+def tunable(model: KernelModel, site: LaunchSite) -> list[str]:
+    return tunable_names(model, site)[0]
+
+
+def kernel_family(model: KernelModel, fn: JitFunction, declared: str | None = None) -> str:
+    """The knowledge-base family whose tuning space fits ``fn``: the spec's kind, unless the kernel cannot be one.
+
+    A matrix product written without ``tl.dot`` (a decode GEMV: each program reduces its outputs' rows over K
+    with ``tl.sum``) is ``gemv``: GEMM tiles (64-256 outputs a program) starve it of programs. Any other kernel
+    without ``tl.dot`` in a gemm/attention problem (an epilogue kernel) is classified by its body.
+    """
+    calls = [c.name for c in model.calls if c.function == fn.name]
+    dots = sum(1 for c in calls if c.endswith(".dot"))
+    reduces = any(c.rsplit(".", 1)[-1] in {"sum", "max", "min", "reduce", "argmax"} for c in calls)
+    if declared in {"gemm", "attention"} and not dots:
+        return "gemv" if declared == "gemm" and reduces else ("reduction" if reduces else "elementwise")
+    if declared in {"gemm", "gemv", "reduction", "elementwise", "attention"}:
+        return declared
+    if dots >= 2 and any(c.endswith(".exp") or c.endswith(".exp2") for c in calls):
+        return "attention"
+    if dots:
+        return "gemm"
+    if reduces:
+        return "reduction"
+    return "elementwise"
+
+
+def family(model: KernelModel, kernel: str, declared: str | None) -> str:
     return kernel_family(model, model.functions[kernel], declared)
 
 
 def current_config(model: KernelModel, site: LaunchSite) -> dict[str, Any]:
-    names = tunable(model, site)
-    return {**{n: site.constexprs[n] for n in names}, **site.options}
+    """The tunable block sizes' values and the literal launch options at ``site``."""
+    binds = bindings(model, site)
+    return {**{n: binds[n].value for n in tunable(model, site)}, **site.options}
 
 
 def kb_configs(ctx: Any, source: str, kernel: str, limit: int, include_current: bool = False) -> list[dict[str, Any]]:
@@ -78,13 +165,17 @@ def kb_configs(ctx: Any, source: str, kernel: str, limit: int, include_current: 
     site = single_launch(model, kernel)
     fn = model.functions[kernel]
     names = tunable(model, site)
+    current = current_config(model, site)
+    if fn.is_autotuned:  # the space over the constexprs its own configs set, around its first config
+        own = autotune_configs(model, kernel)
+        names = sorted({k for c in own for k in c if k in block_params(fn)})
+        current = {k: v for k, v in (own[0] if own else {}).items() if k in names or k in OPTION_KEYS}
     declared = getattr(getattr(getattr(ctx, "problem", None), "spec", None), "kind", None)
     try:
         space = ctx.kb.space(ctx.device_id, family(model, kernel, declared), ctx.triton)
     except Exception:  # no space for this device/family: the KB raises its own error type; nothing to draw
         return []
-    current = current_config(model, site)
-    fixed = {k: v for k, v in site.constexprs.items() if k not in names}
+    fixed = {k: b.value for k, b in bindings(model, site).items() if k not in names and b.value is not None}
     out: list[dict[str, Any]] = []
     try:
         pool = space.configs(names, kernel=fn, functions=model.functions, fixed=fixed)
@@ -106,37 +197,44 @@ def kb_configs(ctx: Any, source: str, kernel: str, limit: int, include_current: 
 
 
 def apply_config(source: str, kernel: str, cfg: dict[str, Any]) -> str:
-    """``source`` with ``cfg`` set at the launch of ``kernel``; cdiv(..., BLOCK) grid axes follow the blocks."""
+    """``source`` with ``cfg`` set at the launch of ``kernel``; the grid axes the changed blocks scale follow them
+    (``cdiv(M, 64)`` -> ``cdiv(M, 128)``; ``cdiv(M, bm)`` with ``BM=bm`` -> both literal; ``META["BM"]`` as is)."""
     model = parse_kernel(source)
     site = single_launch(model, kernel)
     fn = model.functions[kernel]
+    binds = bindings(model, site)
     names = tunable(model, site)
     keep = {k: v for k, v in cfg.items() if k in names or k in OPTION_KEYS}
-    unknown = [k for k in cfg if k not in keep and k not in site.constexprs]
+    unknown = [k for k in cfg if k not in keep and k not in binds]
     if unknown:
         raise NotApplicable(f"configuration keys {', '.join(unknown)} are not tunable at the launch of {kernel}")
-    edit = LaunchEdit(kernel, site.line, set_kwargs={k: repr(v) for k, v in keep.items()})
+    changed_names = {k for k in keep if k in names and keep[k] != binds[k].value}
+    edit = LaunchEdit(kernel, site.line, set_kwargs={k: repr(v) for k, v in keep.items()
+                                                     if k in changed_names or k in OPTION_KEYS})
     axes = axis_blocks(fn)
     grid = launch_grid(model, site)
-    changed = {ax: keep[n] for n in keep if n in site.constexprs and keep[n] != site.constexprs[n]
-               for ax, ax_names in axes.items() if n in ax_names}
+    changed = {ax: keep[n] for n in changed_names for ax, ax_names in axes.items() if n in ax_names}
     if changed:
-        if grid is None or grid.kind != "tuple":
-            raise NotApplicable("the grid is not a tuple of cdiv(..., BLOCK) axes")
-        elems = []
+        if grid is None:
+            raise NotApplicable("the grid is not a tuple or a lambda of cdiv(..., BLOCK) axes")
+        elems, touched = [], False
         for ax, el in enumerate(grid.elements):
             text = ast.get_source_segment(source, el) or ast.unparse(el)
-            if ax in changed:
-                cd = _cdiv_args(el)
+            cd = _cdiv_args(el)
+            if ax in changed and cd is not None and not (grid.kind == "lambda" and isinstance(cd[1], ast.Subscript)):
                 func = ast.get_source_segment(source, el.func) or ast.unparse(el.func)
                 num = ast.get_source_segment(source, cd[0]) or ast.unparse(cd[0])
                 text = f"{func}({num}, {changed[ax]})"
+                touched = True
             elems.append(text)
-        new = "(" + ", ".join(elems) + ("," if len(elems) == 1 else "") + ")"
-        if grid.variable and grid.assign is not None:
-            edit.grid_assign = (grid.assign.lineno, new)
-        else:
-            edit.grid = new
+        if touched:
+            new = "(" + ", ".join(elems) + ("," if len(elems) == 1 else "") + ")"
+            if grid.kind == "lambda":
+                new = f"lambda {grid.meta}: {new}"
+            if grid.variable and grid.assign is not None:
+                edit.grid_assign = (grid.assign.lineno, new)
+            else:
+                edit.grid = new
     return edit_launch(source, edit)
 
 
@@ -231,7 +329,7 @@ def fit_stages(source: str, failure: str, elem_bytes: int = 2,
             site = single_launch(model, kernel)
         except NotApplicable:
             continue
-        cfg = current_config(model, site)
+        cfg = {**{k: b.value for k, b in bindings(model, site).items() if b.value is not None}, **site.options}
         stages = cfg.get("num_stages")
         bm, bn, bk = (first_int(r, cfg) for r in ("block_m", "block_n", "block_k"))
         if not (isinstance(stages, int) and stages > 1 and bm and bn and bk):

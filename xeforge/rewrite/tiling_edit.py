@@ -257,3 +257,74 @@ def add_decorator(source: str, function: str, decorator: str, outermost: bool = 
     if not T.hit:
         raise NotApplicable(f"function {function} not found")
     return new.code
+
+
+def _is_decorator(dec: cst.Decorator, names: tuple[str, ...]) -> bool:
+    d = dec.decorator
+    return dotted(d.func if isinstance(d, cst.Call) else d) in names
+
+
+def remove_decorator(source: str, function: str, names: tuple[str, ...]) -> str:
+    """``source`` without the decorators of ``function`` whose dotted name is one of ``names``."""
+    module = cst.parse_module(source)
+
+    class T(cst.CSTTransformer):
+        hit = False
+
+        def leave_FunctionDef(self, original, updated):
+            if original.name.value != function:
+                return updated
+            kept = [d for d in updated.decorators if not _is_decorator(d, names)]
+            T.hit = len(kept) != len(updated.decorators)
+            return updated.with_changes(decorators=kept, leading_lines=[
+                *updated.leading_lines, *[ln for d in updated.decorators if _is_decorator(d, names)
+                                          for ln in d.leading_lines if ln.comment is not None]])
+
+    new = module.visit(T())
+    if not T.hit:
+        raise NotApplicable(f"{function} has no {' / '.join(names)} decorator")
+    return new.code
+
+
+def extend_decorator_list(source: str, function: str, names: tuple[str, ...], keyword: str, items: list[str]) -> str:
+    """Append ``items`` (expression sources) to the list literal passed as ``keyword=`` to the decorator of
+    ``function`` named one of ``names`` (``configs=[...]`` of ``@triton.autotune``)."""
+    module = cst.parse_module(source)
+    state = {"hit": False, "why": f"{function} has no {' / '.join(names)} decorator"}
+
+    class T(cst.CSTTransformer):
+        def leave_FunctionDef(self, original, updated):
+            if original.name.value != function:
+                return updated
+            decs = list(updated.decorators)
+            for i, d in enumerate(decs):
+                if not (_is_decorator(d, names) and isinstance(d.decorator, cst.Call)):
+                    continue
+                call = d.decorator
+                args = list(call.args)
+                for j, a in enumerate(args):
+                    if a.keyword is None or a.keyword.value != keyword:
+                        continue
+                    if not isinstance(a.value, cst.List):
+                        state["why"] = f"{keyword}= of {function}'s decorator is not a list literal"
+                        return updated
+                    els = list(a.value.elements)
+                    if els and els[-1].comma is cst.MaybeSentinel.DEFAULT:
+                        els[-1] = els[-1].with_changes(comma=cst.Comma())
+                    last = els[-1] if els else None
+                    for k, code in enumerate(items):
+                        el = cst.Element(value=expr(code), comma=cst.Comma())
+                        if last is not None and isinstance(last.comma, cst.Comma):
+                            el = el.with_changes(comma=last.comma)
+                        els.append(el)
+                    args[j] = a.with_changes(value=a.value.with_changes(elements=els))
+                    decs[i] = d.with_changes(decorator=call.with_changes(args=args))
+                    state["hit"] = True
+                    return updated.with_changes(decorators=decs)
+                state["why"] = f"{function}'s decorator passes no {keyword}= list"
+            return updated
+
+    new = module.visit(T())
+    if not state["hit"]:
+        raise NotApplicable(state["why"])
+    return new.code

@@ -13,6 +13,7 @@ import ast
 from dataclasses import dataclass
 from typing import Iterable
 
+from xeforge.analysis.launches import bindings, live_launches
 from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, dotted_name, is_literal, literal
 from xeforge.rewrite.tiling import (BlockPtr, KernelAnalysis, Mask, NotApplicable, Poly, _factor_key, _kw, is_tl_call,
                                     names_in)
@@ -220,8 +221,15 @@ class GridTranslator:
             raise NotApplicable(f"grid divisor {self._src(divisor)} is not a constexpr of {self.site.kernel}")
         val = literal(divisor)
         if not is_literal(val):
-            raise NotApplicable(f"grid divisor {self._src(divisor)} is not a literal block size")
-        match = [b for b in cands if self.site.constexprs.get(b) == val]
+            # the same expression the launch passes for a block constexpr: ``cdiv(M, bm)`` with ``BM=bm``
+            src = self._src(divisor).strip()
+            match = [b for b in cands if (self.bind.get(b) or "").strip() == src]
+            if len(match) == 1:
+                return match[0]
+            raise NotApplicable(f"grid divisor {src} at line {self.site.line} is neither a literal block size nor "
+                                f"the expression the launch passes for {' or '.join(cands) or 'a block constexpr'}")
+        values = {b: bd.value for b, bd in bindings(self.model, self.site).items()}
+        match = [b for b in cands if values.get(b) == val]
         if len(match) != 1:
             raise NotApplicable(f"cannot tell which block constexpr the grid's cdiv(..., {val}) stands for "
                                 f"(candidates for {bound_param}: {', '.join(cands) or 'none'})")
@@ -284,9 +292,9 @@ def single_launch(model: KernelModel, kernel: str) -> LaunchSite:
 
 
 def gemm_kernels(model: KernelModel) -> list[str]:
-    """Launched kernels whose body calls ``tl.dot``, in launch order."""
+    """Launched kernels whose body calls ``tl.dot``, in launch order (only those that run, where traced)."""
     out = []
-    for site in model.launches:
+    for site in live_launches(model):
         fn = model.functions[site.kernel]
         if site.kernel not in out and any(is_tl_call(n, "dot") for n in ast.walk(fn.node)):
             out.append(site.kernel)
@@ -294,9 +302,10 @@ def gemm_kernels(model: KernelModel) -> list[str]:
 
 
 def launched_kernels_gemm_first(model: KernelModel) -> list[str]:
-    """Launched kernels, GEMM-like (tl.dot) first, then the rest in launch order."""
+    """Launched kernels, GEMM-like (tl.dot) first, then the rest in launch order (only those that run, where
+    traced: a backward kernel forward never launches is not a target)."""
     dots = gemm_kernels(model)
-    rest = [s.kernel for s in model.launches if s.kernel not in dots]
+    rest = [s.kernel for s in live_launches(model) if s.kernel not in dots]
     return dots + list(dict.fromkeys(rest))
 
 

@@ -83,8 +83,6 @@ def plan_swizzle(model: KernelModel, kernel: str, group: int) -> SwizzlePlan:
     fn = model.functions[kernel]
     if PARAM in fn.params or any(p.upper().startswith("GROUP_SIZE") for p in fn.constexpr_params):
         raise NotApplicable(f"{kernel} already has a {PARAM} swizzle")
-    if fn.is_autotuned:
-        raise NotApplicable(f"{kernel} is @triton.autotune'd (swizzle before autotuning)")
     if not any(is_tl_call(n, "dot") for n in ast.walk(fn.node)):
         raise NotApplicable(f"{kernel} has no tl.dot: grouped ordering helps 2D-tiled GEMM-like kernels")
     site = single_launch(model, kernel)
