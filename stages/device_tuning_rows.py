@@ -14,6 +14,7 @@ from typing import Any
 
 from stages.base import Applicability, Candidate, StageContext, Tactic
 from xeforge.rewrite import NotApplicable, rows
+from xeforge.rewrite.memory import launch_facts
 from xeforge.rewrite.tiling_configs import kb_errors
 from xeforge.rewrite.tiling_grid import single_launch
 from xeforge.rewrite.tiling_tactics import RewriteMemo
@@ -31,25 +32,22 @@ def _pow2(v: Any) -> bool:
 
 def row_shape(ctx: StageContext, plan: rows.RowsPlan) -> tuple[int | None, int | None, str]:
     """(widest arange, rows) at the device's timing variant, None where forward cannot be followed."""
-    from xeforge.rewrite.memory import _grid_sizes, launch_values
-
     try:
         variant = ctx.problem.timing_variant(ctx.device.kind)
         model = ctx.model
         site = single_launch(model, plan.kernel)
-        bound = launch_values(model, site, ctx.problem, variant)
-    except Exception:  # a spec or forward the static evaluation cannot follow: sized without it
+        bound = launch_facts(model, site, ctx.problem, variant)
+    except Exception:  # a spec or forward neither the trace nor the static evaluation can follow: sized without it
         return None, None, "?"
     if bound is None:
         return None, None, variant.name
-    values, env = bound
+    values, sizes = bound
     blocks = []
     for b in plan.blocks:
         v = int(b) if b.isdigit() else values.get(b)
         v = v if _pow2(v) else site.constexprs.get(b)
         blocks.append(v)
     block = max(blocks) if blocks and all(_pow2(b) for b in blocks) else None
-    sizes = _grid_sizes(model, site, env, values)
     n_rows = sizes[0] if len(sizes) == 1 else None
     return block, n_rows, variant.name
 

@@ -66,14 +66,17 @@ def test_the_cast_survives_block_io_and_the_persistent_rewrite(verify):
         assert verdict.correct, verdict.feedback()
 
 
-def test_forward_is_followed_to_bind_kernel_arguments():
+def test_kernel_arguments_come_from_the_trace_and_the_static_reading_agrees():
     p = load_problem(KERNELS / "kb09_matmul_subtract_multiply_relu")
     model = parse_kernel(p.kernel_source)
     site = next(s for s in model.launches if s.kernel == "matmul_bias_kernel")
-    values, _ = memory.launch_values(model, site, p, p.variant("bench-gpu"))
-    assert (values["M"], values["N"], values["K"]) == (1024, 8192, 8192)
-    assert values["stride_wn"] == 8192 and values["stride_wk"] == 1  # weight shape from the meta-device reference
-    assert values["w_ptr"].shape == (8192, 8192) and values["c_ptr"].shape == (1024, 8192)
+    traced, grid = memory.launch_facts(model, site, p, p.variant("bench-gpu"))
+    static, _ = memory.launch_values(model, site, p, p.variant("bench-gpu"))  # host code the meta device can't run
+    for values in (traced, static):
+        assert (values["M"], values["N"], values["K"]) == (1024, 8192, 8192)
+        assert values["stride_wn"] == 8192 and values["stride_wk"] == 1  # weight shape from the meta-device Model
+        assert values["w_ptr"].shape == (8192, 8192) and values["c_ptr"].shape == (1024, 8192)
+    assert grid and all(isinstance(g, int) and g > 0 for g in grid)
 
 
 def test_uncoalesced_weight_operand_is_reported():

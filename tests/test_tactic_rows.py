@@ -38,17 +38,13 @@ def rewritten(p, source: str | None = None):
 
 def row_counts(p, kernel: str) -> list[tuple[str, int]]:
     """(variant, rows) of every variant the correctness gate runs, from forward's grid expression."""
-    from xeforge.rewrite.memory import _grid_sizes, launch_values
+    from xeforge.rewrite.memory import launch_facts
     from xeforge.rewrite.tiling_grid import single_launch
 
     model = parse_kernel(p.kernel_source)
     site = single_launch(model, kernel)
     ci = p.variant("ci")
-    out = []
-    for v in [ci, *p.ragged_variants(ci)]:
-        values, env = launch_values(model, site, p, v)
-        out.append((v.name, _grid_sizes(model, site, env, values)[0]))
-    return out
+    return [(v.name, launch_facts(model, site, p, v)[1][0]) for v in [ci, *p.ragged_variants(ci)]]
 
 
 def test_rotary_is_batched_and_correct_on_ragged_row_counts(verify):

@@ -6,9 +6,10 @@ Owns: the memory_access stage's detectors and its int64 codemod.
   a literal other than 1, or a stride argument bound to ``t.stride(i)`` while the other dimension gets a
   later ``t.stride(j)`` (``j > i``): typically a weight used as ``W^T`` through ``w.stride(0)``.
 - **int32 offset overflow**: Triton computes pointer offsets in int32 unless an operand is int64. For every
-  variant of the spec, ``forward`` is evaluated statically (input shapes from the spec, parameter shapes from
-  the reference ``Model`` built on the meta device, outputs from ``torch.empty``-style allocations, strides of
-  contiguous tensors) to bind each kernel argument to a number; each access's largest offset
+  variant of the spec, each kernel argument and the grid are read from the trace at that variant
+  (:func:`launch_facts`; where host code cannot run on the meta device, the launching function is evaluated
+  statically: input shapes from the spec, parameter shapes from the reference ``Model`` built on the meta device,
+  outputs from ``torch.empty``-style allocations, strides of contiguous tensors); each access's largest offset
   ``sum(max index * stride)`` is then bounded with the program ids at their grid maxima, loop variables at
   their last iteration and masked dimensions at their bounds. An offset that can reach 2**31 is reported.
 - **Codemod**: ``tl.program_id(a)`` becomes ``tl.program_id(a).to(tl.int64)`` in kernels with such an access,
@@ -26,9 +27,14 @@ from typing import Any
 
 import libcst as cst
 
+from xeforge.analysis.observe import trace_at
+from xeforge.analysis.trace import Trace
+from xeforge.isolation import facts_worker
 from xeforge.kernel_model import KernelModel, LaunchSite, dotted_name, is_literal, literal, parse_kernel
+from xeforge.problem import plan_inputs
 from xeforge.rewrite.tiling import BlockPtr, KernelAnalysis, Mask, NotApplicable, Poly, Ptr, is_tl_call
-from xeforge.rewrite.tiling_grid import enclosing_function, launch_grid, pid_derived_names, program_id_vars
+from xeforge.rewrite.tiling_grid import (enclosing_function, launch_bindings, launch_grid, pid_derived_names,
+                                        program_id_vars)
 from xeforge.rewrite.tiling_edit import FunctionEdit, edit_function
 
 INT32_LIMIT = 2**31
@@ -62,8 +68,6 @@ def _stride_index(arg: str) -> tuple[str, int] | None:
 
 
 def uncoalesced(model: KernelModel) -> list[Uncoalesced]:
-    from xeforge.rewrite.tiling_grid import launch_bindings
-
     out: list[Uncoalesced] = []
     for site in model.launches:
         fn = model.functions[site.kernel]
@@ -265,8 +269,6 @@ class HostEval:
 def _parameter_shapes(source: str, filename: str, init_args: tuple) -> dict[str, TensorVal]:
     """Shapes of the Model's parameters and buffers, built on the meta device in a worker (user code never runs
     in this process)."""
-    from xeforge.isolation import facts_worker
-
     reply = facts_worker().request("param_shapes", 120.0, source=source, filename=filename, init_args=list(init_args))
     return {str(k): TensorVal.contiguous(tuple(int(d) for d in v)) for k, v in reply["shapes"].items()}
 
@@ -282,8 +284,6 @@ def parameter_shapes(problem: Any, variant: Any) -> dict[str, TensorVal]:
 
 def launch_values(model: KernelModel, site: LaunchSite, problem: Any, variant: Any) -> tuple[dict, dict] | None:
     """(kernel parameter -> value, host env) for ``site`` at ``variant``; None when forward cannot be followed."""
-    from xeforge.problem import plan_inputs
-
     fn = enclosing_function(model, site)
     if fn is None or any(isinstance(a, ast.Starred) for a in site.node.args):
         return None
@@ -297,6 +297,32 @@ def launch_values(model: KernelModel, site: LaunchSite, problem: Any, variant: A
         if kw.arg:
             values[kw.arg] = host.eval(kw.value)
     return values, host.env
+
+
+def launch_facts(model: KernelModel, site: LaunchSite, problem: Any, variant: Any
+                 ) -> tuple[dict[str, Any], list[int | None]] | None:
+    """(kernel parameter -> value, grid size per axis) of ``site`` at ``variant``: from the trace of the source at
+    that variant (what the launch really got, wherever it is launched from: a wrapper, a method, an autograd
+    Function), else — host code the meta device cannot run — from the static evaluation of the launching
+    function; None when neither can follow it. Tensors are :class:`TensorVal` (shape, strides)."""
+    t = trace_at(problem, variant, model.source)
+    if isinstance(t, Trace):
+        mine = t.launches_of(site.kernel)
+        at = [la for la in mine if la.site is not None and la.site.line == site.line]
+        only = sum(s.kernel == site.kernel for s in model.launches) == 1
+        la = at[0] if at else (mine[0] if mine and only else None)
+        if la is not None:
+            values: dict[str, Any] = {}
+            for name, arg in la.args.items():
+                values[name] = TensorVal(arg.shape, arg.strides) if arg.kind in ("tensor", "descriptor") \
+                    else arg.value
+            values.update(la.options)
+            grid = list(la.grid) if isinstance(la.grid, tuple) else []
+            return values, grid
+    bound = launch_values(model, site, problem, variant)
+    if bound is None:
+        return None
+    return bound[0], _grid_sizes(model, site, bound[1], bound[0])
 
 
 # ------------------------------------------------------------------------------------------------ overflow
@@ -387,15 +413,14 @@ def overflows(model: KernelModel, problem: Any) -> list[Overflow]:
     seen: set[tuple[str, int]] = set()
     for variant in variants:
         for site in model.launches:
-            bound = launch_values(model, site, problem, variant)
+            bound = launch_facts(model, site, problem, variant)
             if bound is None:
                 continue
-            values, host_env = bound
+            values, sizes = bound
             fn = model.functions[site.kernel]
             an = KernelAnalysis(fn)
             nums = {k: v for k, v in values.items() if isinstance(v, int) and not isinstance(v, bool)}
             nums.update({k: v for k, v in site.constexprs.items() if isinstance(v, int)})
-            sizes = _grid_sizes(model, site, host_env, values)
             maxima = dict(nums)
             for pv in program_id_vars(fn.node)[0]:
                 if pv.axis < len(sizes) and sizes[pv.axis]:
@@ -433,8 +458,6 @@ def _prod(shape: tuple[int, ...]) -> int:
 
 
 def _input_shapes(problem: Any, variant: Any) -> list[tuple[int, ...]]:
-    from xeforge.problem import plan_inputs
-
     try:
         return [tp.shape for tp in plan_inputs(problem, variant)]
     except Exception:  # a variant whose dims do not resolve: the spec loader reports it elsewhere

@@ -250,17 +250,18 @@ def rewrite(source: str, kernel: str | None = None, flatten: bool = False) -> tu
 
 
 def launched_programs(model: KernelModel, kernel: str, problem, variant) -> int | None:
-    """How many programs the launch of ``kernel`` starts at ``variant`` (static evaluation of forward)."""
-    from xeforge.rewrite.memory import _grid_sizes, launch_values
+    """How many programs the launch of ``kernel`` starts at ``variant`` (the traced grid, else forward read
+    statically)."""
+    from xeforge.rewrite.memory import launch_facts
 
     try:
         site = single_launch(model, kernel)
     except NotApplicable:
         return None
-    bound = launch_values(model, site, problem, variant)
+    bound = launch_facts(model, site, problem, variant)
     if bound is None:
         return None
-    sizes = _grid_sizes(model, site, bound[1], bound[0])
+    sizes = bound[1]
     if not sizes or any(s is None for s in sizes):
         return None
     total = 1

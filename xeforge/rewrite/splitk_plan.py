@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xeforge.kernel_model import KernelModel, dotted_name, parse_kernel
+from xeforge.rewrite.memory import launch_facts
 from xeforge.rewrite.persistent import is_persistent, launched_programs
 from xeforge.rewrite.tiling import (BlockPtr, KernelAnalysis, NotApplicable, Ptr, _assign_counts, _kw, assigned_names,
                                     is_tl_call)
@@ -458,12 +459,10 @@ def find(source: str, problem: Any = None) -> SplitPlan:
 def sizes(source: str, plan_: SplitPlan, problem: Any, variant: Any) -> tuple[int, int]:
     """(output tiles, K-loop steps) of the plan's kernel at ``variant``; NotApplicable where forward or the
     loop bound cannot be evaluated statically."""
-    from xeforge.rewrite.memory import launch_values
-
     model = parse_kernel(source)
     tiles = launched_programs(model, plan_.kernel, problem, variant)
     site = single_launch(model, plan_.kernel)
-    bound = launch_values(model, site, problem, variant)
+    bound = launch_facts(model, site, problem, variant)
     if tiles is None or bound is None:
         raise NotApplicable(f"the tile count of {plan_.kernel} at {variant.name} cannot be read from forward")
     shape = getattr(bound[0].get(plan_.out), "shape", None)
