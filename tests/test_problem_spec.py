@@ -47,9 +47,22 @@ BROKEN = [
     ("param not an input", GOOD.replace("params: [X]", "params: [Y]"), "ci[0].params[0]", "inputs"),
     ("bad precision", GOOD.replace("precision: strict", "precision: fast"), "precision", "strict"),
     ("no variant", GOOD.split("ci:")[0], "(top level)", "ci"),
-    ("negative dim", GOOD.replace("M: 8", "M: -8"), "ci[0].dims.M", "integers"),
+    ("negative dim", GOOD.replace("M: 8", "M: -8"), "ci[0].dims.M", "non-negative integer"),
     ("yaml syntax", GOOD.replace("inputs:", "inputs: [", 1), "spec.yaml", "YAML"),
     ("init without dim or value", GOOD.replace("- dim: N", "- {}"), "inits[1]", "dim"),
+    # the published format's constructs that stay refused, each with its fix
+    ("float dim in a shape", GOOD.replace("M: 8", "M: 8.5"), "ci[0].dims.M", "a dim of its own"),
+    ("integral float in a shape", GOOD.replace("M: 8", "M: 8.0"), "ci[0].dims.M", "(e.g. 8)"),
+    ("numeric string in a shape", GOOD.replace("M: 8", "M: '1e-5'"), "inputs.X.shape[0]", "non-negative integer"),
+    ("list dim in a shape", GOOD.replace("M: 8", "M: [8, 2]"), "ci[0].dims.M", "non-negative integer"),
+    ("dim that is not a number", GOOD.replace("N: 4", "N: four"), "ci[0].dims.N", "1.0e-5"),
+    ("boolean dim", GOOD.replace("N: 4", "N: true"), "ci[0].dims.N", "number"),
+    ("infinite dim", GOOD.replace("N: 4", "N: .inf"), "ci[0].dims.N", "number"),
+    ("keyword-style init", GOOD.replace("- dim: N", "- out_features: N"), "inits[1]", "'- dim: N'"),
+    ("keyword-style init value", GOOD.replace("- dim: N", "- eps: '1e-6'"), "inits[1]", "'- value: 1.0e-06'"),
+    ("ragged float in a shape", GOOD + "ragged:\n  - {M: 2.5}\n", "ragged[0].M", "integer"),
+    ("ragged unknown dim", GOOD + "ragged:\n  - {Q: 3}\n", "ragged[0].Q", "dims"),
+    ("default_variant names nothing", GOOD + "default_variant: bench-x\n", "default_variant", "ci"),
 ]
 
 
@@ -119,6 +132,61 @@ def test_missing_folder_is_a_clear_error(tmp_path):
     with pytest.raises(ProblemError) as info:
         load_problem(tmp_path / "nope")
     assert "kernels/" in info.value.fix
+
+
+PUBLISHED = """\
+default_variant: ci
+inputs:
+  X: {shape: [M, K], dtype: float32}
+  IDX: {shape: [M], dtype: int64, range: [LOW, N]}
+inits:
+  - dim: K
+  - dim: N
+  - dim: SCALING_FACTOR
+  - dim: BN_EPS
+  - dim: EPS_PLAIN
+  - dim: MIN_VALUE
+  - dim: SCALE_SHAPE
+ci:
+  - params: [X, IDX]
+    dims: {M: 8, K: 16, N: 4, LOW: -3, SCALING_FACTOR: 1.5, BN_EPS: '1e-5', EPS_PLAIN: 1e-6, MIN_VALUE: -1,
+           SCALE_SHAPE: [4], SIXTY_FOUR: '64'}
+    flop: "2*M*N*K*SCALING_FACTOR"
+    bytes: "4*(M*K + SIXTY_FOUR)"
+lowering:
+  family: gemm
+"""
+
+
+def test_published_init_scalars_in_dims_reach_inits(tmp_path):
+    """The published format writes init scalars as dims: numbers and strings that read as numbers reach Model's
+    __init__ as numbers, formulas may use them, and only integer dims are made ragged."""
+    p = load_problem(_problem(tmp_path, PUBLISHED))
+    ci = p.variant("ci")
+    args = p.init_args(ci)
+    assert args == [16, 4, 1.5, 1e-5, 1e-6, -1, (4,)]
+    assert [type(a) for a in args] == [int, int, float, float, float, int, tuple]  # '1e-5' read as a float
+    assert ci.dims["SIXTY_FOUR"] == 64 and isinstance(ci.dims["SIXTY_FOUR"], int)
+    assert ci.flop == 2 * 8 * 4 * 16 * 1.5 and ci.bytes == 4 * (8 * 16 + 64)
+    from xeforge.problem import plan_inputs
+
+    ragged = p.ragged_variants(ci)
+    assert ragged and all(r.dims["SCALING_FACTOR"] == 1.5 and r.dims["BN_EPS"] == 1e-5 for r in ragged)
+    for r in [ci, *ragged]:  # every shape the verifier would build is integers, the negative bound included
+        plans = plan_inputs(p, r)
+        assert all(isinstance(s, int) for tp in plans for s in tp.shape)
+        assert plans[1].low == -3
+    assert any("default_variant" in n for n in p.notes) and any("lowering" in n for n in p.notes)
+
+
+def test_published_specs_beside_their_kernel_file_load(tmp_path):
+    """The published layout: NAME.py with NAME.yaml beside it and no reference (the start is the oracle)."""
+    from tests.conftest import FIXTURES as F
+
+    for folder in sorted((F / "published").iterdir()):
+        p = load_problem(folder)
+        assert p.spec.variants and p.kernel_path.parent == folder
+        assert p.has_reference == (folder / "reference.py").exists()
 
 
 @settings(max_examples=50, deadline=None)

@@ -4,6 +4,9 @@ Owns: the canary padding placed around every input (its width and fill value, sh
 builds the padded buffers), and the checks made on the tensors a worker wrote: an input changed by the call, a
 write outside an input's bounds (the padding no longer NaN / the sentinel), two runs on the same inputs with
 different bits. The worker only returns the buffers; patching torch inside it changes none of these verdicts.
+Also what a call did to the Model's weights (:func:`weight_changes`, run in the worker, which alone holds them:
+a change of values is refused, a first call's move or cast of its parameters is not), and what it did against the
+starting kernel's call (:func:`runtime_problems`, from the two calls' traces).
 """
 
 from __future__ import annotations
@@ -32,6 +35,34 @@ def same_bits(a: Any, b: Any) -> bool:
         ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
         return bool(torch.equal(a.contiguous().view(-1).view(ints), b.contiguous().view(-1).view(ints)))
     return bool(torch.equal(a, b))
+
+
+def weight_changes(before: dict[str, Any], after: dict[str, Any], first_call: bool) -> tuple[list[str], dict[str, str]]:
+    """(entries a call changed, entries it only converted), from the Model's ``state_dict()`` before and after it.
+
+    A conversion keeps every value: the entry after the call is bit for bit the one before cast to its new dtype
+    and device (``before.to(after.device, after.dtype)``), same shape, any layout. Published starting kernels do this
+    once (``_move_params_once``: the weights put where the input is, in its dtype, on the first call), so on a slot's
+    first call it is reported (name -> 'old dtype/device -> new'), not refused; on any later call, and for any
+    other change (values, shape, an entry removed), the entry is changed. A cache kept in a weight changes values.
+    """
+    changed: list[str] = []
+    converted: dict[str, str] = {}
+    for name, old in before.items():
+        new = after.get(name)
+        if new is None:
+            changed.append(name)
+            continue
+        if new.device == old.device and same_bits(new, old):
+            continue
+        if first_call and new.shape == old.shape and same_bits(new, old.to(new.device, new.dtype)):
+            def where(t: Any) -> str:
+                return str(t.dtype).removeprefix("torch.") + ("" if new.device == old.device else f" on {t.device}")
+
+            converted[name] = f"{where(old)} -> {where(new)}"
+            continue
+        changed.append(name)
+    return changed, converted
 
 
 def input_problems(names: list[str], originals: list[Any], buffers: list[Any]) -> tuple[list[str], list[str]]:

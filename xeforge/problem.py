@@ -1,9 +1,11 @@
 """Problem loading: a folder with ``kernel.py``, ``spec.yaml`` and ``reference.py`` becomes a :class:`Problem`.
 
 Owns: the spec schema (pydantic, Xe-Forge compatible keys plus ``precision``, ``bytes``, tolerances, ragged
-shapes), safe evaluation of ``flop``/``bytes`` formulas, the KernelBench ``get_inputs`` fallback, ragged
-shape derivation and input generation. Every malformed spec raises :class:`SpecError` naming the file, the
-key (with its YAML line), what was expected and the fix. Format: ``docs/problem-format.md``.
+shapes), the dims as numbers (integers where they size a tensor or bound a range; any number, or a string that
+reads as one, where they only reach ``inits`` or a formula, as the published format writes init scalars), safe
+evaluation of ``flop``/``bytes`` formulas, the KernelBench ``get_inputs`` fallback, ragged shape derivation and
+input generation. Every malformed spec raises :class:`SpecError` naming the file, the key (with its YAML line),
+what was expected and the fix. Format: ``docs/problem-format.md``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ _DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp3
                   "fp64": "float64", "double": "float64"}
 _VARIANT_RE = re.compile(r"^(ci|bench-.+)$")
 DISTRIBUTIONS = ("normal", "uniform", "outliers")
-DimValue = Union[int, list[int]]
+_INT_RE = re.compile(r"^[+-]?\d+$")
 
 
 # --------------------------------------------------------------------------------------------- schema
@@ -62,7 +64,10 @@ class InitModel(_Strict):
 class VariantModel(_Strict):
     params: list[str] | None = None
     dtype: str | None = None
-    dims: dict[str, DimValue] = Field(default_factory=dict)
+    # a dim is an integer, a number (an init scalar: SCALING_FACTOR: 1.5), a string that reads as one (BN_EPS:
+    # '1e-5', or 1e-5 unquoted, which YAML 1.1 reads as a string) or a list of them (a shape passed to inits):
+    # read by _SpecReader._dims (pydantic's coercion errors would not say which), integers checked where needed
+    dims: dict[str, Any] = Field(default_factory=dict)
     flop: Union[str, int, float, None] = None
     bytes: Union[str, int, float, None] = None
     rtol: float | None = None
@@ -81,7 +86,9 @@ class SpecModel(_Strict):
     origin: Literal["naive-port", "nvidia-tuned", "other"] | None = None
     description: str | None = None
     fixed: list[str] = Field(default_factory=list)
-    ragged: Union[bool, list[dict[str, DimValue]]] = True
+    ragged: Union[bool, list[dict[str, Any]]] = True  # dims to override: checked like a variant's dims
+    default_variant: str | None = None  # published format: the variant its runs use by default (checked, a note)
+    lowering: Any = None  # published format: its lowering pipeline's settings (not used here; a note says so)
 
 
 # --------------------------------------------------------------------------------------------- data
@@ -135,6 +142,7 @@ class Spec:
     fixed: frozenset[str] = frozenset()
     ragged: Union[bool, list[dict[str, Any]]] = True
     from_kernelbench: bool = False
+    notes: list[str] = field(default_factory=list)  # what the loader read and does not use, said once
 
 
 @dataclass(frozen=True)
@@ -397,6 +405,7 @@ class _SpecReader:
         if not isinstance(data, dict):
             raise self.fail((), "the spec must be a mapping with 'inputs' and at least one variant",
                             "see docs/problem-format.md for a complete example")
+        self._keyword_inits(data.get("inits"))
         try:
             model = SpecModel.model_validate(data)
         except ValidationError as exc:
@@ -421,12 +430,14 @@ class _SpecReader:
             inits.append(("dim", it.dim) if it.dim is not None else ("value", it.value))
 
         variants: dict[str, Variant] = {}
+        notes: list[str] = []
         extras = model.model_extra or {}
         for vname, raw in extras.items():
             if not _VARIANT_RE.match(vname):
                 raise self.fail((vname,), f"unknown key {vname!r}",
                                 "top-level keys are inputs, inits, precision, nondeterministic, kind, origin, "
-                                "description, fixed, ragged and variants named 'ci', 'bench-gpu', 'bench-gpu-<n>'")
+                                "description, fixed, ragged, default_variant, lowering and variants named 'ci', "
+                                "'bench-gpu', 'bench-gpu-<n>'")
             entries = raw if isinstance(raw, list) else [raw]
             if len(entries) != 1 or not isinstance(entries[0], dict):
                 raise self.fail((vname,), "a variant is a list with exactly one mapping (params, dtype, dims, flop)",
@@ -444,8 +455,72 @@ class _SpecReader:
         for i, d in enumerate(model.fixed):
             if not any(d in v.dims for v in variants.values()):
                 raise self.fail(("fixed", i), f"fixed dim {d!r} is not a dim of any variant", "name a dim from 'dims'")
+        ragged = model.ragged
+        if isinstance(ragged, list):
+            ragged = [self._ragged_entry(i, entry, inputs, variants) for i, entry in enumerate(ragged)]
+        if model.default_variant is not None:
+            if model.default_variant not in variants:
+                raise self.fail(("default_variant",), f"default_variant {model.default_variant!r} is not a variant "
+                                "of this spec", f"name one of: {', '.join(variants)} (or remove the key)")
+            notes.append(f"default_variant: {model.default_variant} is read and not needed: xeforge checks 'ci' on the "
+                         "CPU interpreter and every variant on a GPU, and times 'bench-gpu'")
+        if model.lowering is not None:
+            notes.append("the spec's 'lowering' settings (the published system's lowering pipeline) are not used here")
         return Spec(inputs, inits, variants, model.precision, model.nondeterministic, model.kind, model.origin,
-                    model.description, frozenset(model.fixed), model.ragged)
+                    model.description, frozenset(model.fixed), ragged, notes=notes)
+
+    def _keyword_inits(self, raw: Any) -> None:
+        """The published rms_norm style, ``- hidden_size: HIDDEN``: a keyword argument, refused with the fix."""
+        if not isinstance(raw, list):
+            return
+        for i, item in enumerate(raw):
+            if isinstance(item, dict) and len(item) == 1 and next(iter(item)) not in ("dim", "value"):
+                (arg, val), = item.items()
+                what = f"dim: {val}" if isinstance(val, str) and val.isidentifier() else f"value: {_yaml_number(val)}"
+                raise self.fail(("inits", i), f"init '- {arg}: {val}' names a keyword argument of Model.__init__; "
+                                "inits are passed positionally", f"write '- {what}' at the position of '{arg}' in "
+                                "Model.__init__'s parameters (a dim by name, or a literal value)")
+
+    def _dims(self, key: tuple, raw: dict[str, Any]) -> dict[str, Any]:
+        """A variant's (or ragged entry's) dims as numbers: integers, floats (init scalars), lists of them."""
+        dims = {}
+        for dname, dval in raw.items():
+            try:
+                dims[dname] = _dim_value(dval)
+            except ValueError as exc:
+                raise self.fail(key + (dname,), f"dim {dname} = {dval!r} {exc}",
+                                "a dim is an integer (a size), a number such as 1.5 or 1.0e-5 (a scalar passed to "
+                                "inits), or a list of them (a shape passed to inits)") from None
+        return dims
+
+    def _integer_places(self, dims_key: tuple, dims: dict[str, Any], inputs: dict[str, InputSpec], params) -> None:
+        """Every dim that sizes a tensor (a shape) or bounds integer inputs (a range) holds an integer there;
+        ``dims_key`` is where the dims are written (``ci[0].dims``, ``ragged[0]``), for the error."""
+        for p in params:
+            for where, entries, size in (("shape", inputs[p].shape, True), ("range", inputs[p].range or (), False)):
+                for j, d in enumerate(entries):
+                    if not isinstance(d, str) or d not in dims:
+                        continue
+                    v = dims[d]
+                    ok = isinstance(v, int) and (v >= 0 or not size)
+                    if not ok:
+                        need = "a non-negative integer (a size)" if size else "an integer (a bound of integer inputs)"
+                        at = _fmt_path(("inputs", p, where, j))
+                        hint = f" (e.g. {int(v)})" if isinstance(v, float) and v == int(v) and v >= 0 else ""
+                        raise self.fail(dims_key + (d,), f"dim {d} = {v!r} is used at '{at}', which needs {need}",
+                                        f"give {d} {'a non-negative' if size else 'an'} integer value{hint}; a scalar "
+                                        "for Model.__init__ goes in a dim of its own that no shape or range uses")
+
+    def _ragged_entry(self, i: int, entry: dict[str, Any], inputs, variants: dict[str, Variant]) -> dict[str, Any]:
+        key = ("ragged", i)
+        known = {d for v in variants.values() for d in v.dims}
+        for d in entry:
+            if d not in known:
+                raise self.fail(key + (d,), f"ragged dim {d!r} is not a dim of any variant",
+                                "override dims from the variants' 'dims', e.g. {BATCH: 17}")
+        dims = self._dims(key, entry)
+        self._integer_places(key, dims, inputs, tuple(inputs))
+        return dims
 
     def _variant(self, vname, key0, vm: VariantModel, inputs, inits) -> Variant:
         params = tuple(vm.params) if vm.params is not None else tuple(inputs)
@@ -453,12 +528,7 @@ class _SpecReader:
             if p not in inputs:
                 raise self.fail(key0 + ("params", i), f"param {p!r} is not a declared input",
                                 f"use one of the names under 'inputs': {', '.join(inputs)}")
-        dims = dict(vm.dims)
-        for dname, dval in dims.items():
-            vals = dval if isinstance(dval, list) else [dval]
-            if not vals or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in vals):
-                raise self.fail(key0 + ("dims", dname), f"dim {dname} = {dval!r} is not a non-negative integer",
-                                "dims are integers (or lists of integers for shapes passed to inits)")
+        dims = self._dims(key0 + ("dims",), dict(vm.dims))
         needed: list[tuple[tuple, str]] = []
         for p in params:
             for j, d in enumerate(inputs[p].shape):
@@ -474,6 +544,7 @@ class _SpecReader:
             if d not in dims:
                 raise self.fail(key0 + ("dims",), f"dim {d!r} (used at '{_fmt_path(key)}') is not defined in variant "
                                 f"{vname!r}", f"add '{d}: <int>' under {vname}.dims, or fix the name at '{_fmt_path(key)}'")
+        self._integer_places(key0 + ("dims",), dims, inputs, params)
         for fname in ("flop", "bytes"):
             expr = getattr(vm, fname)
             if expr is None:
@@ -509,7 +580,7 @@ _FIXES = {
     "dtype": f"use one of {', '.join(DTYPES)}",
     "precision": f"use one of {', '.join(PRECISIONS)}",
     "shape": "a shape is a list of dim names or integers, e.g. [BATCH, 64]",
-    "dims": "dims map names to integers, e.g. {M: 32, N: 64}",
+    "dims": "dims map names to integers (sizes) or numbers (init scalars), e.g. {M: 32, N: 64, SCALE: 1.5}",
     "params": "params lists input names, e.g. [X, Y]",
     "inits": "inits is a list of '- dim: NAME' or '- value: literal'",
     "kind": "use gemm, reduction, elementwise, attention or other",
@@ -524,6 +595,49 @@ def _fix_for(loc: tuple, err: dict) -> str:
     if err["type"] == "extra_forbidden":
         return "remove the key or check its spelling against docs/problem-format.md"
     return "see docs/problem-format.md for the expected form"
+
+
+def _number(v: Any) -> Union[int, float]:
+    """One dim entry as a number; ValueError (completing "dim X = v ...") when it is not one."""
+    if isinstance(v, bool):
+        raise ValueError("is a boolean, not a number")
+    if isinstance(v, str):
+        text = v.strip()
+        if _INT_RE.match(text):
+            return int(text)
+        try:
+            v = float(text)
+        except ValueError:
+            raise ValueError("is not a number") from None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise ValueError("is not a finite number")
+        return v
+    raise ValueError(f"is a {type(v).__name__}, not a number")
+
+
+def _yaml_number(v: Any) -> str:
+    """``v`` as YAML writes a number (1e-6 -> 1.0e-06: YAML 1.1 reads '1e-6' as a string); other values as given."""
+    try:
+        n = _number(v)
+    except ValueError:
+        return str(v)
+    text = repr(n)
+    if "e" in text and "." not in text:
+        mantissa, exp = text.split("e")
+        text = f"{mantissa}.0e{exp if exp[0] in '+-' else '+' + exp}"
+    return text
+
+
+def _dim_value(v: Any) -> Union[int, float, list]:
+    """A dim as written in YAML, normalised: '1e-5' -> 1e-05, '64' -> 64, [2048] -> [2048]."""
+    if isinstance(v, list):
+        if not v:
+            raise ValueError("is an empty list")
+        return [_number(x) for x in v]
+    return _number(v)
 
 
 # --------------------------------------------------------------------------------------------- loading
@@ -555,6 +669,7 @@ def load_problem(path: Union[str, Path]) -> Problem:
         spec = _kernelbench_spec(Code(source, kernel.name),
                                  Code(ref_source, reference.name) if reference is not None else None, root)
         notes.append("no spec.yaml: shapes come from get_inputs()/get_init_inputs() (one variant, no ragged shapes)")
+    notes += spec.notes
     if reference is None:
         notes.append("no reference.py: the starting kernel is the oracle")
     name = root.name if path.is_dir() else kernel.stem

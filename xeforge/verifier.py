@@ -6,8 +6,9 @@ Owns: running one candidate through the gates in order, stopping at the first fa
 (gate 1), :mod:`xeforge.compare` (gate 2 comparisons), :mod:`xeforge.integrity` (checks decided from the
 buffers a worker returns), :mod:`xeforge.timing` (gate 3 statistics), :mod:`xeforge.wire` (the data that
 crosses). Two workers per verifier: the oracle worker runs the reference (float64, same weights) and nothing
-else; the candidate worker runs candidates and never sees the expected outputs. This process imports none of
-them: code goes to the workers as text (the candidate as read once for its verdict, the problem's files as
+else; the candidate worker runs candidates and never sees the expected outputs, and builds each Model from the
+oracle's seed (what ``__init__`` makes outside the weights matches too: a start that is its own oracle matches
+itself). This process imports none of them: code goes to the workers as text (the candidate as read once for its verdict, the problem's files as
 loaded), and what comes back is JSON and safetensors, compared here.
 """
 
@@ -32,6 +33,33 @@ from xeforge.timing import decide, noise_margin, paired_ratios, roofline_floor
 from xeforge.kernel_model import parse_kernel
 
 GATES = ("0-isolation", "1-static", "2-correctness", "3-performance")
+
+_DEVICE_NAMES = {"xpu": "an Intel GPU (XPU)", "cuda": "a CUDA GPU", "cpu": "the CPU interpreter"}
+
+
+def _device_fix(detail: str, line: str, kind: str) -> str:
+    """The fix for a kernel that stopped because it hard-codes a device this run does not have ('' otherwise), from
+    the exception's text and the source line it was raised at.
+
+    Published starting kernels check ``torch.xpu.is_available()``, assert ``x.device.type == "xpu"`` and allocate
+    with ``device="xpu"``; on the CPU interpreter (or a CUDA GPU) that raises before any kernel runs, and the
+    message alone (often an empty AssertionError) does not say why.
+    """
+    import re
+
+    m = re.search(r"\b(xpu|cuda)\b", f"{detail} {line}", re.IGNORECASE)
+    if m is None or m.group(1).lower() == kind:
+        return ""
+    said = re.search(r"not (?:available|compiled|enabled|found)|unavailable|no (?:xpu|cuda)|must be on|"
+                     r"expected .*device", detail, re.IGNORECASE)
+    checked = re.search(r"is_available\(\)|device\.type|device\s*=|\.(?:xpu|cuda)\(", line)
+    if not (said or checked):
+        return ""
+    need = m.group(1).lower()
+    return (f"the kernel requires {_DEVICE_NAMES[need]} and this run is on {_DEVICE_NAMES.get(kind, kind)}: it "
+            f"hard-codes its device (device=\"{need}\", torch.{need}.is_available() checks or asserts, "
+            f"torch.{need}.synchronize()); allocate on the input's device (device=x.device) and drop those checks "
+            f"and syncs, or verify it on {_DEVICE_NAMES[need]} (--device {need})")
 
 
 @dataclass
@@ -204,6 +232,12 @@ class Verifier:
 
     def correctness(self, cand: Code) -> tuple[GateResult, GateResult | None]:
         rounds_done = 0
+        notes: dict[str, None] = {}  # what the calls did that the verdict should say (ordered, each once)
+
+        def fail(summary: str, details: dict) -> tuple[GateResult, GateResult]:
+            shown = f"{summary}; note: {'; '.join(notes)}" if notes else summary
+            return self._ok0(), GateResult(GATES[2], "fail", shown, {**details, "notes": list(notes)} if notes else details)
+
         for variant, rounds in self.correctness_variants():
             rtol, atol = self._tolerances(variant)
             for r in range(rounds):
@@ -212,11 +246,12 @@ class Verifier:
                 try:
                     outs, facts = self._run(cand, variant, seed, dist, rerun=(r == 0))
                 except WorkerFailure as exc:
-                    return self._isolation_failure(exc, variant), None
+                    return self._isolation_failure(exc, variant, cand), None
                 where = {"variant": variant.name, "seed": seed, "distribution": dist}
+                notes.update(dict.fromkeys(self._call_notes(facts, variant)))
                 problem = self._worker_facts(facts, variant) or self._integrity(outs, variant, seed, dist)
                 if problem:
-                    return self._ok0(), GateResult(GATES[2], "fail", problem, where)
+                    return fail(problem, where)
                 refs, dtypes = self.oracle(variant, seed, dist)
                 # compared where the oracle lives: on a GPU the float64 arithmetic over bench-sized outputs takes
                 # milliseconds there and seconds on the host
@@ -225,16 +260,15 @@ class Verifier:
                 mm = compare_outputs(got, refs, dtypes, rtol, atol)
                 del got, refs
                 if mm is not None:
-                    return self._ok0(), GateResult(
-                        GATES[2], "fail", f"variant {variant.describe()}, {dist} inputs: {mm.message}",
-                        {**where, "dims": variant.dims, "reason": mm.reason, **mm.details})
+                    return fail(f"variant {variant.describe()}, {dist} inputs: {mm.message}",
+                                {**where, "dims": variant.dims, "reason": mm.reason, **mm.details})
                 # right values; now how they were made: launches, torch compute, who wrote the outputs
                 cheat = self._runtime(cand, facts, variant)
                 if cheat:
-                    return self._ok0(), GateResult(GATES[2], "fail", cheat, {**where, "reason": "runtime"})
+                    return fail(cheat, {**where, "reason": "runtime"})
                 unstable = self._stability(outs, facts, variant)
                 if unstable:
-                    return self._ok0(), GateResult(GATES[2], "fail", unstable, {**where, "reason": "unstable"})
+                    return fail(unstable, {**where, "reason": "unstable"})
                 rounds_done += 1
         names = [v.name for v, _ in self.correctness_variants()]
         details = {"rounds": rounds_done, "variants": names, "oracle": self._oracle_name()}
@@ -242,8 +276,36 @@ class Verifier:
         if cand.hash in self.weights_by_position:
             details["weights_by_position"] = self.weights_by_position[cand.hash]
             note = "; the reference's weights were given to the kernel's parameters by position (names differ)"
+        if notes:
+            details["notes"] = list(notes)
+            note += "; " + "; ".join(notes)
         return self._ok0(), GateResult(GATES[2], "pass", f"matches the {self._oracle_name()} on {rounds_done} rounds over "
                                        f"{', '.join(names)}{note}", details)
+
+    def _call_notes(self, facts: dict, variant: Variant) -> list[str]:
+        """What a correct call did that the verdict says in words: an ``@triton.autotune`` kernel run at its first
+        config (the interpreter has no timer to tune with; the worker pins it), parameters its first call moved or
+        cast. Read from the call's trace and the worker's reply: data from the candidate's process, so only notes."""
+        from xeforge.analysis.trace import Trace, TraceError
+
+        out = []
+        if self.device.interpreter:
+            try:
+                trace = Trace.from_json(variant.name, facts.get("trace"))
+            except TraceError:
+                trace = None  # the run-time checks report a malformed trace
+            pinned: dict[str, int] = {}
+            for la in trace.launches if trace is not None else []:
+                configs = la.autotune.get("configs") if isinstance(la.autotune, dict) else None
+                if isinstance(configs, list) and len(configs) > 1:
+                    pinned.setdefault(la.kernel[:80], len(configs))
+            out += [f"@triton.autotune of {k} pinned to its first config on the CPU interpreter ({n} configs)"
+                    for k, n in pinned.items()]
+        conv = facts.get("weights_converted")
+        if isinstance(conv, dict) and conv:
+            shown = ", ".join(f"{str(k)[:80]} ({str(v)[:60]})" for k, v in list(conv.items())[:8])
+            out.append(f"the first call converted parameters {shown}, values kept")
+        return out
 
     def _ok0(self) -> GateResult:
         sb = self.worker.sandbox
@@ -251,21 +313,35 @@ class Verifier:
         return GateResult(GATES[0], "pass", f"ran in a worker process on {self.device.kind}, {how}",
                           {"worker_restarts": self.worker.restarts, "sandbox": sb.as_dict()})
 
-    def _isolation_failure(self, exc: WorkerFailure, variant: Variant) -> GateResult:
+    def _isolation_failure(self, exc: WorkerFailure, variant: Variant, cand: Code | None = None) -> GateResult:
         what = {"crash": "crashed the worker", "timeout": "timed out", "exception": "raised",
                 "start": "could not start the worker",
                 "protocol": "forged or broke the worker protocol (a reply or tensor file that is not valid data)"}[exc.kind]
-        return GateResult(GATES[0], "fail", f"variant {variant.name}: {what}: {exc.detail}"
-                          + (f" (at {exc.where})" if exc.where else ""),
+        line = self._source_line(cand, exc.where) if exc.where else ""
+        at = f" (at {exc.where}: `{line}`)" if line else (f" (at {exc.where})" if exc.where else "")
+        fix = _device_fix(exc.detail, line, self.device.kind) if exc.kind == "exception" else ""
+        return GateResult(GATES[0], "fail", f"variant {variant.name}: {what}: {exc.detail}{at}"
+                          + (f"; fix: {fix}" if fix else ""),
                           {"kind": exc.kind, "detail": exc.detail, "where": exc.where, "variant": variant.name,
-                           "sandbox": self.worker.sandbox.as_dict()})
+                           "sandbox": self.worker.sandbox.as_dict(), **({"fix": fix} if fix else {})})
+
+    @staticmethod
+    def _source_line(cand: Code | None, where: str) -> str:
+        """The source line ``where`` (file:line, as the worker names it) points at, if it is the candidate's file."""
+        name, _, line = where.rpartition(":")
+        if cand is None or name != cand.filename or not line.isdigit():
+            return ""
+        lines = cand.text.splitlines()
+        n = int(line)
+        return lines[n - 1].strip()[:120] if 0 < n <= len(lines) else ""
 
     def _worker_facts(self, facts: dict, variant: Variant) -> str | None:
         """What only the worker's process could see (types, pointers), as it reported them."""
         if not all(facts.get("exact_tensor", [True])):
             return f"returned {facts.get('types')} — outputs must be plain torch.Tensor"
         if facts.get("weights_mutated"):
-            return f"changed model weights {', '.join(map(str, facts['weights_mutated'][:5]))} during forward"
+            return (f"changed model weights {', '.join(map(str, facts['weights_mutated'][:5]))} during forward (their "
+                    "values; moving or casting them on the first call is allowed, never on a later one)")
         if any(facts.get("aliases_input", [])):
             return "an output aliases an input's memory (return a fresh tensor)"
         return None
@@ -346,10 +422,12 @@ class Verifier:
         if self._slots.get(key) == self.worker.generation and self.worker.alive():
             return slot
         weights = self._weights_file(variant)
+        # built from the oracle's seed: what __init__ draws outside the state_dict is then the oracle's too
         reply = self.worker.request("load", self.settings.compile_timeout_s, slot=slot, source=code.text,
                                     filename=code.filename, init_args=self.problem.init_args(variant),
                                     weights_file=str(weights) if weights else None, dtype=variant.dtype,
-                                    compile_mode=compile_mode, weight_order=self._weight_order.get(variant.name))
+                                    compile_mode=compile_mode, weight_order=self._weight_order.get(variant.name),
+                                    seed=self.weight_seed)
         if reply.get("weights_by_position"):
             self.weights_by_position[code.hash] = {str(k): str(v) for k, v in reply["weights_by_position"].items()}
         self._slots[key] = self.worker.generation
@@ -595,7 +673,8 @@ class Verifier:
                 for k, (variant, weights, plan) in enumerate(setups):
                     w.request("load", self.settings.compile_timeout_s, slot=f"p{k}", source=src,
                               filename=f"c{source_hash(src)}.py", init_args=self.problem.init_args(variant),
-                              weights_file=str(weights) if weights else None, dtype=variant.dtype)
+                              weights_file=str(weights) if weights else None, dtype=variant.dtype,
+                              seed=self.weight_seed)
                     out = w.workdir / f"prewarm-{k}.safetensors"
                     w.request("run", self.settings.compile_timeout_s, slot=f"p{k}", plan=plan, seed=0,
                               distribution="normal", out_file=str(out), rerun=False)

@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from xeforge import wire
-from xeforge.integrity import CANARY, canary_value, same_bits
-
+from xeforge.integrity import CANARY, canary_value, weight_changes
 
 
 def _die_with_parent() -> None:
@@ -59,6 +58,8 @@ class WorkerState:
         self._oracles: dict[str, tuple[Any, list[str]]] = {}  # slot -> (the float64 copy, the output dtypes)
         self.pinned: set[str] = set()  # @triton.autotune kernels run at their first config (interpreter)
         self._buffers: dict[str, list] = {}  # plan -> padded input buffers, reused (see _buffers_for)
+        self._called: set[str] = set()  # slots whose Model has been called (its first call may convert weights)
+        self.filenames: dict[str, str] = {}  # the file the worker wrote -> the name the code came with
         if device == "cpu":
             self._pin_autotune()
 
@@ -98,6 +99,7 @@ class WorkerState:
         folder.mkdir(exist_ok=True)
         path = (folder / f"{self.counter:04d}_{stem}.py").resolve()
         path.write_text(source)
+        self.filenames[str(path)] = Path(filename).name  # errors name the file as the user knows it
         name = f"xeforge_code_{self.counter}_{stem}"
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
@@ -108,10 +110,17 @@ class WorkerState:
         return module
 
     def load(self, slot: str, source: str, filename: str, init_args: list, weights_file: str | None,
-             dtype: str | None, compile_mode: str | None = None, weight_order: list | None = None) -> dict:
+             dtype: str | None, compile_mode: str | None = None, weight_order: list | None = None,
+             seed: int = 0) -> dict:
+        """Build ``Model(*init_args)`` into ``slot``: seeded with ``seed``, the oracle's weights loaded, cast, moved.
+
+        ``seed`` is the one the oracle's Model was built with: ``load_state_dict`` carries parameters and persistent
+        buffers, and nothing else ``__init__`` draws or derives (a non-persistent buffer, a plain tensor attribute,
+        a packed copy of a weight), so the same seed makes those the oracle's too (a start is its own oracle).
+        """
         torch = self.torch
         module = self._module(source, filename)
-        torch.manual_seed(0)
+        torch.manual_seed(seed)
         model = module.Model(*init_args)
         renamed: dict[str, str] = {}
         if weights_file:
@@ -133,6 +142,7 @@ class WorkerState:
         if compile_mode:
             model = torch.compile(model, mode=None if compile_mode == "default" else compile_mode)
         self.models[slot] = model
+        self._called.discard(slot)
         return {"ok": True, "weights_by_position": renamed}
 
     # -- running ---------------------------------------------------------------------------------
@@ -168,7 +178,8 @@ class WorkerState:
         inputs) and ``input.j`` (each input's padded buffer after the first call); the parent decides mutation,
         canaries and bit stability from them. The facts only this process can see (output types, pointer
         aliasing, weights changed) come back in the reply, with the first call's trace (launch accounting and the
-        torch ops it ran, for the parent's run-time checks).
+        torch ops it ran, for the parent's run-time checks). The slot's first call may convert its weights (same
+        values, another dtype or device: a start that moves its parameters once); that is reported, not refused.
         """
         from xeforge.analysis.trace import record_call
         from xeforge.problem import TensorPlan, generate_inputs
@@ -180,6 +191,8 @@ class WorkerState:
         padded = self._buffers_for(plan, inputs)
         args = [view for _, view in padded]
         weights_before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        first_call = slot not in self._called
+        self._called.add(slot)
         data, out = record_call(model, args, torch, "src")  # the call, observed: what launched, what torch computed
         self.rt.synchronize()
         outs = _outputs(out)
@@ -198,8 +211,10 @@ class WorkerState:
         facts["aliases_input"] = alias
         if self.pinned:
             facts["autotune_pinned"] = sorted(self.pinned)
-        after = model.state_dict()
-        facts["weights_mutated"] = [k for k, v in weights_before.items() if not same_bits(after[k], v)]
+        changed, converted = weight_changes(weights_before, model.state_dict(), first_call)
+        facts["weights_mutated"] = changed
+        if converted:
+            facts["weights_converted"] = converted
         tensors = {f"out.{i}": o for i, o in enumerate(outs) if isinstance(o, torch.Tensor)}
         tensors.update({f"input.{j}": buf for j, (buf, _) in enumerate(padded)})
         if rerun:
@@ -219,6 +234,7 @@ class WorkerState:
         from xeforge.problem import TensorPlan, generate_inputs
 
         inputs = generate_inputs([TensorPlan.from_wire(d) for d in plan], seed, distribution, self.device)
+        self._called.add(slot)
         data = record(self.models[slot], inputs, self.torch, "src")
         self.rt.synchronize()
         return {"ok": True, "trace": data, "autotune_pinned": sorted(self.pinned)}
@@ -347,6 +363,7 @@ class WorkerState:
             n_sets = max(2, min(calls, budget_bytes // set_bytes))
         sets = [[x.clone() for x in base] for _ in range(n_sets)]
         models = [self.models[s] for s in slots]
+        self._called.update(slots)
         host_ms: list[float] = []
         with torch.no_grad():
             for m in models:
@@ -450,8 +467,9 @@ def failure_reply(exc: BaseException, state: Any) -> dict:
     code = str(Path("src").resolve()) + os.sep  # where the worker writes the code it imports
     user = [f for f in tb if f.filename.startswith(code)]
     frame = (user or tb)[-1] if tb else None
+    names = getattr(state, "filenames", {})
     reply = {"ok": False, "error": type(exc).__name__, "message": str(exc)[:2000],
-             "where": f"{Path(frame.filename).name}:{frame.lineno}" if frame else "",
+             "where": f"{names.get(frame.filename, Path(frame.filename).name)}:{frame.lineno}" if frame else "",
              "traceback": "".join(traceback.format_exception(exc))[-4000:]}
     if not isinstance(exc, (KeyboardInterrupt, SystemExit)) and not state.healthy():
         reply["poisoned"] = True
