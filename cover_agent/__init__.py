@@ -21,13 +21,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from xeforge.errors import EngineError
+
 
 def make_llm_engine(options: Any) -> Any:
     """The llm engine for one run. ``options``: :class:`xeforge.pipeline.PortOptions` (``.llm`` is the
     :class:`~cover_agent.config.LMConfig`). Raises :class:`xeforge.errors.EngineError` when no model is
     configured, a hosted model has no key, or dspy is missing."""
-    from cover_agent.engine import LLMEngine
-
+    try:
+        # lazy: cover_agent.engine imports dspy and litellm (the optional [llm] extra, seconds to import); the
+        # package itself stays dspy-free so the engine registry can import it at module level
+        from cover_agent.engine import LLMEngine
+    except ImportError as exc:
+        raise EngineError("--engine llm", f"the llm engine is not available ({exc})",
+                          "pip install -e '.[llm]' (installs dspy and litellm)") from None
     return LLMEngine.from_options(options)
 
 

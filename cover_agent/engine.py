@@ -18,7 +18,7 @@ Every call's messages, answer, token counts and cost go to ``<run>/trials/<trial
 reached the verifier) or ``<run>/llm/<NN-stage>/`` (analysis, and answers that produced no candidate);
 ``<run>/llm/usage.json`` holds the run's totals. Honest failure: a model that fails its first call raises
 :class:`~xeforge.errors.EngineError`; a later failure or a spent budget stops the stage with a note in the
-:class:`~xeforge.engines.TacticRecord`. The model reads "ACCEPTED" only when the verifier accepted.
+:class:`~stages.base.TacticRecord`. The model reads "ACCEPTED" only when the verifier accepted.
 """
 
 from __future__ import annotations
@@ -34,8 +34,7 @@ from cover_agent.extract import extract_code, normalise_code, validate_code
 from cover_agent.feedback import Attempt, verdict_feedback
 from cover_agent.prompts import RenderedPrompt, budget_chars_for, render_stage
 from cover_agent.signatures import SIGNATURES
-from stages.base import Candidate
-from xeforge.engines import TacticRecord
+from stages.base import Candidate, TacticRecord
 from xeforge.errors import EngineError
 from xeforge.store import write_json
 

@@ -21,7 +21,10 @@ from typing import Any, Sequence
 
 import jinja2
 
+import stages as registry
 from cover_agent.feedback import Attempt, trim_attempts
+from stages.base import TEMPLATE_DIR as STAGE_DIR
+from xeforge.problem import default_tolerance
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 #: characters per token assumed when fitting a prompt into the context window (code tokenises densely)
@@ -91,8 +94,6 @@ def budget_chars_for(context_tokens: int, max_tokens: int, overhead_tokens: int 
 
 # ------------------------------------------------------------------------------------------------ facts
 def _env() -> jinja2.Environment:
-    from stages.base import TEMPLATE_DIR as STAGE_DIR
-
     env = jinja2.Environment(loader=jinja2.ChoiceLoader([jinja2.FileSystemLoader(str(STAGE_DIR)),
                                                          jinja2.FileSystemLoader(str(TEMPLATE_DIR))]),
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
@@ -103,8 +104,6 @@ def _env() -> jinja2.Environment:
 
 def stage_vars(stage: Any, ctx: Any, issues: Sequence[Any], kbc: Any, *, plan: str | None = None,
                purpose: str = "propose") -> dict[str, Any]:
-    import stages as registry
-
     kb_text, kb_ids, kb_note = _kb_section(stage, kbc)
     problem = ctx.problem
     return {
@@ -252,8 +251,6 @@ def _gpu_variant(problem: Any, shown: Any) -> str | None:
 
 
 def precision_facts(ctx: Any) -> dict[str, Any]:
-    from xeforge.problem import default_tolerance
-
     problem = ctx.problem
     contract = problem.spec.precision
     tolerances = []

@@ -12,11 +12,13 @@ failures), a :class:`Sleep`, or a callable taking the user text and returning on
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import dspy
 from dspy import lm15
 
 #: the analysis answer used when a script gives none: go ahead
@@ -26,8 +28,6 @@ GO_AHEAD = {"bottlenecks": ["(scripted)"], "plan": "follow the stage's checklist
 
 def answer(**values: Any) -> str:
     """``answer(changes="...", kernel_code="```python ...```")`` -> the text DSPy's ChatAdapter parses."""
-    import json
-
     parts = []
     for name, value in values.items():
         text = value if isinstance(value, str) else json.dumps(value)
@@ -105,8 +105,6 @@ class ScriptedModel:
     # -------------------------------------------------------------------------------------------- helpers
     def lm(self, model: str = "scripted/xeforge") -> Any:
         """A real ``dspy.LM`` backed by this script."""
-        import dspy
-
         return dspy.LM(model, engine=self, cache=False, num_retries=0)
 
     def prompts(self, kind: str = "proposal") -> list[str]:

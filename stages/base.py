@@ -3,19 +3,22 @@
 Owns: the :class:`Stage` and :class:`Tactic` interfaces and the data passed between a stage, an engine and
 the pipeline (:class:`StageContext`, :class:`Issue`, :class:`Candidate`, :class:`Applicability`, and what an
 engine returns for a stage: :class:`TacticRecord` with its :class:`TrialOutcome` list, both engines — the rules
-engine in :mod:`xeforge.engines` and the llm engine in :mod:`cover_agent` — filling the same records). A stage is
+engine in :mod:`xeforge.engines` and the llm engine in :mod:`cover_agent` — filling the same records), and
+:func:`guarded`, which turns a detector's unexpected failure into one issue instead of an exception. A stage is
 one module in ``stages/`` plus its ``<name>.md.j2`` prompt template; adding one touches that module, its
 template, its KB patterns and its tests.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from xeforge.analysis.observe import traces
 from xeforge.kernel_model import KernelModel, parse_kernel
+from xeforge.rewrite import NotApplicable
 
 TEMPLATE_DIR = Path(__file__).resolve().parent
 
@@ -147,3 +150,19 @@ class Stage:
         if self.llm_only_reason:
             return f"no deterministic tactic for {self.name}: {self.llm_only_reason} (the llm engine covers it)"
         return f"no tactic implemented for {self.name}"
+
+
+def guarded(stage: str) -> Callable:
+    """Decorate a detector so that an unexpected failure is reported as one issue instead of raised."""
+    def wrap(detector: Callable) -> Callable:
+        @functools.wraps(detector)
+        def run(ctx: Any) -> list:
+            try:
+                return detector(ctx)
+            except NotApplicable:
+                return []
+            except Exception as exc:  # a detector bug must not stop the analysis of the other stages
+                return [Issue(stage, "analysis-failed", f"{detector.__name__} failed on this kernel "
+                              f"({type(exc).__name__}: {exc})")]
+        return run
+    return wrap

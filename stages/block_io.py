@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic
+from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic, guarded
 from xeforge.rewrite import blockio
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling_configs import describe, kb_errors, with_configs
 from xeforge.rewrite.tiling_grid import gemm_kernels
-from xeforge.rewrite.tiling_tactics import RewriteMemo, guarded
+from xeforge.rewrite.tiling_tactics import RewriteMemo
 
 #: how many KB tile configurations to try the rewrite with on a GPU
 RETILE_CONFIGS = 2
@@ -40,7 +40,7 @@ def _kb_patterns(ctx: StageContext) -> list[Any]:
 
 def _has_descriptors() -> bool:
     try:
-        import triton.language as tl
+        import triton.language as tl  # lazy: triton imports torch (seconds); asked only when descriptors are planned
     except ImportError:  # pragma: no cover - triton is a dependency
         return False
     return hasattr(tl, "make_tensor_descriptor")

@@ -26,7 +26,7 @@ from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Ta
 from stages.device_tuning_rows import RowsPerProgram
 from stages.device_tuning_splitk import SplitK
 from stages.device_tuning_swizzle import GroupedTileOrder
-from xeforge.analysis.launches import autotune_configs, bindings, block_params, live_launches
+from xeforge.analysis.launches import autotune_configs, bindings, block_params, launch_options, live_launches
 from xeforge.kernel_model import KernelModel, LaunchSite, dotted_name
 from xeforge.rewrite import NotApplicable, autotune
 from xeforge.rewrite.tiling_configs import apply_config, kernel_family, tunable_names
@@ -104,7 +104,7 @@ class LaunchParamSearch(Tactic):
             return names, dict(own[0]), [dict(c) for c in own]
         names, _ = tunable_names(m, site)
         values = bindings(m, site)
-        return names, {**{n: values[n].value for n in names}, **site.options}, []
+        return names, {**{n: values[n].value for n in names}, **launch_options(m, site)}, []
 
     def configs(self, ctx: StageContext, site: LaunchSite, names: list[str]) -> list[dict[str, Any]]:
         m = ctx.model
@@ -178,7 +178,7 @@ def _detect_defaults(ctx: StageContext) -> list[Issue]:
     m = ctx.model
     for site in live_launches(m):
         fn = m.functions[site.kernel]
-        if "num_warps" not in site.options and not fn.is_autotuned:
+        if "num_warps" not in launch_options(m, site) and not fn.is_autotuned:
             out.append(Issue("device_tuning", "default-warps", f"{site.kernel} launches with default num_warps",
                              site.line))
         blocks = block_params(fn)

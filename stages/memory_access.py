@@ -12,10 +12,9 @@ Owns: this stage's goal, its detectors and its tactic (analysis and codemod in :
 
 from __future__ import annotations
 
-from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic
+from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic, guarded
 from xeforge.rewrite import memory
 from xeforge.rewrite.tiling import NotApplicable
-from xeforge.rewrite.tiling_tactics import guarded
 
 
 def _overflows(ctx: StageContext) -> list[memory.Overflow]:

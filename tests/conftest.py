@@ -99,8 +99,8 @@ def run_rules_stage(ctx, candidates, compiles, failure: str | None = None):
     source ``compiles(source)`` rejects fails gate 0 with ``failure`` (default: the H200's shared-memory message
     ``SMEM_OVER_TEXT``), the others pass. Returns the tactic's record and every candidate evaluated, in order."""
     failure = failure or SMEM_OVER_TEXT
-    from stages.base import Applicability, Stage, Tactic
-    from xeforge.engines import RulesEngine, TrialOutcome
+    from stages.base import Applicability, Stage, Tactic, TrialOutcome
+    from xeforge.engines import RulesEngine
     from xeforge.verifier import GateResult, Verdict
 
     class Propose(Tactic):

@@ -6,7 +6,7 @@ import pytest
 
 from xeforge.errors import KnowledgeBaseError
 from xeforge.kb import STAGES, DeviceEntry, Selection, TritonInfo, load_kb
-from xeforge.kb.knowledge import gate_applies
+from xeforge.kb.entries import gate_applies
 
 XPU36 = TritonInfo.parse("3.6.0", is_xpu=True)
 XPU35 = TritonInfo.parse("3.5.0", is_xpu=True)

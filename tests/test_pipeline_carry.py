@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from stages.base import TrialOutcome
 from tests.conftest import ROOT
 from xeforge import devices
-from xeforge.engines import TrialOutcome
 from xeforge.pipeline import Pipeline, PortOptions, _new_at, kb_context
 from xeforge.problem import load_problem, source_hash
 from xeforge.verifier import Verdict
@@ -52,7 +52,7 @@ def run_scripted(tmp_path: Path, monkeypatch, carry: bool = True):
     pipe._baseline = lambda store, verifier, start: {}
     pipe._final = lambda store, verifier, device, history, start: {"path": str(history[-1])}
     pipe._report = lambda store, device, kbc, engine, baseline, records, final: {"records": records, "final": final}
-    monkeypatch.setattr("xeforge.report.write_reports", lambda root, report: None)
+    monkeypatch.setattr("xeforge.pipeline.write_reports", lambda root, report: None)
     if not carry:
         monkeypatch.setattr("xeforge.pipeline._hidden_gain", lambda tactics: None)
     no_prewarm = type("Verifier", (), {"prewarm": lambda self, sources: 0})()

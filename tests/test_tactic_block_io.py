@@ -161,7 +161,8 @@ def test_dry_run_shows_the_descriptor_diff_for_the_target(tmp_path):
 
 
 def test_a_failing_rewrite_or_detector_is_reported_not_raised():
-    from xeforge.rewrite.tiling_tactics import RewriteMemo, guarded
+    from stages.base import guarded
+    from xeforge.rewrite.tiling_tactics import RewriteMemo
 
     p = load_problem(KERNELS / "gemm_relu")
     ctx = context(p)

@@ -154,3 +154,19 @@ def test_run_time_checks_count_the_autotuners_timing_launches_and_refuse_a_flood
     assert "torch.Tensor.copy_" in runtime_problems(_trace([launch, copy], [out]), start)
     assert "more launches and torch ops than a trace holds" in runtime_problems(
         _trace([launch], [out], truncated=True), start)
+
+
+def test_a_candidate_that_redefines_the_starts_custom_op_does_not_replace_it(tmp_path):
+    """torch.library ops are process-wide by name: without a namespace of its own per loaded file, a candidate
+    defining the start's ``ns::op`` made the start's slot run the candidate's body (on the H200 every trial of the
+    library-op style timed the candidate against itself: speedup 1.000x each time)."""
+    p = load_problem(STYLES / "library_op.py")
+    bad = tmp_path / "library_op_bad.py"
+    bad.write_text(p.kernel_source.replace("acc = tl.maximum(acc, 0.0)", "acc = tl.maximum(acc, 1.0)"))
+    with Verifier(p, describe("cpu"), Settings(correctness_rounds=1), tmp_path / "run") as v:
+        assert v.verify(p.kernel_path).correct
+        assert not v.verify(bad).correct
+        again = v.verify(p.kernel_path)  # the start's slot, still loaded, runs the start's own op
+        assert again.correct, again.feedback()
+        trace = v.trace(p.kernel_path, p.variant("ci"))
+    assert [o.op for o in trace.compute_ops()] == ["xeforge_corpus.linear_relu.default"]  # named as written

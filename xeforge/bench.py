@@ -28,10 +28,13 @@ says so in its first line.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
+import queue
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -42,8 +45,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from tabulate import tabulate
+
+from xeforge import devices
+from xeforge.cli_args import add_llm_args
 from xeforge.errors import UsageError, XeforgeError
-from xeforge.store import atomic_write
+from xeforge.isolation import WorkerFailure
+from xeforge.problem import load_problem, source_hash
+from xeforge.report import write_bench_reports
+from xeforge.report_views import bench_table
+from xeforge.settings import load_settings
+from xeforge.store import atomic_write, write_json
+from xeforge.timing import Stats, paired_ratios, quantile, roofline_floor
+from xeforge.verifier import Verdict, Verifier
 
 # Correctness rounds per variant for a bench on the CPU interpreter (unless --rounds or XEFORGE_ROUNDS says
 # otherwise): the suite is re-checked in CI on 2 cores, and 2 fresh-input rounds per variant (plus the ragged
@@ -173,8 +189,8 @@ def _stale_note(n: int) -> list[str]:
 
 def _run_port(problem, opt: BenchOptions, device_kind: str) -> dict:
     """``--port``: run the pipeline on this problem now and return the port-result info."""
+    # lazy: the pipeline imports libcst and every stage (about a second); `xeforge --help` imports this module
     from xeforge.pipeline import Pipeline, PortOptions
-    from xeforge.settings import load_settings
 
     settings = load_settings()
     if opt.budget is not None:
@@ -199,8 +215,6 @@ def port_verdicts(port: dict, start_hash: str, final_hash: str | None) -> dict:
     double the bench's correctness time for nothing. A verdict is used only when it belongs to the source benched
     (by hash) and carries a passed correctness gate; anything else is verified again by the caller.
     """
-    from xeforge.verifier import Verdict
-
     if not port.get("ported_now") or not port.get("run_dir"):
         return {}
     out = {}
@@ -218,18 +232,12 @@ def port_verdicts(port: dict, start_hash: str, final_hash: str | None) -> dict:
 
 # ------------------------------------------------------------------------------------------------ statistics
 def time_stats(times: list[float]) -> dict:
-    from xeforge.timing import Stats
-
     return {**Stats.of(times).as_dict(), "times_ms": [round(t, 6) for t in times]}
 
 
 def speedup_of(base: list[float], new: list[float]) -> dict:
     """How much faster ``new`` is than ``base``: median(base) / median(new), with the spread of the per-round
     ratios (the entries are timed interleaved, so round i of each is a pair)."""
-    import statistics
-
-    from xeforge.timing import paired_ratios, quantile
-
     value = statistics.median(base) / statistics.median(new)
     ratios = paired_ratios(base, new)
     q1, q3 = (quantile(ratios, 0.25), quantile(ratios, 0.75)) if ratios else (float("nan"), float("nan"))
@@ -243,8 +251,6 @@ def geomean(xs: list[float]) -> float | None:
 
 def roofline_for(variant, dtype: str | None, entry: Any) -> dict:
     """Peak, bandwidth, the roofline bound (floor time) and the arithmetic intensity of one variant."""
-    from xeforge.timing import roofline_floor
-
     short = _DTYPE_SHORT.get(dtype or "float32", dtype or "fp32")
     out: dict[str, Any] = {"dtype": short, "flop": variant.flop, "bytes": variant.bytes, "peak_flops": None,
                            "bandwidth_bytes_per_s": None, "floor_ms": None, "bound": None, "intensity": None,
@@ -298,8 +304,8 @@ class BenchContext:
     make_verifier: Callable[..., Any] | None = None  # (problem, device, settings, workdir, hooks, entry) -> Verifier
 
     def verifier(self, problem, workdir: Path):
+        # lazy: the pipeline imports libcst and every stage (about a second); `xeforge --help` imports this module
         from xeforge.pipeline import constraint_hook
-        from xeforge.verifier import Verifier
 
         hooks = [h for h in [constraint_hook(self.kbc)] if h] if self.kbc is not None else []
         entry = getattr(self.kbc, "entry", None)
@@ -308,8 +314,6 @@ class BenchContext:
 
 
 def _entry(label: str, path: Path | None, text: str | None = None) -> dict:
-    from xeforge.problem import source_hash
-
     e: dict[str, Any] = {"label": label, "path": str(path) if path else None, "source_hash": None,
                          "verified": NOT_RUN, "verification": "", "gates": [], "time": None, "timed": False,
                          "not_timed": "", "achieved": None, "error": None}
@@ -352,8 +356,6 @@ def bench_problem(path: Path, ctx: BenchContext) -> dict:
 
 
 def _bench_problem(path: Path, ctx: BenchContext, row: dict, workdir: Path) -> None:
-    from xeforge.problem import load_problem
-
     opt, device = ctx.options, ctx.device
     problem = load_problem(path)
     row.update(problem=problem.name, kind=problem.spec.kind, origin=problem.spec.origin,
@@ -500,8 +502,6 @@ def _time_row(v, problem, variant, row: dict, ctx: BenchContext) -> None:
 
 def time_entries_robust(v, todo: list[tuple[str, Path, str | None]], variant, pairs: int):
     """Time every entry interleaved; if the run fails, find the entries that break it alone and time the rest."""
-    from xeforge.isolation import WorkerFailure
-
     if not todo:
         return {}, {}
     try:
@@ -530,8 +530,6 @@ def time_entries_robust(v, todo: list[tuple[str, Path, str | None]], variant, pa
 
 # ------------------------------------------------------------------------------------------------ the run
 def bench_settings(opt: BenchOptions, device_kind: str, env: dict[str, str] | None = None):
-    from xeforge.settings import load_settings
-
     env = os.environ if env is None else env
     settings = load_settings(env)
     if opt.rounds is not None:
@@ -564,8 +562,6 @@ def timing_method(device, settings, pairs: int) -> str | None:
 
 
 def new_report(opt: BenchOptions, device, kbc, settings, out: Path) -> dict:
-    from xeforge.devices import versions
-
     pairs = opt.pairs or settings.timed_pairs
     return {
         "schema": 1,
@@ -574,7 +570,7 @@ def new_report(opt: BenchOptions, device, kbc, settings, out: Path) -> dict:
         "argv": opt.argv,
         "out_dir": str(out),
         "device": device.as_dict(),
-        "versions": versions(),
+        "versions": devices.versions(),
         "kb_device": getattr(kbc, "device_id", None),
         "kb_note": getattr(kbc, "note", "") or "",
         "triton_gate": getattr(getattr(kbc, "triton", None), "text", None),
@@ -664,9 +660,6 @@ class _Progress:
         self.total, self.done = total, 0
         self.bar = None
         if sys.stderr.isatty():
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
             self.bar = Progress(TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                 TextColumn("{task.description}"), console=Console(stderr=True), transient=True)
             self.task = self.bar.add_task("", total=total)
@@ -702,9 +695,8 @@ def _row_status(row: dict) -> str:
 
 
 def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
-    from xeforge import devices
+    # lazy: the pipeline imports libcst and every stage (about a second); `xeforge --help` imports this module
     from xeforge.pipeline import kb_context
-    from xeforge.report import write_bench_reports
 
     paths = discover(opt.problems)
     if opt.workers < 1:
@@ -792,8 +784,6 @@ def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
         try:
             write_bench_reports(out, report)
         except Exception as exc:  # noqa: BLE001 — keep the JSON even if rendering breaks; say why
-            from xeforge.store import write_json
-
             write_json(out / "bench.json", report)
             say(f"warning: could not render bench.md/bench.html ({type(exc).__name__}: {exc}); bench.json is written")
     return report
@@ -802,8 +792,6 @@ def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
 def tool_hash() -> str:
     """A short hash of xeforge's own source (the package, the stages, the LLM agent, the knowledge base): which
     code benched."""
-    import hashlib
-
     root = Path(__file__).resolve().parent.parent
     h = hashlib.sha256()
     for folder in ("xeforge", "stages", "cover_agent", "knowledge_base"):
@@ -845,8 +833,6 @@ def _prepare_out(opt: BenchOptions, device) -> tuple[Path, list[dict], list[dict
 
 
 def _write_partial(out: Path, report: dict) -> None:
-    from xeforge.store import write_json
-
     write_json(out / "bench.json", report)
 
 
@@ -865,6 +851,7 @@ def gpu_slots(kind: str, n: int, env: dict[str, str] | None = None, count: int |
         return [{} for _ in range(n)]
     var = "CUDA_VISIBLE_DEVICES" if kind == "cuda" else "ZE_AFFINITY_MASK"
     if count is None:
+        # lazy: torch (seconds to import) only to count GPUs for --workers; the bench process needs it nowhere else
         import torch
 
         count = torch.cuda.device_count() if kind == "cuda" else torch.xpu.device_count()
@@ -897,8 +884,6 @@ def child_argv(opt: BenchOptions, problem: Path, device_kind: str, out: Path) ->
 
 def _run_parallel(paths: list[Path], opt: BenchOptions, kind: str, slots: list[dict], out: Path, report: dict,
                   progress: _Progress, deadline: float | None) -> None:
-    import queue
-
     free: "queue.Queue[int]" = queue.Queue()
     for i in range(len(slots)):
         free.put(i)
@@ -974,18 +959,12 @@ def _child_row(part: Path, problem: Path, rc: int, log: Path, slot: dict) -> dic
 
 # ------------------------------------------------------------------------------------------------ CLI
 def cmd_bench(args: argparse.Namespace) -> int:
-    from tabulate import tabulate
-
-    from xeforge.report import bench_table
-
     llm, llm_argv = None, []
     if args.port and args.engine in {"llm", "both", "auto"}:
-        try:
-            from cover_agent.config import LMConfig
+        # lazy, for the same reason as the pipeline: the engine registry imports the rewrites (libcst) and the stages
+        from xeforge.engines import llm_config
 
-            llm = LMConfig.from_args(args)
-        except ImportError:
-            llm = None
+        llm = llm_config(args)
         for flag, attr in (("--model", "model"), ("--api-base", "api_base"), ("--max-iters", "max_iters"),
                            ("--best-k", "best_k")):
             if getattr(args, attr, None) is not None:
@@ -1040,10 +1019,5 @@ def register(subparsers) -> None:
     p.add_argument("--stop-after", type=float, default=None, metavar="MINUTES",
                    help="start no new problem after this many minutes; the rest are listed and --resume continues")
     p.add_argument("--json", action="store_true", help="print bench.json on stdout instead of the table")
-    try:
-        from xeforge.cli import _add_llm_args
-
-        _add_llm_args(p)
-    except ImportError:  # the CLI without LLM flags still benches
-        pass
+    add_llm_args(p)
     p.set_defaults(func=cmd_bench)

@@ -13,7 +13,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from xeforge.errors import XeforgeError
+from xeforge import __version__, devices, sandbox
+from xeforge.bench import register as register_bench
+from xeforge.cli_args import add_llm_args, positive_int
+from xeforge.errors import DeviceError, UsageError, XeforgeError
+from xeforge.kb.cli import register as register_kb
+from xeforge.problem import load_problem
+from xeforge.report import rerender_all
+from xeforge.settings import load_settings
+from xeforge.store import RunStore
+from xeforge.verifier import Verifier
 
 
 def _print_json(data: Any) -> None:
@@ -22,9 +31,9 @@ def _print_json(data: Any) -> None:
 
 # ---------------------------------------------------------------------------------------------- port
 def cmd_port(args: argparse.Namespace) -> int:
+    # lazy: the pipeline imports libcst and every stage (about a second); `xeforge --help`, `report`, `kb` and
+    # `aa` never need it
     from xeforge.pipeline import Pipeline, PortOptions
-    from xeforge.problem import load_problem
-    from xeforge.settings import load_settings
 
     problem = load_problem(args.problem)
     settings = load_settings()
@@ -54,11 +63,10 @@ def cmd_port(args: argparse.Namespace) -> int:
 
 
 def _llm_config(args: argparse.Namespace):
-    try:
-        from cover_agent.config import LMConfig
-    except ImportError:
-        return None
-    return LMConfig.from_args(args)
+    # lazy, for the same reason as the pipeline: the engine registry imports the rewrites (libcst) and the stages
+    from xeforge.engines import llm_config
+
+    return llm_config(args)
 
 
 def _split(value: str | None) -> list[str] | None:
@@ -96,24 +104,17 @@ def _print_plan(plan: dict) -> None:
 
 # ---------------------------------------------------------------------------------------------- verify
 def cmd_verify(args: argparse.Namespace) -> int:
-    from xeforge import devices
+    # lazy: the pipeline imports libcst and every stage (about a second); `xeforge --help`, `report`, `kb` and
+    # `aa` never need it
     from xeforge.pipeline import constraint_hook, kb_context
-    from xeforge.problem import load_problem
-    from xeforge.settings import load_settings
-    from xeforge.store import RunStore
-    from xeforge.verifier import Verifier
 
     problem = load_problem(args.problem)
     device = devices.describe(devices.resolve(args.device))
     kbc = kb_context(device, args.target, args.triton)
     cand = Path(args.candidate).resolve() if args.candidate else problem.kernel_path
     if cand.exists() and not cand.is_file():
-        from xeforge.errors import UsageError
-
         raise UsageError("--candidate", f"{cand} is a folder, not a kernel file", "pass a kernel .py file")
     if not cand.exists():
-        from xeforge.errors import UsageError
-
         raise UsageError("--candidate", f"{cand} does not exist", "pass the path of a kernel file")
     store = RunStore.create(Path(args.runs_dir), f"{problem.name}-verify")
     print(f"verifying {cand} against {problem.name} on {device.kind} ({device.name}); scratch {store.root}",
@@ -140,9 +141,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- env
 def cmd_env(args: argparse.Namespace) -> int:
-    from xeforge import devices, sandbox
+    # lazy: the pipeline imports libcst and every stage (about a second); `xeforge --help`, `report`, `kb` and
+    # `aa` never need it
     from xeforge.pipeline import kb_context
-    from xeforge.settings import load_settings
 
     found = {}
     for kind in ("xpu", "cuda", "cpu"):
@@ -179,8 +180,6 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- report / aa
 def cmd_report(args: argparse.Namespace) -> int:
-    from xeforge.report import rerender_all
-
     for path in rerender_all(Path(args.run_dir)):
         print(path)
     return 0
@@ -189,13 +188,6 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_aa(args: argparse.Namespace) -> int:
     """Time a kernel (the starting one, or --candidate) against itself: an A/A comparison must never be accepted
     as faster."""
-    from xeforge import devices
-    from xeforge.errors import DeviceError, UsageError
-    from xeforge.problem import load_problem
-    from xeforge.settings import load_settings
-    from xeforge.store import RunStore
-    from xeforge.verifier import Verifier
-
     problem = load_problem(args.problem)
     kernel = Path(args.candidate) if args.candidate else problem.kernel_path
     if not kernel.is_file():
@@ -232,18 +224,9 @@ def _add_device_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--triton", default=None, help="Triton version to gate the knowledge base on (default: installed)")
 
 
-def _add_llm_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="LiteLLM model string (default: $XEFORGE_MODEL)")
-    p.add_argument("--api-base", default=None, help="base URL of an OpenAI-compatible server")
-    p.add_argument("--max-iters", type=_positive_int, default=None, help="CoVeR refinement rounds per candidate")
-    p.add_argument("--best-k", type=_positive_int, default=None, help="independent candidates per stage")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="xeforge", description="Port Triton kernels to Intel GPUs, stage by stage, "
                                      "with every candidate verified on hardware.")
-    from xeforge import __version__
-
     parser.add_argument("--version", action="version", version=f"xeforge {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -256,9 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the latest run of this problem")
     p.add_argument("--run-dir", default=None, help="run folder to use (default: RUNS_DIR/<problem>/<timestamp>)")
     p.add_argument("--runs-dir", default=os.environ.get("XEFORGE_RUNS_DIR", "runs"))
-    p.add_argument("--budget", type=_positive_int, default=None, help="hardware evaluations per search tactic")
+    p.add_argument("--budget", type=positive_int, default=None, help="hardware evaluations per search tactic")
     p.add_argument("--json", action="store_true", help="print the report (or plan) as JSON on stdout")
-    _add_llm_args(p)
+    add_llm_args(p)
     p.set_defaults(func=cmd_port)
 
     p = sub.add_parser("verify", help="run the verification cascade on one kernel and print the verdict per gate")
@@ -271,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("env", help="what xeforge found: devices, versions, KB device entry, LLM configuration")
     _add_device_args(p)
-    _add_llm_args(p)
+    add_llm_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_env)
 
@@ -286,34 +269,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--candidate", default=None, help="kernel file to time against itself (default: the problem's "
                    "starting kernel), e.g. a run's final/kernel.py")
     _add_device_args(p)
-    p.add_argument("--repeats", type=_positive_int, default=3)
+    p.add_argument("--repeats", type=positive_int, default=3)
     p.add_argument("--runs-dir", default=os.environ.get("XEFORGE_RUNS_DIR", "runs"))
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_aa)
 
-    try:
-        from xeforge.kb.cli import register as register_kb
-    except ImportError:
-        register_kb = None
-    if register_kb is not None:
-        register_kb(sub)
-    try:
-        from xeforge.bench import register as register_bench
-    except ImportError:
-        register_bench = None
-    if register_bench is not None:
-        register_bench(sub)
+    register_kb(sub)
+    register_bench(sub)
     return parser
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer (pass a whole number >= 1)") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not >= 1 (pass a whole number >= 1)")
-    return value
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,7 @@ class Mismatch:
 
 def compare_outputs(outs: list, refs: list, expected_dtypes: list, rtol: float, atol: float) -> Mismatch | None:
     """None when every output matches; otherwise the first mismatch, described."""
-    import torch
+    import torch  # lazy: torch (seconds to import) runs in the workers; only they compare outputs
 
     if len(outs) != len(refs):
         return Mismatch("count", f"returned {len(outs)} output(s); the reference returns {len(refs)}")

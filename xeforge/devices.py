@@ -45,6 +45,8 @@ class DeviceInfo:
 
 
 def _torch():
+    # lazy: torch (seconds to import) only when a device is probed; `xeforge --help` and the CLI's parsing import
+    # this module without it
     import torch
 
     return torch
@@ -76,13 +78,13 @@ def resolve(kind: str) -> str:
 def versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
     try:
-        import torch
+        import torch  # lazy, like _torch(); absent is reported, not raised
 
         out["torch"] = torch.__version__
     except ImportError:
         out["torch"] = "not installed"
     try:
-        import triton
+        import triton  # lazy: triton imports torch
 
         out["triton"] = triton.__version__
     except ImportError:
@@ -115,7 +117,7 @@ def describe(kind: str) -> DeviceInfo:
         p = torch.xpu.get_device_properties(0)
         cores, slm, sg = None, None, list(getattr(p, "sub_group_sizes", []) or [])
         try:
-            import triton
+            import triton  # lazy: triton imports torch
 
             dp = triton.runtime.driver.active.utils.get_device_properties(0)
             cores, slm = dp.get("multiprocessor_count"), dp.get("max_shared_mem")

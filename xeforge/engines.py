@@ -1,41 +1,33 @@
 """Engines propose candidates for a stage; only the verifier accepts them.
 
-Owns: the engine registry (``rules``, ``llm``; ``auto`` and ``both`` are resolved by the pipeline) and the
-rules engine, which walks a stage's deterministic tactics. An engine receives an ``evaluate`` callback that
-runs a candidate through the verification cascade and the trial store and returns the verdict, so an engine
-that learns from feedback (the llm engine's CoVeR loop) can refine. ``dspy`` is imported only by
+Owns: the engine registry (``rules``, ``llm``; ``auto`` and ``both`` are resolved by the pipeline; the llm
+engine's configuration from the command line, :func:`llm_config`, and its dry-run prompt, :func:`llm_prompt`)
+and the rules engine, which walks a stage's deterministic tactics. What an engine returns
+(:class:`~stages.base.TacticRecord`, :class:`~stages.base.TrialOutcome`) lives in :mod:`stages.base`. An engine
+receives an ``evaluate`` callback that runs a candidate through the verification cascade and the trial store and
+returns the verdict, so an engine that learns from feedback (the llm engine's CoVeR loop) can refine. ``dspy`` is imported only by
 ``cover_agent``, and only when the llm engine is used.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import argparse
 from typing import Any, Callable
 
-from stages.base import Candidate, Stage, StageContext
+# The registry is the one module of xeforge that imports the llm engine: engines are chosen by name here
+# (make_engine), so the pipeline and the command line reach cover_agent only through this module (its
+# configuration from the command line, its prompt for the dry run, its construction). These three imports are
+# dspy-free; dspy (the [llm] extra) is imported only when make_llm_engine builds the engine. The layering
+# contract in pyproject.toml ([tool.importlinter]) allows this module, and no other under xeforge/, to import
+# cover_agent.
+from cover_agent import make_llm_engine
+from cover_agent.config import LMConfig
+from cover_agent.prompts import render_stage_prompt
+from stages.base import Candidate, Evaluate, Stage, StageContext, TacticRecord, TrialOutcome
 from xeforge.errors import EngineError
-
-Evaluate = Callable[[Candidate], "TrialOutcome"]  # may also have .prepare(list[Candidate]) (parallel compile)
-
-
-@dataclass
-class TrialOutcome:
-    trial: str  # trial folder name
-    candidate: Candidate
-    verdict: Any  # xeforge.verifier.Verdict
-    adopted: bool = False  # became the incumbent (set by the pipeline)
-    replayed: bool = False  # verdict replayed from the trial store (--resume)
-
-
-@dataclass
-class TacticRecord:
-    name: str
-    applies: bool
-    reason: str
-    engine: str = "rules"
-    outcomes: list[TrialOutcome] = field(default_factory=list)
-    best: TrialOutcome | None = None
-    note: str = ""
+from xeforge.kb._base import DTYPE_BYTES, dtype_key
+from xeforge.rewrite.subtile import subtile_stores
+from xeforge.rewrite.tiling_configs import fit_stages
 
 
 class RulesEngine:
@@ -86,10 +78,6 @@ def refit_candidates(ctx: StageContext, outcome: TrialOutcome) -> list[Candidate
     search rightly wanted is not lost: first with its C tile stored in two halves (``subtile``: the staging tile
     halves; fewer stages only if that is still too much), then with the ``num_stages`` that fits as it is.
     """
-    from xeforge.kb._base import DTYPE_BYTES, dtype_key
-    from xeforge.rewrite.subtile import subtile_stores
-    from xeforge.rewrite.tiling_configs import fit_stages
-
     failed = outcome.verdict.failed_gate if outcome.verdict is not None else None
     if failed is None or failed.gate != "0-isolation":
         return []
@@ -119,10 +107,16 @@ def make_engine(name: str, options: Any) -> Any:
     if name == "rules":
         return RulesEngine()
     if name == "llm":
-        try:
-            from cover_agent import make_llm_engine
-        except ImportError as exc:
-            raise EngineError("--engine llm", f"the llm engine is not available ({exc})",
-                              "pip install -e '.[llm]' (installs dspy and litellm)") from None
-        return make_llm_engine(options)
+        return make_llm_engine(options)  # EngineError when no model is configured or dspy is not installed
     raise EngineError("--engine", f"unknown engine {name!r}", "use rules, llm, auto or both")
+
+
+def llm_config(args: argparse.Namespace) -> LMConfig:
+    """The llm engine's configuration from the command line (``--model``, ``--api-base``, ``--max-iters``,
+    ``--best-k``) and the ``XEFORGE_*`` variables; ``.configured`` says whether a model is set."""
+    return LMConfig.from_args(args)
+
+
+def llm_prompt(stage: Stage, ctx: StageContext, issues: list, kbc: Any) -> str:
+    """The first brief the llm engine would send for ``stage`` (what the dry run prints); no model is called."""
+    return render_stage_prompt(stage, ctx, issues, kbc, feedback=[])

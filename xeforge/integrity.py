@@ -11,6 +11,7 @@ starting kernel's call (:func:`runtime_problems`, from the two calls' traces).
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 CANARY = 64  # elements of NaN (or a sentinel) on each side of every input
@@ -27,7 +28,7 @@ def canary_value(torch: Any, dtype: Any) -> Any:
 
 def same_bits(a: Any, b: Any) -> bool:
     """Bit-identical: same shape, dtype and bytes (NaN payloads included, -0.0 distinct from 0.0)."""
-    import torch
+    import torch  # lazy: torch, in the worker and the verifier only
 
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
@@ -67,7 +68,7 @@ def weight_changes(before: dict[str, Any], after: dict[str, Any], first_call: bo
 
 def input_problems(names: list[str], originals: list[Any], buffers: list[Any]) -> tuple[list[str], list[str]]:
     """(inputs changed by the call, inputs written outside their bounds), from each padded buffer after the call."""
-    import torch
+    import torch  # lazy: torch, in the worker and the verifier only
 
     mutated, overwritten = [], []
     for name, orig, buf in zip(names, originals, buffers):
@@ -93,7 +94,6 @@ def runtime_problems(cand: Any, start: Any) -> str | None:
     op; an output whose last writer is a torch op (or nothing) where the start's was a kernel launch. Both traces
     are :class:`xeforge.analysis.trace.Trace` objects of one call each.
     """
-    from collections import Counter
 
     if cand.truncated:
         if start.truncated:

@@ -10,18 +10,22 @@ the next request; the pipeline itself never runs candidate code.
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from xeforge import sandbox, wire
+from xeforge.settings import load_settings
 
 # Only these variables reach a worker; anything that looks like a secret is dropped even if allow-listed.
 _ALLOW_PREFIXES = ("TRITON_", "CUDA_", "NVIDIA_", "ZE_", "ONEAPI_", "SYCL_", "LC_", "TORCH_", "PYTORCH_",
@@ -67,8 +71,6 @@ class Worker:
     def __init__(self, device: str, workdir: Path, log_path: Path | None = None, *, settings: Any = None,
                  writable: tuple[Path, ...] = (), readable: tuple[Path, ...] = (), hidden: tuple[Path, ...] = (),
                  env: dict[str, str] | None = None) -> None:
-        from xeforge.settings import load_settings
-
         self.device = device
         self.workdir = Path(workdir).resolve()
         self.log_path = Path(log_path or self.workdir / "worker.log").resolve()
@@ -257,10 +259,6 @@ def facts_worker() -> Worker:
     ``get_inputs()``, parameter shapes on the meta device): started once, in a temporary folder, closed at exit."""
     global _FACTS
     if _FACTS is None:
-        import atexit
-        import shutil
-        import tempfile
-
         folder = Path(tempfile.mkdtemp(prefix="xeforge-facts-"))
         _FACTS = Worker("cpu", folder)
 

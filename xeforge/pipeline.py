@@ -27,14 +27,18 @@ from pathlib import Path
 from typing import Any, Callable
 
 import stages as stage_registry
-from stages.base import Candidate, Stage, StageContext
+from stages.base import Candidate, Stage, StageContext, TacticRecord, TrialOutcome
 from xeforge import devices
-from xeforge.engines import TacticRecord, TrialOutcome, make_engine
+from xeforge.analysis.observe import traces
+from xeforge.analysis.trace import Trace
+from xeforge.engines import llm_prompt, make_engine
 from xeforge.errors import EngineError, RunError, UsageError
+from xeforge.kb import TritonInfo, installed_triton, load_kb
 from xeforge.problem import Problem, source_hash
+from xeforge.report import write_reports
 from xeforge.settings import Settings
 from xeforge.static_checks import Finding
-from xeforge.store import RunStore, atomic_write, read_json, write_json
+from xeforge.store import RunStore, atomic_write, make_run_folder, read_json, write_json
 from xeforge.verifier import Verdict, Verifier
 
 
@@ -70,10 +74,6 @@ class KBContext:
 
 def kb_context(device: devices.DeviceInfo, target: str | None = None, triton: str | None = None) -> KBContext:
     """The knowledge base, the Triton it is gated on, and the device entry that applies."""
-    try:
-        from xeforge.kb import TritonInfo, installed_triton, load_kb
-    except ImportError as exc:  # the KB package is part of xeforge; a broken install says so
-        return KBContext(None, None, None, None, f"knowledge base unavailable: {exc}")
     kb = load_kb()
     if target:
         if target not in kb.devices:
@@ -136,8 +136,6 @@ class Pipeline:
                 return "llm", "a model is configured"
             return "rules", "no LLM configured (set XEFORGE_MODEL or --model to use the llm engine)"
         if eng in {"llm", "both"} and not configured:
-            from xeforge.errors import EngineError
-
             raise EngineError("--engine " + eng, "no LLM is configured",
                               "set XEFORGE_MODEL (a LiteLLM model string) or pass --model; or use --engine rules")
         return eng, f"--engine {eng}"
@@ -213,11 +211,7 @@ class Pipeline:
         return self.resolve_engine()
 
     def _render_prompt(self, stage: Stage, ctx: StageContext, issues, kbc: KBContext) -> str:
-        try:
-            from cover_agent.prompts import render_stage_prompt
-        except ImportError as exc:
-            return f"(prompt rendering unavailable: {exc})"
-        return render_stage_prompt(stage, ctx, issues, kbc, feedback=[])
+        return llm_prompt(stage, ctx, issues, kbc)
 
     # ------------------------------------------------------------------------------------------------ run
     def run(self) -> dict[str, Any]:
@@ -366,8 +360,6 @@ class Pipeline:
             rec.incumbent_after = source_hash(incumbent_src)
         final = self._final(store, verifier, device, history, start_path)
         report = self._report(store, device, kbc, engine_name, baseline, records, final)
-        from xeforge.report import write_reports
-
         write_reports(store.root, report)
         return report
 
@@ -458,8 +450,6 @@ class Pipeline:
                 "is_start": path.parent.name == "baseline"}
 
     def _report(self, store, device, kbc, engine_name, baseline, records, final) -> dict[str, Any]:
-        from xeforge.devices import versions
-
         return {
             "schema": 1,
             "problem": self.problem.name,
@@ -469,7 +459,7 @@ class Pipeline:
             "device": device.as_dict(),
             "kb_device": kbc.device_id,
             "triton_gate": getattr(kbc.triton, "text", None),
-            "versions": versions(),
+            "versions": devices.versions(),
             "engine": engine_name,
             "engine_fallback": self.fallback,
             "timing_method": None if device.interpreter else
@@ -484,8 +474,6 @@ class Pipeline:
 
 
 def _new_at(path: Path) -> RunStore:
-    from xeforge.store import make_run_folder
-
     make_run_folder(Path(path))
     return RunStore(Path(path))
 
@@ -542,7 +530,4 @@ def _stage_dict(r: StageRecord) -> dict[str, Any]:
 def trace_summary(problem) -> dict[str, list[str]]:
     """Per variant, what one traced call of the starting kernel's forward did (on the meta device, in a worker:
     launches recorded, not run), or why it could not be traced."""
-    from xeforge.analysis.observe import traces
-    from xeforge.analysis.trace import Trace
-
     return {v: (t.summary() if isinstance(t, Trace) else [t]) for v, t in traces(problem).items()}

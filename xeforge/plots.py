@@ -36,7 +36,7 @@ class Plot:
 
 def _figure(width: float, height: float):
     """A figure on the Agg canvas, or None with the reason when matplotlib is missing."""
-    try:
+    try:  # lazy: matplotlib (about a second) only when a report draws figures; a missing one is a reason, not a crash
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as exc:
@@ -48,7 +48,7 @@ def _figure(width: float, height: float):
 
 def _times_axis(axis) -> None:
     """Ticks of a log speedup axis read 0.5x, 1x, 2x instead of 10^0."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # lazy, as in _figure
 
     axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     axis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}x"))

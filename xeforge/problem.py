@@ -23,6 +23,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from xeforge.errors import ProblemError, SpecError
+from xeforge.isolation import WorkerFailure, facts_worker
+from xeforge.kb.yamlio import YamlSyntaxError, parse_yaml
 
 DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int32", "int64", "bool")
 FLOAT_DTYPES = {"float16", "bfloat16", "float32", "float64"}
@@ -395,7 +397,6 @@ class _SpecReader:
         return SpecError(f"{where} key '{_fmt_path(key)}'", what, fix)
 
     def read(self) -> Spec:
-        from xeforge.kb.yamlio import YamlSyntaxError, parse_yaml
 
         try:
             data = parse_yaml(self.text)  # safe, bounded (depth, aliases), a key written twice is an error
@@ -672,7 +673,9 @@ def load_problem(path: Union[str, Path]) -> Problem:
     notes += spec.notes
     if reference is None:
         notes.append("no reference.py: the starting kernel is the oracle")
-    name = root.name if path.is_dir() else kernel.stem
+    # a folder's own kernel.py is the folder's problem; another kernel file of it (one style of a problem) is named
+    # after both, so two folders' direct.py do not share a run folder or a bench row
+    name = root.name if path.is_dir() or kernel.name == "kernel.py" else f"{root.name}-{kernel.stem}"
     return Problem(name, root, kernel, source, spec, spec_path, reference, notes, ref_source)
 
 
@@ -707,7 +710,6 @@ def _kernelbench_spec(kernel: Code, reference: Code | None, root: Path) -> Spec:
 
     They are user code: they run in a worker (on the CPU, in a temporary folder), never in this process.
     """
-    from xeforge.isolation import WorkerFailure, facts_worker
 
     for src in (reference, kernel):
         if src is None or "def get_inputs" not in src.text:
@@ -776,7 +778,7 @@ def plan_inputs(problem: Problem, variant: Variant) -> list[TensorPlan]:
 
 def generate_inputs(plan: list[TensorPlan], seed: int, distribution: str = "normal", device: str = "cpu") -> list:
     """Inputs drawn from ``distribution`` with ``seed``; bitwise identical in every process for the same device."""
-    import torch
+    import torch  # lazy: torch, for the tensors of a run only
 
     gen = torch.Generator(device=device).manual_seed(seed)
     out = []

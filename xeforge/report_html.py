@@ -1,7 +1,7 @@
 """HTML reports: one self-contained file per report (inline CSS, plots as base64 PNG ``data:`` URIs).
 
 Owns: the HTML Jinja environment (autoescaped: kernel feedback and error text are untrusted) and rendering of
-the port and bench reports from the same view models as the Markdown (:mod:`xeforge.report`) and the figures of
+the port and bench reports from the same view models as the Markdown (:mod:`xeforge.report_views`) and the figures of
 :mod:`xeforge.plots`. Nothing here reads anything but the report JSON, so ``xeforge report`` re-renders exactly.
 """
 
@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import jinja2
+
+from xeforge.report_views import bench_view, port_view
 
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("xeforge", "templates"), undefined=jinja2.StrictUndefined,
                           autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2", "html")),
@@ -32,12 +34,8 @@ _ENV.filters["state"] = _state_class
 
 
 def render_port_html(report: dict[str, Any], plots: list) -> str:
-    from xeforge.report import port_view
-
     return _ENV.get_template("port_report.html.j2").render(r=report, v=port_view(report), plots=plots)
 
 
 def render_bench_html(report: dict[str, Any], plots: list) -> str:
-    from xeforge.report import bench_view
-
     return _ENV.get_template("bench_report.html.j2").render(r=report, v=bench_view(report), plots=plots)

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import functools
 import glob
+import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -203,8 +205,6 @@ LIMITS_ENV = "XEFORGE_WORKER_LIMITS"  # how a worker learns its caps (set by the
 
 
 def limits_env(limits: Limits) -> dict[str, str]:
-    import json
-
     return {LIMITS_ENV: json.dumps(asdict(limits))}
 
 
@@ -212,9 +212,6 @@ def apply_own_limits() -> None:
     """In the worker, before it reads a request: cap itself (soft = hard, so the code it runs cannot raise them
     back without a capability the sandbox drops); every process it starts inherits them. Done here rather than in
     a ``preexec_fn``, which is not safe in a parent with threads (prewarm starts workers from several)."""
-    import json
-    import resource
-
     raw = os.environ.get(LIMITS_ENV)
     if not raw:
         return

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from xeforge.errors import KernelSourceError
-from xeforge.kernel_model import KernelModel, dotted_name, parse_kernel
+from xeforge.kernel_model import KernelModel, dotted_name, literal, parse_kernel
 
 
 @dataclass(frozen=True)
@@ -116,8 +116,9 @@ def _is_submodule(model: KernelModel, attr: str) -> bool:
 
 def _forward_closure(model: KernelModel) -> list[ast.FunctionDef]:
     """``Model.forward`` plus what it calls in the file, transitively: module functions, ``self`` methods, methods of
-    the file's other classes called on any object (``self.op.launch(...)``), and the ``forward`` of a
-    ``torch.autograd.Function`` subclass reached through ``.apply``. By name: a static over-approximation."""
+    the file's other classes called on any object (``self.op.launch(...)``), the ``forward`` of a
+    ``torch.autograd.Function`` subclass reached through ``.apply``, and the Python body of a ``torch.library`` op
+    called as ``torch.ops.<ns>.<op>(...)``. By name: a static over-approximation."""
     fwd = model.forward()
     if fwd is None:
         return []
@@ -129,6 +130,7 @@ def _forward_closure(model: KernelModel) -> list[ast.FunctionDef]:
             methods.setdefault(d.name, []).append(d)
         if any((dotted_name(b) or "").endswith("autograd.Function") for b in cls.bases):
             methods.setdefault("apply", []).extend(d for d in defs if d.name == "forward")
+    ops = _library_ops(model)
     seen: dict[int, ast.FunctionDef] = {id(fwd): fwd}
     todo = [fwd]
     while todo:
@@ -137,8 +139,11 @@ def _forward_closure(model: KernelModel) -> list[ast.FunctionDef]:
             if not isinstance(node, ast.Call):
                 continue
             targets: list[ast.FunctionDef] = []
+            called = (dotted_name(node.func) or "").split(".")
             if isinstance(node.func, ast.Name) and node.func.id in module_fns:
                 targets = [module_fns[node.func.id]]
+            elif called[:2] == ["torch", "ops"] and len(called) >= 4:  # torch.ops.<ns>.<op>[.default](...)
+                targets = ops.get(f"{called[2]}::{called[3]}", []) or ops.get(f"*::{called[3]}", [])
             elif isinstance(node.func, ast.Attribute):
                 if isinstance(node.func.value, ast.Name) and node.func.value.id == "self" and model.method(node.func.attr):
                     targets = [model.method(node.func.attr)]
@@ -149,6 +154,26 @@ def _forward_closure(model: KernelModel) -> list[ast.FunctionDef]:
                     seen[id(target)] = target
                     todo.append(target)
     return list(seen.values())
+
+
+def _library_ops(model: KernelModel) -> dict[str, list[ast.FunctionDef]]:
+    """``"ns::op"`` -> the module functions that implement it: decorated with ``torch.library.custom_op("ns::op")``,
+    ``torch.library.impl("ns::op", ...)``, ``triton_op`` or ``register_kernel``; ``impl(lib, "op")`` (the namespace in a
+    ``Library`` object) is keyed ``"*::op"``."""
+    out: dict[str, list[ast.FunctionDef]] = {}
+    for n in model.tree.body:
+        if not isinstance(n, ast.FunctionDef):
+            continue
+        for dec in n.decorator_list:
+            if not (isinstance(dec, ast.Call) and (dotted_name(dec.func) or "").rsplit(".", 1)[-1] in
+                    ("custom_op", "impl", "triton_op", "register_kernel")) or not dec.args:
+                continue
+            first = literal(dec.args[0])
+            if isinstance(first, str) and "::" in first:
+                out.setdefault(first, []).append(n)
+            elif len(dec.args) > 1 and isinstance(literal(dec.args[1]), str):
+                out.setdefault(f"*::{literal(dec.args[1]).split('.')[0]}", []).append(n)
+    return out
 
 
 def _is_called(tree: ast.AST, name: ast.Name) -> bool:

@@ -14,6 +14,9 @@ loaded), and what comes back is JSON and safetensors, compared here.
 
 from __future__ import annotations
 
+import concurrent.futures
+import os
+import re
 import secrets
 import time
 from dataclasses import asdict, dataclass, field
@@ -21,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from xeforge import integrity, wire
+from xeforge.analysis.observe import trace_at
+from xeforge.analysis.trace import Trace, TraceError
 from xeforge.compare import compare_outputs
 from xeforge.devices import DeviceInfo
 from xeforge.errors import ProblemError
@@ -45,7 +50,6 @@ def _device_fix(detail: str, line: str, kind: str) -> str:
     with ``device="xpu"``; on the CPU interpreter (or a CUDA GPU) that raises before any kernel runs, and the
     message alone (often an empty AssertionError) does not say why.
     """
-    import re
 
     m = re.search(r"\b(xpu|cuda)\b", f"{detail} {line}", re.IGNORECASE)
     if m is None or m.group(1).lower() == kind:
@@ -286,7 +290,6 @@ class Verifier:
         """What a correct call did that the verdict says in words: an ``@triton.autotune`` kernel run at its first
         config (the interpreter has no timer to tune with; the worker pins it), parameters its first call moved or
         cast. Read from the call's trace and the worker's reply: data from the candidate's process, so only notes."""
-        from xeforge.analysis.trace import Trace, TraceError
 
         out = []
         if self.device.interpreter:
@@ -364,7 +367,6 @@ class Verifier:
     def _runtime(self, cand: Code, facts: dict, variant: Variant) -> str | None:
         """What the call did against what the starting kernel's call did (launches, torch compute, who wrote the
         outputs), from the two calls' traces; the start's is taken once per variant."""
-        from xeforge.analysis.trace import Trace, TraceError
 
         try:
             mine = Trace.from_json(variant.name, facts.get("trace"))
@@ -374,7 +376,6 @@ class Verifier:
             self._start_traces.setdefault(variant.name, mine)
             return None
         if variant.name not in self._start_traces:
-            from xeforge.analysis.observe import trace_at
 
             # the start's call on the meta device (cached for the process); a real call where that cannot run
             meta = trace_at(self.problem, variant)
@@ -469,7 +470,6 @@ class Verifier:
 
     def trace(self, path: Path | Code, variant: Variant) -> "Trace":
         """One call of ``path``'s Model on ``variant``, every launch and torch op recorded, in the candidate worker."""
-        from xeforge.analysis.trace import Trace, TraceError
 
         slot, timeout = self._slot_and_timeout(self.code(path), variant)
         reply = self.worker.request("trace", timeout, slot=slot,
@@ -524,7 +524,7 @@ class Verifier:
 
     def oracle(self, variant: Variant, seed: int, dist: str) -> tuple[list, list]:
         """Expected outputs (float64, on the oracle device) and the dtypes the kernel must return, for these inputs."""
-        import torch
+        import torch  # lazy: torch, only for a GPU slot
 
         self._reference(variant)
         gen, weights, dtypes = self._refs[variant.name]
@@ -656,8 +656,6 @@ class Verifier:
         specialization, so its own compile) in a throw-away worker; Triton's on-disk cache then makes the
         verifier's own first calls fast. Failures are ignored here: the cascade reports them. Interpreter: no-op.
         """
-        import concurrent.futures
-        import os
 
         if self.device.interpreter or not sources:
             return 0

@@ -101,6 +101,7 @@ def write_message(stream, obj: dict[str, Any]) -> None:
 # -------------------------------------------------------------------------------------------- tensors
 def save_tensors(path: str | os.PathLike, tensors: dict[str, Any]) -> None:
     """Write named tensors (moved to the CPU, made contiguous) as a safetensors file."""
+    # lazy: safetensors.torch imports torch (seconds); the parent reads and writes JSON frames without it
     from safetensors.torch import save_file
 
     save_file({k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}, str(path))
@@ -109,7 +110,7 @@ def save_tensors(path: str | os.PathLike, tensors: dict[str, Any]) -> None:
 def load_tensors(path: str | os.PathLike, max_bytes: int, expect: set[str] | None = None,
                  device: str = "cpu") -> dict[str, Any]:
     """Read a safetensors file a worker wrote; checked for size and, with ``expect``, for exactly those names."""
-    from safetensors import SafetensorError
+    from safetensors import SafetensorError  # lazy, as in save_tensors
     from safetensors.torch import load_file
 
     p = Path(path)

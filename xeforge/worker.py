@@ -14,8 +14,10 @@ parent decides from those (mutation, out-of-bounds writes into canary padding, b
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
+import copy
 import os
 import re
 import sys
@@ -25,14 +27,19 @@ from pathlib import Path
 from typing import Any
 
 from xeforge import wire
+from xeforge.devices import Runtime
+from xeforge.analysis.trace import NAMESPACE_ALIASES, record, record_call
+from xeforge.problem import TensorPlan, generate_inputs
+from xeforge.timing import delay_flushes
 from xeforge.integrity import CANARY, canary_value, weight_changes
+from xeforge.sandbox import apply_own_limits
 
 
 def _die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         try:
-            import ctypes
-            import signal
+            import ctypes  # lazy: prctl, only on Linux, only in the worker process
+            import signal  # lazy: with ctypes
 
             ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         except OSError:
@@ -43,11 +50,33 @@ def _outputs(out) -> list:
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
+#: namespaces a file defines ops in (custom_op / triton_op / define "ns::op", a Library of kind DEF or FRAGMENT);
+#: a Library("aten", "IMPL") implements existing ops and is left as it is
+_OP_NAMESPACE = re.compile(r"""(?:custom_op|triton_op|define)\(\s*["']([A-Za-z_]\w*)::"""
+                           r"""|Library\(\s*["']([A-Za-z_]\w*)["']\s*,\s*["'](?:DEF|FRAGMENT)["']""")
+
+
+def own_op_namespaces(source: str, n: int) -> str:
+    """``source`` with the ``torch.library`` namespaces it defines made its own (``ns`` -> ``ns_x<n>``).
+
+    Custom ops live in one process-wide registry by name: two files that define ``ns::op`` (the starting kernel
+    and a candidate made from it) would both run whichever was loaded last, so the incumbent would be timed and
+    checked as the candidate. Each loaded file's definitions and its ``torch.ops.ns.op`` / ``"ns::op"`` uses are
+    renamed together; the trace reports them under the name the file wrote (:data:`trace.NAMESPACE_ALIASES`).
+    """
+    spaces = {a or b for a, b in _OP_NAMESPACE.findall(source)}
+    for ns in sorted(spaces):
+        mine = f"{ns}_x{n}"
+        NAMESPACE_ALIASES[mine] = ns
+        source = re.sub(rf"""(["']){ns}(::|["'])""", rf"\g<1>{mine}\g<2>", source)
+        source = re.sub(rf"\btorch\.ops\.{ns}\b", f"torch.ops.{mine}", source)
+    return source
+
+
 class WorkerState:
     def __init__(self, device: str) -> None:
-        import torch
+        import torch  # lazy: torch, after the sandbox limits are in place
 
-        from xeforge.devices import Runtime
 
         self.torch = torch
         self.device = device
@@ -69,7 +98,7 @@ class WorkerState:
         Triton's autotuner benchmarks configs with a GPU timer, which the interpreter lacks; every config is a
         legal launch of the same kernel, so correctness is checked at the first, and the verdict says so.
         """
-        from triton.runtime import autotuner
+        from triton.runtime import autotuner  # lazy: triton, with torch
 
         state = self
 
@@ -91,6 +120,7 @@ class WorkerState:
             return False
 
     # -- loading ---------------------------------------------------------------------------------
+    # (see own_op_namespaces: each loaded file gets its own torch.library namespaces)
     def _module(self, source: str, filename: str, need_model: bool = True):
         """Import ``source`` from a file of the worker's own (Triton's JIT reads kernels back from their file)."""
         self.counter += 1
@@ -98,7 +128,7 @@ class WorkerState:
         folder = Path("src")
         folder.mkdir(exist_ok=True)
         path = (folder / f"{self.counter:04d}_{stem}.py").resolve()
-        path.write_text(source)
+        path.write_text(own_op_namespaces(source, self.counter))
         self.filenames[str(path)] = Path(filename).name  # errors name the file as the user knows it
         name = f"xeforge_code_{self.counter}_{stem}"
         spec = importlib.util.spec_from_file_location(name, path)
@@ -124,7 +154,7 @@ class WorkerState:
         model = module.Model(*init_args)
         renamed: dict[str, str] = {}
         if weights_file:
-            from safetensors.torch import load_file
+            from safetensors.torch import load_file  # lazy: safetensors pulls in torch
 
             state = load_file(weights_file)
             own = model.state_dict()
@@ -181,8 +211,6 @@ class WorkerState:
         torch ops it ran, for the parent's run-time checks). The slot's first call may convert its weights (same
         values, another dtype or device: a start that moves its parameters once); that is reported, not refused.
         """
-        from xeforge.analysis.trace import record_call
-        from xeforge.problem import TensorPlan, generate_inputs
 
         torch = self.torch
         model = self.models[slot]
@@ -230,8 +258,6 @@ class WorkerState:
 
     def trace(self, slot: str, plan: list, seed: int, distribution: str) -> dict:
         """One call of the model with every launch and torch op recorded (:mod:`xeforge.analysis.trace`)."""
-        from xeforge.analysis.trace import record
-        from xeforge.problem import TensorPlan, generate_inputs
 
         inputs = generate_inputs([TensorPlan.from_wire(d) for d in plan], seed, distribution, self.device)
         self._called.add(slot)
@@ -241,8 +267,6 @@ class WorkerState:
 
     def trace_meta(self, source: str, filename: str, init_args: list, dtype: str | None, plan: list) -> dict:
         """A trace on the meta device: the Model built and called there, launches recorded but not run."""
-        from xeforge.analysis.trace import record
-        from xeforge.problem import TensorPlan
 
         torch = self.torch
         module = self._module(source, filename)
@@ -281,9 +305,7 @@ class WorkerState:
         The output dtypes the kernel must return come from one run in the variant dtype; the float64 copy (weights
         rounded to that dtype, then cast up, TF32 off) stays on the device for every later call.
         """
-        import copy
 
-        from xeforge.problem import TensorPlan, generate_inputs
 
         torch = self.torch
         plan = [TensorPlan.from_wire(d) for d in plan]
@@ -351,8 +373,6 @@ class WorkerState:
     # -- timing ----------------------------------------------------------------------------------
     def time(self, slots: list[str], plan: list, seed: int, pairs: int, warmup: int, l2_bytes: int | None,
              budget_bytes: int | None) -> dict:
-        from xeforge.problem import TensorPlan, generate_inputs
-        from xeforge.timing import delay_flushes
 
         torch = self.torch
         base = generate_inputs([TensorPlan.from_wire(d) for d in plan], seed, "normal", self.device)
@@ -418,7 +438,6 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     device = argv[argv.index("--device") + 1] if "--device" in argv else "cpu"
     _die_with_parent()
-    from xeforge.sandbox import apply_own_limits
 
     apply_own_limits()
     proto_out = os.fdopen(os.dup(1), "wb")

@@ -251,6 +251,12 @@ def bindings(model: KernelModel, site: LaunchSite) -> dict[str, Binding]:
     return out
 
 
+def launch_options(model: KernelModel, site: LaunchSite) -> dict[str, Any]:
+    """The launch options (``num_warps``, ``num_stages``...) ``site`` passes with one constant value: literal, or an
+    expression the code or every trace fixes (``num_warps=NUM_WARPS``)."""
+    return {k: b.value for k, b in bindings(model, site).items() if k in LAUNCH_OPTIONS and b.constant}
+
+
 def expression_uses(model: KernelModel, site: LaunchSite, expr_node: ast.AST) -> list[int]:
     """Lines of the launching function, other than the launch and its grid, that read a name of ``expr_node``
     (a rewrite that replaces the expression at the launch would leave those behind)."""

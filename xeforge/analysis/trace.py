@@ -11,7 +11,10 @@ Owns both halves of the trace. In a worker, :func:`record` calls the Model once 
   which CI and every dry run trace. The autotuner's own timing launches (hundreds per config) are counted, not
   listed: listing them filled the trace and cut the launch that produced the output.
 - **torch ops**: a ``TorchFunctionMode`` sees every torch function and tensor method ``forward`` calls (metadata
-  queries such as ``.shape`` or ``.stride()`` left out), with its input and output tensors.
+  queries such as ``.shape`` or ``.stride()`` left out), with its input and output tensors. On the meta device a
+  ``torch.library.custom_op`` runs its Python body instead of its fake, so the launches inside it are seen (an op
+  made with ``torch.library.define`` + ``impl`` has no such body to find: on the meta device it needs a Meta
+  kernel, and without one the trace says why it failed).
 
 Each event carries the Python call stack from ``forward`` down to it (the frames in the code under trace, with
 what each frame is: a method, a ``torch.autograd.Function``'s forward, a lambda), and tensors are named by their
@@ -26,6 +29,7 @@ constexprs.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,8 +124,6 @@ class _Recorder:
 
     # -- Triton -----------------------------------------------------------------------------------------
     def launch(self, fn: Any, args: tuple, kwargs: dict) -> None:
-        import inspect
-
         if self._benchmarking:  # the autotuner timing its configs: hundreds of launches, counted, not listed
             self.tuning_launches += 1
             return
@@ -168,13 +170,15 @@ class _Recorder:
         setattr(owner, name, wrapper)
 
     def __enter__(self) -> "_Recorder":
+        # lazy: triton and torch (seconds to import) are there only in the worker that records; the parent imports
+        # this module to read traces back
         from triton.runtime import autotuner
         from triton.runtime.jit import JITFunction
 
         rec = self
         runners = [JITFunction]
         try:
-            from triton.runtime.interpreter import InterpretedFunction
+            from triton.runtime.interpreter import InterpretedFunction  # lazy, as above
 
             runners.append(InterpretedFunction)
         except ImportError:
@@ -233,17 +237,24 @@ def _config(c: Any) -> dict | None:
 
 
 def _mode(rec: _Recorder):
-    from torch.overrides import TorchFunctionMode, resolve_name
+    from torch.overrides import TorchFunctionMode, resolve_name  # lazy, as in _Recorder.__enter__
 
     torch = rec.torch
 
     class Mode(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            body = None if rec.execute or rec._inside else _custom_op_body(func)
+            if body is not None:
+                # a torch.library.custom_op on the meta device would run its fake (shapes only): run the Python
+                # body instead, so its launches are recorded as they are on a device
+                return body(*args, **kwargs)
             out = func(*args, **kwargs)
             if rec._inside:
                 return out
             name = resolve_name(func) or getattr(func, "__name__", str(func))
+            for mine, written in NAMESPACE_ALIASES.items():  # a file's own torch.library namespace, as written
+                name = name.replace(f"{mine}.", f"{written}.")
             short = name.rsplit(".", 1)[-1]
             if short in _METADATA or name.endswith(".__get__"):
                 return out
@@ -255,6 +266,24 @@ def _mode(rec: _Recorder):
             return out
 
     return Mode()
+
+
+#: torch.library namespaces the worker gave a loaded file (``ns_x3`` -> ``ns``): op names are reported as written
+NAMESPACE_ALIASES: dict[str, str] = {}
+
+
+def _custom_op_body(func: Any) -> Any:
+    """The Python implementation of a ``torch.library.custom_op`` overload, or None."""
+    schema = getattr(func, "_schema", None)
+    name = schema.name if schema is not None else getattr(func, "_qualified_op_name", None)  # an overload packet
+    if not isinstance(name, str):
+        return None
+    try:
+        from torch._library.custom_ops import OPDEFS  # lazy, as in _mode: torch's registry of custom_ops (2.4+)
+    except ImportError:
+        return None
+    opdef = OPDEFS.get(name)
+    return getattr(opdef, "_init_fn", None)
 
 
 def _flatten(xs: list) -> list:

@@ -8,10 +8,11 @@ Map of the package (each module says what it owns):
   5. ``schema``       the pydantic schema of every file kind (constraints, patterns, spaces, sources).
   6. ``roles``        which constexpr names are BLOCK_M/N/K, the 1D block, the group size.
   7. ``kernel_facts`` what checks read from a parsed kernel (launch configs, tl.dot use, arange bounds).
-  8. ``knowledge``    :class:`KnowledgeBase`: select / check / check_config / space / explain.
-  9. ``loader``       files -> base, :func:`load_kb` (cached) and :func:`lint_paths` (every error).
- 10. ``render``       the text and JSON a stage receives (``xeforge kb show``), ``kb explain``.
- 11. ``cli``          ``xeforge kb lint | show | explain | check``.
+  8. ``entries``      one loaded entry (constraint, pattern, space) and whether / where it applies.
+  9. ``render``       the text and JSON a stage receives (``xeforge kb show``), ``kb explain``.
+ 10. ``knowledge``    :class:`KnowledgeBase`: select / check / check_config / space / explain.
+ 11. ``loader``       files -> base, :func:`load_kb` (cached) and :func:`lint_paths` (every error).
+ 12. ``cli``          ``xeforge kb lint | show | explain | check``.
 
 Typical use::
 

@@ -17,6 +17,7 @@ from xeforge.errors import XeforgeError
 from xeforge.kb._base import STAGES
 from xeforge.kb.loader import lint_with_base, load_kb
 from xeforge.kb.versions import TritonInfo, installed_triton
+from xeforge.kernel_model import parse_kernel
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -124,8 +125,6 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from xeforge.kernel_model import parse_kernel
-
     try:
         kb = load_kb(args.kb)
         device = kb.device(args.device)

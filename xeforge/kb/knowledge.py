@@ -5,14 +5,14 @@ every entry that applies to a stage, device and Triton version (:meth:`~Knowledg
 truncated), enforcement of constraints on a kernel (gate 1, :meth:`~KnowledgeBase.check`) and on a tuner
 candidate (:meth:`~KnowledgeBase.check_config`), tuning spaces (:meth:`~KnowledgeBase.space`), and
 :meth:`~KnowledgeBase.explain`. Loading and linting live in :mod:`xeforge.kb.loader`; text/JSON rendering
-in :mod:`xeforge.kb.render`.
+in :mod:`xeforge.kb.render`; one entry (:class:`~xeforge.kb.entries.Constraint`, ``Pattern``, ``SpaceEntry``) and
+whether it applies in :mod:`xeforge.kb.entries`.
 """
 
 from __future__ import annotations
 
 import difflib
 import itertools
-import string
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -20,106 +20,15 @@ from typing import Any
 
 from xeforge.errors import KnowledgeBaseError
 from xeforge.kb._base import DTYPE_BYTES, FAMILIES, STAGES, dtype_key
-from xeforge.kb.checks import CHECKS, CheckContext, OptionSpelling, evaluate
+from xeforge.kb.checks import CheckContext, OptionSpelling, evaluate
+from xeforge.kb.entries import Constraint, Entry, Pattern, SpaceEntry, fill
 from xeforge.kb.facts import DeviceEntry
 from xeforge.kb.kernel_facts import LaunchConfig, config_for, launch_configs
+from xeforge.kb.render import explain_entry, render_selection, selection_dict
 from xeforge.kb.roles import names_for
-from xeforge.kb.schema import OPTION_FIELDS, SPACE_FIELDS, ConstraintSpec, Gated, PatternSpec, SourceSpec, SpaceSpec
+from xeforge.kb.schema import OPTION_FIELDS, SPACE_FIELDS, SourceSpec
 from xeforge.kb.versions import TritonInfo, version_applies
 from xeforge.kernel_model import JitFunction, KernelModel
-
-
-# -- entries -----------------------------------------------------------------------------------------
-@dataclass
-class Entry:
-    """An entry of the base with where it was written (``path`` as displayed, 1-based ``line``)."""
-
-    spec: Any
-    path: str
-    line: int
-
-    @property
-    def id(self) -> str:
-        return self.spec.id
-
-    @property
-    def where(self) -> str:
-        return f"{self.path}:{self.line}"
-
-
-def gate_applies(spec: Gated, device: DeviceEntry, triton: TritonInfo) -> bool:
-    """Whether a gated entry applies to ``device`` under ``triton`` (see :mod:`xeforge.kb.versions`)."""
-    if (spec.devices or spec.backends) and device.id not in spec.devices and device.backend not in spec.backends:
-        return False
-    for name, expected in spec.device_facts.items():
-        if device.value(name) != expected:
-            return False
-    return version_applies(spec.range("triton"), spec.range("triton_xpu"), triton)
-
-
-def applies_to_text(spec: Gated) -> str:
-    parts = []
-    if spec.devices:
-        parts.append("devices " + ", ".join(spec.devices))
-    if spec.backends:
-        parts.append("backends " + ", ".join(spec.backends))
-    text = " or ".join(parts) if parts else "all devices"
-    if spec.device_facts:
-        text += " where " + ", ".join(f"{k}={v}" for k, v in spec.device_facts.items())
-    return text
-
-
-def fill(template: str, fields: dict[str, Any]) -> str:
-    """Fill ``{name}`` / ``{name!r}`` placeholders; unknown ones stay as written (without conversions)."""
-    out = []
-    for literal, name, spec, conv in string.Formatter().parse(template):
-        out.append(literal)
-        if name is None:
-            continue
-        if name in fields:
-            value = fields[name]
-            value = repr(value) if conv == "r" else (str(value) if conv in (None, "s") else ascii(value))
-            out.append(format(value, spec or ""))
-        else:
-            out.append("{" + name + "}")
-    return "".join(out)
-
-
-@dataclass
-class Constraint(Entry):
-    spec: ConstraintSpec
-
-    @property
-    def severity(self) -> str:
-        return self.spec.severity
-
-    def applies(self, device: DeviceEntry, triton: TritonInfo) -> bool:
-        return gate_applies(self.spec, device, triton)
-
-    def for_stage(self, stage: str) -> bool:
-        return not self.spec.stages or stage in self.spec.stages
-
-    @property
-    def scope(self) -> str:
-        return CHECKS[self.spec.check.kind].scope
-
-
-@dataclass
-class Pattern(Entry):
-    spec: PatternSpec
-
-    def applies(self, device: DeviceEntry, triton: TritonInfo) -> bool:
-        return gate_applies(self.spec, device, triton)
-
-
-@dataclass
-class SpaceEntry(Entry):
-    spec: SpaceSpec
-
-    def applies(self, device: DeviceEntry, triton: TritonInfo) -> bool:
-        return device.id in self.spec.devices and version_applies(
-            self.spec.range("triton"), self.spec.range("triton_xpu"), triton
-        )
 
 
 # -- results -----------------------------------------------------------------------------------------
@@ -277,13 +186,9 @@ class Selection:
         return [c.id for c in self.constraints] + [p.id for p in self.patterns] + [s.id for s in self.spaces]
 
     def render_text(self) -> str:
-        from xeforge.kb.render import render_selection
-
         return render_selection(self)
 
     def to_dict(self) -> dict[str, Any]:
-        from xeforge.kb.render import selection_dict
-
         return selection_dict(self)
 
     def fit(self, budget_chars: int, relevant: Iterable[str] = ()) -> Selection:
@@ -548,8 +453,6 @@ class KnowledgeBase:
     # -- explanation ---------------------------------------------------------------------------------
     def explain(self, rule_id: str) -> str:
         """Everything about one entry (constraint, pattern, space, device or source), with its citations."""
-        from xeforge.kb.render import explain_entry
-
         found = self.entry(rule_id)
         if found is None:
             close = difflib.get_close_matches(str(rule_id), self.all_ids(), n=3)

@@ -26,8 +26,9 @@ from pydantic import ValidationError
 from xeforge.errors import KnowledgeBaseError
 from xeforge.kb._base import FAMILIES
 from xeforge.kb.checks import CHECKS, COMMON_PLACEHOLDERS
+from xeforge.kb.entries import Constraint, Pattern, SpaceEntry
 from xeforge.kb.facts import FACT_NAMES, DeviceEntry
-from xeforge.kb.knowledge import Constraint, KnowledgeBase, Pattern, SpaceEntry
+from xeforge.kb.knowledge import KnowledgeBase
 from xeforge.kb.schema import FILE_KINDS, SourceSpec, sources_of
 from xeforge.kb.versions import TritonInfo, version_applies
 from xeforge.kb.yamlio import LineDict, LineList, YamlSyntaxError, load_yaml

@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from xeforge.kb.checks import CHECKS, check_params, describe
+from xeforge.kb.entries import Constraint, Pattern, SpaceEntry, applies_to_text, fill
 from xeforge.kb.facts import DeviceEntry, Fact
 from xeforge.kb.schema import SourceSpec, sources_of
 from xeforge.kb.versions import describe_versions
 
-if TYPE_CHECKING:
-    from xeforge.kb.knowledge import Constraint, KnowledgeBase, Pattern, Selection, TuningSpace
+if TYPE_CHECKING:  # annotations only (never imported at run time): knowledge imports this module to render
+    from xeforge.kb.knowledge import KnowledgeBase, Selection, TuningSpace
 
 
 def _plain(value: Any) -> Any:
@@ -52,8 +53,6 @@ def _device_fields(selection_device: DeviceEntry, triton: Any, rule: str) -> dic
 
 
 def constraint_lines(c: Constraint, device: DeviceEntry | None, triton: Any = None) -> list[str]:
-    from xeforge.kb.knowledge import applies_to_text, fill
-
     spec = c.spec
     fields = _device_fields(device, triton, c.id) if device is not None else {"rule": c.id}
     return [
@@ -75,8 +74,6 @@ def _block(label: str, text: str | None) -> list[str]:
 
 
 def pattern_lines(p: Pattern) -> list[str]:
-    from xeforge.kb.knowledge import applies_to_text
-
     spec = p.spec
     lines = [f"### [{p.id}] {spec.title}"]
     lines += _block("applies when", spec.when)
@@ -242,8 +239,6 @@ def _source_lines(kb: KnowledgeBase, ids: tuple[str, ...] | list[str]) -> list[s
 
 
 def explain_entry(kb: KnowledgeBase, entry_id: str, found: Any) -> str:
-    from xeforge.kb.knowledge import Constraint, Pattern, SpaceEntry, applies_to_text
-
     lines: list[str]
     if isinstance(found, Constraint):
         spec = found.spec

@@ -17,6 +17,8 @@ fusion stages (``stages/dtype.py``, ``stages/fusion.py``) use:
 - :mod:`xeforge.rewrite.fusion_norm` — ``F.group_norm`` and what follows it as one generated kernel.
 - :mod:`xeforge.rewrite.fusion_combine` — a row reduction of partials and the small ops after it as one generated
   kernel.
+- :mod:`xeforge.rewrite.fusion_common` — what those three share (reductions, operands read from ``forward``, the
+  edit of ``forward``'s result and the generated kernel); it imports none of them.
 - :mod:`xeforge.rewrite.dtype_rewrites` — the precision-contract rewrites around ``tl.dot`` and fp64.
 
 The memory_access, block_io, persistent, device_tuning (split-K, swizzle, row batching) and autotuning stages use:

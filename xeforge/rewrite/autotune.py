@@ -26,7 +26,7 @@ import ast
 from dataclasses import dataclass, field
 from typing import Any
 
-from xeforge.analysis.launches import autotune_configs, bindings
+from xeforge.analysis.launches import autotune_configs, bindings, launch_options
 from xeforge.kernel_model import KernelModel, axis_blocks, parse_kernel
 from xeforge.rewrite.tiling import BlockPtr, KernelAnalysis, Mask, NotApplicable, Ptr, is_tl_call
 from xeforge.rewrite.tiling_grid import GridTranslator, launch_grid, launched_kernels_gemm_first, single_launch
@@ -98,11 +98,13 @@ def plan_autotune(model: KernelModel, kernel: str, configs: list[dict[str, Any]]
     if not key:
         raise NotApplicable(f"{kernel} has no shape arguments to key the autotuner on")
     names = tunable(model, site)
-    if not names and not site.options:
-        raise NotApplicable(f"{kernel}'s launch has no literal block sizes or launch options to tune")
+    if not names and not launch_options(model, site):
+        left = [b.why for b in bindings(model, site).values() if b.why and not b.constant and b.how != "default"]
+        raise NotApplicable(f"{kernel}'s launch has no block sizes or launch options with one value to tune"
+                            + (f" ({'; '.join(left)})" if left else ""))
     xpu = device_kind == "xpu"
     values = bindings(model, site)
-    current = {**{n: values[n].value for n in names}, **site.options}
+    current = {**{n: values[n].value for n in names}, **launch_options(model, site)}
     cleaned: list[dict[str, Any]] = []
     for cfg in ([current] if include_incumbent else []) + list(configs):
         c = {k: v for k, v in {**current, **cfg}.items() if k in names or k in OPTION_KEYS}
@@ -114,7 +116,7 @@ def plan_autotune(model: KernelModel, kernel: str, configs: list[dict[str, Any]]
             break
     if not cleaned:
         raise NotApplicable("no configuration to autotune over")
-    options = sorted({k for c in cleaned for k in c if k in OPTION_KEYS} | set(site.options))
+    options = sorted({k for c in cleaned for k in c if k in OPTION_KEYS} | set(launch_options(model, site)))
     # the grid must follow META wherever a tuned block sizes a grid axis
     grid_info = launch_grid(model, site)
     if grid_info is None:

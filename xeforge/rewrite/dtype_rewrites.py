@@ -26,6 +26,8 @@ from typing import Any
 
 import libcst as cst
 
+from xeforge.analysis.observe import traces
+from xeforge.analysis.trace import Trace
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.context import Ctx
 from xeforge.rewrite.cst_tools import Edits, apply_edits, arg, call_name, code, dotted, is_tl, set_call_kwargs, walk
@@ -47,8 +49,6 @@ def param_dtypes(c: Ctx, kernel: str, param: str) -> dict[str, str | None]:
     from: a wrapper, a method, an autograd Function); where a variant has no trace of that kernel, from the static
     reading of forward.
     """
-    from xeforge.analysis.observe import traces
-    from xeforge.analysis.trace import Trace
 
     try:
         traced = traces(c.problem, c.source)

@@ -11,6 +11,7 @@ per-column vectors or one-element tensors, and what value each dim takes at the 
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -362,6 +363,4 @@ class ForwardEnv:
 
 
 def _replace_name(src: str, name: str, repl: str) -> str:
-    import re
-
     return re.sub(rf"(?<![\w.]){re.escape(name)}(?!\w)", repl, src)

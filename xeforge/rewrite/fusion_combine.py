@@ -28,8 +28,8 @@ from xeforge.kernel_model import dotted_name
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.context import Ctx, dead_code, fresh_namer, loads
 from xeforge.rewrite.cst_tools import Edits
-from xeforge.rewrite.fusion_rewrites import (SPLIT_IDENTITY, _is_to_dtype, _last_assign, _operand_resolver,
-                                             _reduction, result_lines, row_reduce_lines, with_generated_kernel)
+from xeforge.rewrite.fusion_common import (SPLIT_IDENTITY, _is_to_dtype, _last_assign, _operand_resolver,
+                                           _reduction, result_lines, row_reduce_lines, with_generated_kernel)
 from xeforge.rewrite.tl_ops import EpilogueBuilder, Operand, Unsupported
 
 #: partials one program holds (fp32, 4 warps): rows per program = this // the padded slot count

@@ -42,18 +42,19 @@ from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.context import Ctx, dead_code, fresh_namer, loads, pure_stmt
 from xeforge.rewrite.cst_tools import (Edits, Substitute, apply_edits, body_statements, code, names_in, rename,
                                        set_call_kwargs, small, statements)
+from xeforge.analysis.launches import live_launches
 from xeforge.rewrite.forward_env import Val
+from xeforge.rewrite.fusion_combine import combine_partials
+from xeforge.rewrite.fusion_common import (SPLIT_IDENTITY, _is_to_dtype, _last_assign, _operand_resolver, _reduction,
+                                           row_reduce_lines)
+from xeforge.rewrite.fusion_norm import group_norm_kernel
 from xeforge.rewrite.fusion_tile import TileStore, elementwise_kernel, tile_store
-from xeforge.rewrite.tl_ops import EpilogueBuilder, Operand, Unsupported, op_key
+from xeforge.rewrite.tl_ops import EpilogueBuilder, Unsupported
 
 #: widest column tile a fused row reduction keeps in registers (BLOCK_N = next_power_of_2(N) must not exceed it)
 MAX_ROW_TILE = 256
 #: smallest column tile (tl.dot needs N >= 16 on the GPUs we target)
 MIN_DOT_N = 16
-REDUCTIONS = {"sum", "mean", "max", "min", "amax", "amin", "logsumexp"}
-#: reductions whose per-tile partials combine with the same torch op, and the partials' fill for empty slots
-SPLIT_IDENTITY = {"sum": "0.0", "max": 'float("-inf")', "amax": 'float("-inf")', "min": 'float("inf")',
-                  "amin": 'float("inf")', "logsumexp": 'float("-inf")'}
 #: partial slots per row: cdiv(N, SPLIT_MIN_BLOCK) covers any column tile a later stage may choose
 SPLIT_MIN_BLOCK = 16
 
@@ -356,30 +357,6 @@ class Chain:
     older: set[str] = field(default_factory=set)  # names of values the chain went past (y included)
 
 
-def _reduction(node: ast.AST, cur: str) -> tuple[str, bool] | None:
-    """(kind, keepdim) for ``torch.sum(cur, dim=1, keepdim=True)``, ``torch.max(cur, dim=-1)[0]`` ..."""
-    if isinstance(node, ast.Subscript) and literal(node.slice) == 0:
-        node = node.value
-    elif isinstance(node, ast.Attribute) and node.attr == "values":
-        node = node.value
-    if not isinstance(node, ast.Call):
-        return None
-    key, args = op_key(node, {cur})
-    if key not in REDUCTIONS or not args or not (isinstance(args[0], ast.Name) and args[0].id == cur):
-        return None
-    dim = next((k.value for k in node.keywords if k.arg == "dim"), args[1] if len(args) > 1 else None)
-    keep = next((k.value for k in node.keywords if k.arg == "keepdim"), args[2] if len(args) > 2 else None)
-    d = literal(dim) if dim is not None else None
-    if isinstance(d, (list, tuple)) and len(d) == 1:
-        d = d[0]
-    if d not in (1, -1):
-        raise Unsupported(f"{ast.unparse(node)} does not reduce over the last dim")
-    k = literal(keep) if keep is not None else False
-    if not isinstance(k, bool):
-        raise Unsupported(f"{ast.unparse(node)}: keepdim is not a literal")
-    return key, k
-
-
 def _avg_pool(node: ast.AST, cur: str) -> ast.expr | None:
     """The window of ``F.avg_pool1d(cur.unsqueeze(1), k).squeeze(1)`` (stride = window, no padding), else None."""
     if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "squeeze"
@@ -435,50 +412,6 @@ def _translate_pool(c: Ctx, ch: Chain, site: LaunchSite, size: ast.expr, line: i
     b.var, b.column = pooled, (offs, f"({ts.cols[1]} // {p})")
     b.ops.append("avg_pool1d")
     ch.pool = pool
-
-
-def _is_to_dtype(node: ast.AST, cur: str) -> ast.AST | None:
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "to" \
-            and isinstance(node.func.value, ast.Name) and node.func.value.id == cur and len(node.args) == 1 \
-            and not node.keywords:
-        return node.args[0]
-    return None
-
-
-def _operand_resolver(c: Ctx, site: LaunchSite, yv: Val, fresh, taken_srcs: dict[str, Operand], state: dict):
-    col_dim = yv.shape[-1] if yv.shape else None
-
-    def resolve(node: ast.expr) -> Operand | None:
-        line = state["line"]  # the forward statement being translated
-        v = c.env.eval(node, line)
-        src = c.env.canonical(node, line)
-        if src is None and isinstance(node, ast.Name):
-            # a local scalar defined before the launch and not changed since
-            if v.kind == "scalar" and c.env.lookup(node.id, site.line) is v:
-                src = node.id
-        if src is None:
-            return None
-        if src in taken_srcs:
-            return taken_srcs[src]
-        base = src.removeprefix("self.").replace(".", "_")
-        if v.kind == "scalar":
-            op = Operand("scalar", src, fresh(base))
-        elif v.is_tensor and v.shape is not None:
-            shape = list(v.shape)
-            while shape and shape[0] == 1:
-                shape.pop(0)
-            if not shape:
-                op = Operand("element", src, fresh(base + "_ptr"))
-            elif len(shape) == 1 and col_dim is not None and shape[0] == col_dim:
-                op = Operand("column", src, fresh(base + "_ptr"))
-            else:
-                return None
-        else:
-            return None
-        taken_srcs[src] = op
-        return op
-
-    return resolve
 
 
 def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = False) -> Chain:
@@ -601,20 +534,6 @@ def _translate_reduction(ch: Chain, red: tuple[str, bool], s: ast.stmt, split: b
     ch.reduction = {"kind": kind, "keepdim": keep, "line": s.lineno, "src": ast.unparse(s.value)}
 
 
-def row_reduce_lines(kind: str, value: str, mask: str, target: str, fresh: Callable[[str], str]) -> list[str]:
-    """``target`` = the ``kind`` reduction of the 2D ``value`` over axis 1, the columns outside ``mask`` left out
-    (a mean is the sum here: the caller divides)."""
-    if kind in ("sum", "mean"):
-        return [f"{target} = tl.sum(tl.where({mask}, {value}, 0.0), axis=1)"]
-    if kind in ("max", "amax"):
-        return [f'{target} = tl.max(tl.where({mask}, {value}, float("-inf")), axis=1)']
-    if kind in ("min", "amin"):
-        return [f'{target} = tl.min(tl.where({mask}, {value}, float("inf")), axis=1)']
-    mx = fresh(f"{target}_max")  # logsumexp
-    return [f'{mx} = tl.max(tl.where({mask}, {value}, float("-inf")), axis=1)',
-            f"{target} = {mx} + tl.log(tl.sum(tl.where({mask}, tl.exp({value} - {mx}[:, None]), 0.0), axis=1))"]
-
-
 def _alloc_stmt(c: Ctx, name: str, before: int) -> ast.Assign | None:
     found = _last_assign(c, name, before)
     if found is not None and isinstance(found.value, ast.Call):
@@ -734,7 +653,18 @@ def _first_forward_launch(c: Ctx, attempt: Callable[[LaunchSite], tuple[str, str
             return attempt(site)
         except NotApplicable as exc:
             why.append(f"{site.kernel}: {exc}")
-    raise NotApplicable("; ".join(why) or "no kernel launch in forward")
+    raise NotApplicable("; ".join(why) or not_in_forward(c))
+
+
+def not_in_forward(c: Ctx) -> str:
+    """Why there is no launch to fuse at: where the launches are instead (the fusion rewrites edit the statements of
+    ``Model.forward``; a launch inside a wrapper, a method, an autograd Function or a custom op is not fused yet)."""
+    live = live_launches(c.model)
+    if not live:
+        return "no kernel launch in the file"
+    where = "; ".join(f"the launch of {s.kernel} (line {s.line}) is in {s.function}, not a statement of Model.forward"
+                      for s in live)
+    return f"{where}: the fusion rewrites work on launches written in forward (not yet through a wrapper)"
 
 
 def fuse_forward_ops(source: str, problem: Any) -> tuple[str, str]:
@@ -926,57 +856,12 @@ def _grid_tuple(c: Ctx, site: LaunchSite) -> ast.Tuple | None:
     return None
 
 
-def _last_assign(c: Ctx, name: str, before: int) -> ast.Assign | None:
-    """The last ``name = ...`` statement of forward before line ``before``."""
-    found = None
-    for s in c.fwd:
-        if s.lineno >= before:
-            break
-        if isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name) \
-                and s.targets[0].id == name:
-            found = s
-    return found
-
-
-def result_lines(edits: Edits, at: int, lines: list[str], out: str, cur: str, ret: ast.Return | None) -> None:
-    """The statement on line ``at`` becomes ``lines``, which compute ``out``, the value forward had in ``cur``:
-    forward returns ``out`` where ``ret`` returned ``cur``, otherwise ``cur = out`` follows the lines."""
-    if ret is not None:
-        edits.replace[at] = statements("\n".join(lines))
-        edits.replace[ret.lineno] = statements(f"return {out}")
-    else:
-        edits.replace[at] = statements("\n".join([*lines, f"{cur} = {out}"]))
-
-
-def with_generated_kernel(c: Ctx, edits: Edits, name: str, kernel_code: str) -> str:
-    """``c``'s source with forward's ``edits`` applied and the generated ``@triton.jit`` function ``name`` added."""
-    from xeforge.rewrite.tiling_edit import add_module_function
-
-    try:
-        new = apply_edits(c.source, edits, c.parsed)
-    except LookupError as exc:
-        raise NotApplicable(f"could not rewrite forward: {exc}") from None
-    return add_module_function(new, name, kernel_code)
-
-
-def _group_norm(source: str, problem: Any, narrow: bool = False) -> tuple[str, str]:
-    from xeforge.rewrite.fusion_norm import group_norm_kernel  # it builds on this module's chain helpers
-
-    return group_norm_kernel(source, problem, narrow)
-
-
-def _combine_partials(source: str, problem: Any) -> tuple[str, str]:
-    from xeforge.rewrite.fusion_combine import combine_partials  # it builds on this module's helpers
-
-    return combine_partials(source, problem)
-
-
 def _group_norm_narrow(source: str, problem: Any) -> tuple[str, str]:
     """The GroupNorm rewrite with its fp32 input buffer stored in the module's result dtype where that applies."""
     try:
-        return _group_norm(source, problem, narrow=True)
+        return group_norm_kernel(source, problem, narrow=True)
     except NotApplicable:
-        return _group_norm(source, problem)
+        return group_norm_kernel(source, problem)
 
 
 # ------------------------------------------------------------------------------------------------ combined
@@ -985,8 +870,8 @@ REWRITES: dict[str, Callable[[str, Any], tuple[str, str]]] = {
     "forward-ops": fuse_forward_ops,
     "row-reduction": fuse_row_reduction,
     "split-row-reduction": fuse_split_row_reduction,
-    "group-norm": _group_norm,
-    "combine-partials": _combine_partials,
+    "group-norm": group_norm_kernel,
+    "combine-partials": combine_partials,
 }
 
 

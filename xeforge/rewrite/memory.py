@@ -28,6 +28,7 @@ from typing import Any
 import libcst as cst
 
 from xeforge.analysis.observe import trace_at
+from xeforge.analysis.observe import trace_at
 from xeforge.analysis.trace import Trace
 from xeforge.isolation import facts_worker
 from xeforge.kernel_model import KernelModel, LaunchSite, dotted_name, is_literal, literal, parse_kernel

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from xeforge.kernel_model import KernelModel, parse_kernel
+from xeforge.rewrite.memory import launch_facts
 from xeforge.rewrite.tiling import KernelAnalysis, NotApplicable, _assign_counts, is_tl_call, names_in
 from xeforge.rewrite.tiling_grid import (GridTranslator, enclosing_function, fresh_name, launch_bindings, launch_grid,
                                          launched_kernels_gemm_first, program_id_vars, single_launch)
@@ -252,7 +253,6 @@ def rewrite(source: str, kernel: str | None = None, flatten: bool = False) -> tu
 def launched_programs(model: KernelModel, kernel: str, problem, variant) -> int | None:
     """How many programs the launch of ``kernel`` starts at ``variant`` (the traced grid, else forward read
     statically)."""
-    from xeforge.rewrite.memory import launch_facts
 
     try:
         site = single_launch(model, kernel)

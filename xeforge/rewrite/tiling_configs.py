@@ -22,7 +22,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from xeforge.analysis.launches import Binding, autotune_configs, bindings, block_params, expression_uses
+from xeforge.analysis.observe import traces
+from xeforge.analysis.launches import (Binding, autotune_configs, bindings, block_params, expression_uses,
+                                       launch_options)
 from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, axis_blocks, literal, parse_kernel
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.kb.roles import first_int
@@ -150,7 +152,7 @@ def family(model: KernelModel, kernel: str, declared: str | None) -> str:
 def current_config(model: KernelModel, site: LaunchSite) -> dict[str, Any]:
     """The tunable block sizes' values and the literal launch options at ``site``."""
     binds = bindings(model, site)
-    return {**{n: binds[n].value for n in tunable(model, site)}, **site.options}
+    return {**{n: binds[n].value for n in tunable(model, site)}, **launch_options(model, site)}
 
 
 def kb_configs(ctx: Any, source: str, kernel: str, limit: int, include_current: bool = False) -> list[dict[str, Any]]:
@@ -161,6 +163,7 @@ def kb_configs(ctx: Any, source: str, kernel: str, limit: int, include_current: 
     """
     if ctx is None or getattr(ctx, "kb", None) is None or not getattr(ctx, "device_id", None):
         return []
+    observe(ctx, source)
     model = parse_kernel(source)
     site = single_launch(model, kernel)
     fn = model.functions[kernel]
@@ -284,6 +287,18 @@ def kb_errors(ctx: Any, source: str) -> list[str]:
     return [f"{v.rule_id}: {v.message}" for v in violations if v.is_error]
 
 
+def observe(ctx: Any, source: str) -> None:
+    """Trace ``source`` (a rewrite's result, not yet seen) at the problem's variants, so block sizes passed as
+    attributes or computed values are known for it as for the incumbent (:mod:`xeforge.analysis.launches`)."""
+    problem = getattr(ctx, "problem", None)
+    if getattr(getattr(problem, "spec", None), "variants", None) is None:
+        return
+    try:
+        traces(problem, source)
+    except Exception:  # noqa: BLE001 — untraceable: the static reading stands, and says why
+        pass
+
+
 def with_configs(ctx: Any, source: str, kernel: str, limit: int) -> list[tuple[dict[str, Any], str]]:
     """On a device that can time: ``source`` re-tiled with up to ``limit`` KB configurations (config, source).
 
@@ -293,6 +308,8 @@ def with_configs(ctx: Any, source: str, kernel: str, limit: int) -> list[tuple[d
     device = getattr(ctx, "device", None)
     if device is None or not getattr(device, "can_time", False) or limit <= 0:
         return []
+    if parse_kernel(source).functions[kernel].is_autotuned:
+        return []  # its autotuner times its own tiles (the launch-parameter search pins them one by one)
     out = []
     for cfg in kb_configs(ctx, source, kernel, limit):
         try:
@@ -329,7 +346,7 @@ def fit_stages(source: str, failure: str, elem_bytes: int = 2,
             site = single_launch(model, kernel)
         except NotApplicable:
             continue
-        cfg = {**{k: b.value for k, b in bindings(model, site).items() if b.value is not None}, **site.options}
+        cfg = {**{k: b.value for k, b in bindings(model, site).items() if b.value is not None}, **launch_options(model, site)}
         stages = cfg.get("num_stages")
         bm, bn, bk = (first_int(r, cfg) for r in ("block_m", "block_n", "block_k"))
         if not (isinstance(stages, int) and stages > 1 and bm and bn and bk):

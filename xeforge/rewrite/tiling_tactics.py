@@ -3,13 +3,12 @@ autotuning).
 
 Owns: :class:`RewriteMemo` (a tactic's last rewrite, reused while the incumbent and target stay the same, and
 the place where an unexpected failure of a rewrite becomes a "does not apply" with the error, so a bug in
-one rewrite never stops a port) and :func:`guarded` (the same protection for issue detectors).
+one rewrite never stops a port). The same protection for issue detectors is :func:`stages.base.guarded`.
 """
 
 from __future__ import annotations
 
-import functools
-from typing import Any, Callable
+from typing import Any
 
 from xeforge.rewrite import NotApplicable
 
@@ -42,21 +41,3 @@ class RewriteMemo:
         if not ok:
             raise value
         return value
-
-
-def guarded(stage: str) -> Callable:
-    """Decorate a detector so that an unexpected failure is reported as one issue instead of raised."""
-    from stages.base import Issue
-
-    def wrap(detector: Callable) -> Callable:
-        @functools.wraps(detector)
-        def run(ctx: Any) -> list:
-            try:
-                return detector(ctx)
-            except NotApplicable:
-                return []
-            except Exception as exc:  # a detector bug must not stop the analysis of the other stages
-                return [Issue(stage, "analysis-failed", f"{detector.__name__} failed on this kernel "
-                              f"({type(exc).__name__}: {exc})")]
-        return run
-    return wrap

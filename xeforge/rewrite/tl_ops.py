@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from xeforge.kernel_model import dotted_name, is_literal, literal
+from xeforge.rewrite import NotApplicable
 
 TORCH_PREFIXES = ("torch.", "F.", "torch.nn.functional.", "nn.functional.")
 
@@ -97,8 +98,6 @@ class EpilogueBuilder:
 
     def try_assign(self, value: ast.expr, names: set[str]) -> str | None:
         """:meth:`assign` with ``names`` as the value; if it does not translate, undo what it added and say why."""
-        from xeforge.rewrite import NotApplicable
-
         snap = (len(self.lines), dict(self.operands), dict(self.loaded), len(self.ops))
         try:
             self.value_names = names

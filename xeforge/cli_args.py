@@ -1,0 +1,28 @@
+"""Command-line arguments that more than one ``xeforge`` sub-command takes.
+
+Owns: the llm engine's flags (:func:`add_llm_args`: ``--model``, ``--api-base``, ``--max-iters``, ``--best-k``, read
+back by :func:`xeforge.engines.llm_config`), which ``xeforge port`` and ``xeforge env`` (:mod:`xeforge.cli`) and
+``xeforge bench --port`` (:mod:`xeforge.bench`) share, and the whole-number-at-least-one argument type
+(:func:`positive_int`). It imports nothing of xeforge, so both command modules import it at module level.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer (pass a whole number >= 1)") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not >= 1 (pass a whole number >= 1)")
+    return value
+
+
+def add_llm_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="LiteLLM model string (default: $XEFORGE_MODEL)")
+    p.add_argument("--api-base", default=None, help="base URL of an OpenAI-compatible server")
+    p.add_argument("--max-iters", type=positive_int, default=None, help="CoVeR refinement rounds per candidate")
+    p.add_argument("--best-k", type=positive_int, default=None, help="independent candidates per stage")

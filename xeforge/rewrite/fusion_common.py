@@ -1,0 +1,142 @@
+"""What the fusion rewrites that generate a kernel share: reading ``forward`` and writing the result back.
+
+Owns the pieces :mod:`xeforge.rewrite.fusion_rewrites`, :mod:`xeforge.rewrite.fusion_norm` and
+:mod:`xeforge.rewrite.fusion_combine` all build on: the row reductions fusion knows (:data:`REDUCTIONS`) and the
+fill of an empty partial slot per reduction (:data:`SPLIT_IDENTITY`); recognising a reduction over the last dim
+(:func:`_reduction`) and a ``.to(dtype)`` (:func:`_is_to_dtype`) in ``forward``; turning a value ``forward`` reads
+into a kernel operand (:func:`_operand_resolver`); the ``tl`` lines of a masked row reduction
+(:func:`row_reduce_lines`); the last assignment of a name in ``forward`` (:func:`_last_assign`); and the edit of
+``forward``'s result plus the generated ``@triton.jit`` function (:func:`result_lines`,
+:func:`with_generated_kernel`). It imports none of the three, so each of them imports it at module level.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Callable
+
+from xeforge.kernel_model import LaunchSite, literal
+from xeforge.rewrite import NotApplicable
+from xeforge.rewrite.context import Ctx
+from xeforge.rewrite.cst_tools import Edits, apply_edits, statements
+from xeforge.rewrite.forward_env import Val
+from xeforge.rewrite.tiling_edit import add_module_function
+from xeforge.rewrite.tl_ops import Operand, Unsupported, op_key
+
+REDUCTIONS = {"sum", "mean", "max", "min", "amax", "amin", "logsumexp"}
+#: reductions whose per-tile partials combine with the same torch op, and the partials' fill for empty slots
+SPLIT_IDENTITY = {"sum": "0.0", "max": 'float("-inf")', "amax": 'float("-inf")', "min": 'float("inf")',
+                  "amin": 'float("inf")', "logsumexp": 'float("-inf")'}
+
+
+def _reduction(node: ast.AST, cur: str) -> tuple[str, bool] | None:
+    """(kind, keepdim) for ``torch.sum(cur, dim=1, keepdim=True)``, ``torch.max(cur, dim=-1)[0]`` ..."""
+    if isinstance(node, ast.Subscript) and literal(node.slice) == 0:
+        node = node.value
+    elif isinstance(node, ast.Attribute) and node.attr == "values":
+        node = node.value
+    if not isinstance(node, ast.Call):
+        return None
+    key, args = op_key(node, {cur})
+    if key not in REDUCTIONS or not args or not (isinstance(args[0], ast.Name) and args[0].id == cur):
+        return None
+    dim = next((k.value for k in node.keywords if k.arg == "dim"), args[1] if len(args) > 1 else None)
+    keep = next((k.value for k in node.keywords if k.arg == "keepdim"), args[2] if len(args) > 2 else None)
+    d = literal(dim) if dim is not None else None
+    if isinstance(d, (list, tuple)) and len(d) == 1:
+        d = d[0]
+    if d not in (1, -1):
+        raise Unsupported(f"{ast.unparse(node)} does not reduce over the last dim")
+    k = literal(keep) if keep is not None else False
+    if not isinstance(k, bool):
+        raise Unsupported(f"{ast.unparse(node)}: keepdim is not a literal")
+    return key, k
+
+
+def _is_to_dtype(node: ast.AST, cur: str) -> ast.AST | None:
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "to" \
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == cur and len(node.args) == 1 \
+            and not node.keywords:
+        return node.args[0]
+    return None
+
+
+def _operand_resolver(c: Ctx, site: LaunchSite, yv: Val, fresh, taken_srcs: dict[str, Operand], state: dict):
+    col_dim = yv.shape[-1] if yv.shape else None
+
+    def resolve(node: ast.expr) -> Operand | None:
+        line = state["line"]  # the forward statement being translated
+        v = c.env.eval(node, line)
+        src = c.env.canonical(node, line)
+        if src is None and isinstance(node, ast.Name):
+            # a local scalar defined before the launch and not changed since
+            if v.kind == "scalar" and c.env.lookup(node.id, site.line) is v:
+                src = node.id
+        if src is None:
+            return None
+        if src in taken_srcs:
+            return taken_srcs[src]
+        base = src.removeprefix("self.").replace(".", "_")
+        if v.kind == "scalar":
+            op = Operand("scalar", src, fresh(base))
+        elif v.is_tensor and v.shape is not None:
+            shape = list(v.shape)
+            while shape and shape[0] == 1:
+                shape.pop(0)
+            if not shape:
+                op = Operand("element", src, fresh(base + "_ptr"))
+            elif len(shape) == 1 and col_dim is not None and shape[0] == col_dim:
+                op = Operand("column", src, fresh(base + "_ptr"))
+            else:
+                return None
+        else:
+            return None
+        taken_srcs[src] = op
+        return op
+
+    return resolve
+
+
+def row_reduce_lines(kind: str, value: str, mask: str, target: str, fresh: Callable[[str], str]) -> list[str]:
+    """``target`` = the ``kind`` reduction of the 2D ``value`` over axis 1, the columns outside ``mask`` left out
+    (a mean is the sum here: the caller divides)."""
+    if kind in ("sum", "mean"):
+        return [f"{target} = tl.sum(tl.where({mask}, {value}, 0.0), axis=1)"]
+    if kind in ("max", "amax"):
+        return [f'{target} = tl.max(tl.where({mask}, {value}, float("-inf")), axis=1)']
+    if kind in ("min", "amin"):
+        return [f'{target} = tl.min(tl.where({mask}, {value}, float("inf")), axis=1)']
+    mx = fresh(f"{target}_max")  # logsumexp
+    return [f'{mx} = tl.max(tl.where({mask}, {value}, float("-inf")), axis=1)',
+            f"{target} = {mx} + tl.log(tl.sum(tl.where({mask}, tl.exp({value} - {mx}[:, None]), 0.0), axis=1))"]
+
+
+def _last_assign(c: Ctx, name: str, before: int) -> ast.Assign | None:
+    """The last ``name = ...`` statement of forward before line ``before``."""
+    found = None
+    for s in c.fwd:
+        if s.lineno >= before:
+            break
+        if isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name) \
+                and s.targets[0].id == name:
+            found = s
+    return found
+
+
+def result_lines(edits: Edits, at: int, lines: list[str], out: str, cur: str, ret: ast.Return | None) -> None:
+    """The statement on line ``at`` becomes ``lines``, which compute ``out``, the value forward had in ``cur``:
+    forward returns ``out`` where ``ret`` returned ``cur``, otherwise ``cur = out`` follows the lines."""
+    if ret is not None:
+        edits.replace[at] = statements("\n".join(lines))
+        edits.replace[ret.lineno] = statements(f"return {out}")
+    else:
+        edits.replace[at] = statements("\n".join([*lines, f"{cur} = {out}"]))
+
+
+def with_generated_kernel(c: Ctx, edits: Edits, name: str, kernel_code: str) -> str:
+    """``c``'s source with forward's ``edits`` applied and the generated ``@triton.jit`` function ``name`` added."""
+    try:
+        new = apply_edits(c.source, edits, c.parsed)
+    except LookupError as exc:
+        raise NotApplicable(f"could not rewrite forward: {exc}") from None
+    return add_module_function(new, name, kernel_code)
