@@ -170,3 +170,15 @@ def test_a_candidate_that_redefines_the_starts_custom_op_does_not_replace_it(tmp
         assert again.correct, again.feedback()
         trace = v.trace(p.kernel_path, p.variant("ci"))
     assert [o.op for o in trace.compute_ops()] == ["xeforge_corpus.linear_relu.default"]  # named as written
+
+
+def test_the_same_source_from_another_file_name_reuses_its_slot(tmp_path):
+    """Slots are keyed by the source's hash: the same text under another file name (a port that changed nothing)
+    runs in the slot it was loaded into, instead of a slot name that was never loaded (a KeyError at gate 0)."""
+    p = load_problem(STYLES / "direct.py")
+    twin = tmp_path / "unchanged_port.py"
+    twin.write_text(p.kernel_source)
+    with Verifier(p, describe("cpu"), Settings(correctness_rounds=1), tmp_path / "run") as v:
+        assert v.verify(p.kernel_path).correct
+        verdict = v.verify(twin)
+    assert verdict.correct, verdict.feedback()

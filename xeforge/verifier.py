@@ -140,6 +140,7 @@ class Verifier:
                                     env={"TRITON_CACHE_DIR": str(self.workdir / "oracle-triton-cache")})
         self.weight_seed = secrets.randbits(31)
         self._slots: dict[tuple, int] = {}  # (source hash, variant, mode[, alias]) -> worker generation
+        self._slot_names: dict[tuple, str] = {}  # the same keys -> the slot name the source was loaded under
         self._first: set[tuple] = set()  # slots whose first call (which compiles) has not run yet
         self._refs: dict[str, tuple[int, Path | None, list[str] | None]] = {}  # variant -> (generation, weights, dtypes)
         self._margins: dict[str, tuple[float, dict]] = {}
@@ -421,7 +422,7 @@ class Verifier:
         slot = f"{Path(code.filename).stem}@{variant.name}#{code.hash[:8]}" + (f"+{compile_mode}" if compile_mode else "") \
             + (f"~{alias}" if alias else "")
         if self._slots.get(key) == self.worker.generation and self.worker.alive():
-            return slot
+            return self._slot_names[key]  # the name it was loaded under (the same text from another file name)
         weights = self._weights_file(variant)
         # built from the oracle's seed: what __init__ draws outside the state_dict is then the oracle's too
         reply = self.worker.request("load", self.settings.compile_timeout_s, slot=slot, source=code.text,
@@ -432,6 +433,7 @@ class Verifier:
         if reply.get("weights_by_position"):
             self.weights_by_position[code.hash] = {str(k): str(v) for k, v in reply["weights_by_position"].items()}
         self._slots[key] = self.worker.generation
+        self._slot_names[key] = slot
         self._first.add(key)
         return slot
 
