@@ -27,7 +27,7 @@ from stages.device_tuning_rows import RowsPerProgram
 from stages.device_tuning_splitk import SplitK
 from stages.device_tuning_swizzle import GroupedTileOrder
 from xeforge.analysis.launches import autotune_configs, bindings, block_params, launch_options, live_launches
-from xeforge.kernel_model import KernelModel, LaunchSite, dotted_name
+from xeforge.kernel_model import KernelModel, LaunchSite
 from xeforge.rewrite import NotApplicable, autotune
 from xeforge.rewrite.tiling_configs import apply_config, kernel_family, tunable_names
 
@@ -51,8 +51,7 @@ def _pinnable(model: KernelModel, site: LaunchSite) -> bool:
         sum(s.kernel == site.kernel for s in model.launches) == 1
 
 
-def _fallback_space(site: LaunchSite, current: dict[str, Any], names: list[str], device_kind: str
-                    ) -> dict[str, list[Any]]:
+def _fallback_space(current: dict[str, Any], names: list[str], device_kind: str) -> dict[str, list[Any]]:
     space: dict[str, list[Any]] = {}
     for n in names:
         v = current[n]
@@ -60,9 +59,9 @@ def _fallback_space(site: LaunchSite, current: dict[str, Any], names: list[str],
             space[n] = sorted({1, 4, 8, v})
         else:
             space[n] = sorted({max(16, v // 2), v, min(256, v * 2), min(256, v * 4)})
-    space["num_warps"] = sorted({4, 8, site.options.get("num_warps", 4)})
+    space["num_warps"] = sorted({4, 8, current.get("num_warps", 4)})
     if device_kind == "cuda":
-        space["num_stages"] = sorted({2, 3, 4, site.options.get("num_stages", 3)})
+        space["num_stages"] = sorted({2, 3, 4, current.get("num_stages", 3)})
     return space
 
 
@@ -100,7 +99,8 @@ class LaunchParamSearch(Tactic):
         fn = m.functions[site.kernel]
         if fn.is_autotuned:
             own = autotune_configs(m, site.kernel)
-            names = sorted({k for c in own for k in c if k in block_params(fn)})
+            blocks = block_params(fn)
+            names = sorted({k for c in own for k in c if k in blocks})
             return names, dict(own[0]), [dict(c) for c in own]
         names, _ = tunable_names(m, site)
         values = bindings(m, site)
@@ -125,7 +125,7 @@ class LaunchParamSearch(Tactic):
                              ("num_warps", "num_stages", "grf_mode", "warp_size")})
             n_seeds = len(getattr(kb_space, "seeds", []) or [])
         else:
-            space = _fallback_space(site, current, names, ctx.device.kind)
+            space = _fallback_space(current, names, ctx.device.kind)
             keys = list(space)
             pool = [dict(zip(keys, vals)) for vals in itertools.product(*(space[k] for k in keys))]
         seen, out = set(), []

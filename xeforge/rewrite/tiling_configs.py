@@ -89,8 +89,9 @@ def tunable_names(model: KernelModel, site: LaunchSite) -> tuple[list[str], dict
                 unexplained.remove(binds[n].value)
                 break
     ok, why = [], {}
+    blocks = block_params(fn)
     for name in fn.constexpr_params:
-        if name not in block_params(fn) or name not in binds:
+        if name not in blocks or name not in binds:
             continue
         bd = binds[name]
         if not bd.constant:
@@ -171,7 +172,8 @@ def kb_configs(ctx: Any, source: str, kernel: str, limit: int, include_current: 
     current = current_config(model, site)
     if fn.is_autotuned:  # the space over the constexprs its own configs set, around its first config
         own = autotune_configs(model, kernel)
-        names = sorted({k for c in own for k in c if k in block_params(fn)})
+        blocks = block_params(fn)
+        names = sorted({k for c in own for k in c if k in blocks})
         current = {k: v for k, v in (own[0] if own else {}).items() if k in names or k in OPTION_KEYS}
     declared = getattr(getattr(getattr(ctx, "problem", None), "spec", None), "kind", None)
     try:
