@@ -5,8 +5,9 @@ Owns: this stage's goal, its issue detectors and five deterministic tactics, cod
 
 - ``fuse-epilogue``: trailing elementwise torch ops in ``Model.forward`` (add, sub, mul, div, relu,
   leaky_relu, sigmoid, silu, tanh, gelu, hardtanh, clamp, mish, softplus, exp, log, min/max with scalars,
-  bias and per-column vectors, inference batch_norm; see :mod:`xeforge.rewrite.tl_ops`) run in the
-  kernel's epilogue; a final ``.to(dtype)`` becomes the output buffer's dtype.
+  bias and per-column vectors, tensors of the output's shape (a residual), inference batch_norm; see
+  :mod:`xeforge.rewrite.tl_ops`) run in the kernel's epilogue, the return's own expression included; a final
+  ``.to(dtype)`` becomes the output buffer's dtype.
 - ``fuse-elementwise-chain``: an elementwise Triton kernel (or a chain of them) that reads exactly the tile
   another kernel wrote runs inside the producer, before its one store.
 - ``fuse-row-reduction``: a row reduction after a 2D-tiled kernel (sum/mean/max/min/logsumexp over the
@@ -21,6 +22,12 @@ Owns: this stage's goal, its issue detectors and five deterministic tactics, cod
   reaches a GroupNorm proposes that chain first with the fp32 buffer the GroupNorm reads allocated in the
   module's result dtype (what the reference computes), then as is.
 
+The rewrites edit ``forward``'s own statements. When a launch sits behind a call (a module-level wrapper, a
+launcher object's method, ``torch.autograd.Function.apply``, a ``torch.library`` op), each tactic first inlines the
+calls leading to it into ``forward`` (:mod:`xeforge.rewrite.inline`; the description says what was inlined and
+what that drops, such as the Function's backward), then fuses; a call that cannot be inlined is named with its
+construct and line.
+
 Each tactic's candidate is its rewrite followed by whatever other fusion then applies (torch ops fused
 first can make a consumer kernel adjacent to its producer); the single-step rewrite is proposed as a
 fallback. Shapes none of them covers are reported as "no fusion tactic applies: <reason>".
@@ -33,6 +40,7 @@ import ast
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite import fusion_rewrites as fr
+from xeforge.rewrite import inline
 from xeforge.rewrite.context import Ctx, guarded, memo_key
 from xeforge.rewrite.fusion_tile import tile_store
 from xeforge.static_checks import torch_compute_calls
@@ -49,13 +57,29 @@ class FusionTactic(Tactic):
         self._memo: dict[tuple[str, str], list[tuple[str, str]] | str] = {}
 
     def _compute(self, ctx: StageContext) -> list[tuple[str, str]]:
-        single, desc = fr.REWRITES[self.first](ctx.source, ctx.problem)
+        try:
+            return self._fusions(ctx.source, ctx.problem)
+        except NotApplicable as direct:
+            # the launch may be in a wrapper, a method, an autograd Function or a torch.library op: inline the
+            # calls that lead to it into forward, then fuse there (the reason names the call that cannot be)
+            inlined = inline.into_forward(ctx.source)
+            if inlined is None:
+                raise direct
+            source, notes = inlined
+            try:
+                fused = self._fusions(source, ctx.problem)
+            except NotApplicable as exc:
+                raise NotApplicable(f"{'; '.join(notes)}; then: {exc}") from None
+            return [(src, "; ".join([*notes, desc])) for src, desc in fused]
+
+    def _fusions(self, source: str, problem) -> list[tuple[str, str]]:
+        single, desc = fr.REWRITES[self.first](source, problem)
         out = [(single, desc)]
-        full, steps = fr.fuse_all(ctx.source, ctx.problem, self.first)
+        full, steps = fr.fuse_all(source, problem, self.first)
         if full != single:
             out.insert(0, (full, "; then ".join(steps)))
         # first of all: a GroupNorm on the way reads the fp32 buffer before it in the result's dtype (half the traffic)
-        narrowed, nsteps = fr.fuse_all(ctx.source, ctx.problem, self.first, narrow=True)
+        narrowed, nsteps = fr.fuse_all(source, problem, self.first, narrow=True)
         if narrowed != full:
             out.insert(0, (narrowed, "; then ".join(nsteps)))
         return out

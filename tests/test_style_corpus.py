@@ -275,22 +275,15 @@ def check_lists(problems, known_gaps: dict, known_chain: dict, known_start: dict
 # GEMM; the GEMMs followed by a row reduction or a GroupNorm: tests/test_style_corpus_reductions.py
 PROBLEMS = ("linear_relu", "linear_gelu_residual", "softmax", "layernorm")
 
-_NOT_IN_FORWARD = "not a statement of Model.forward"  # the fusion rewrites take launches written in forward only
-_DEFINED_OP = "no kernel launch found"  # an op made with torch.library.define + impl: its launch is not found
 
 # starting files that do not verify: (problem, style) -> a fragment of the verdict's feedback
 KNOWN_START_FAILURES: dict[tuple[str, str], str] = {}
 
 # tactics that apply to direct.py but not to a style: (problem, style, tactic) -> a fragment of the reason
 KNOWN_GAPS: dict[tuple[str, str, str], str] = {
-    **{("linear_gelu_residual", s, "fuse-epilogue"): _NOT_IN_FORWARD
-       for s in ("wrapper", "meta_grid", "autograd", "launcher", "library_op")},
     # Liger's calculate_settings: num_warps (like BLOCK_SIZE) is a function of the row width, so no option has one
     # value to start the space from
     ("softmax", "autograd", "autotune-from-space"): "num_warps=num_warps changes with the shape",
-    ("softmax", "library_op", "autotune-from-space"): _DEFINED_OP,
-    ("layernorm", "library_op", "launch-params"): "no launch with block sizes to search",
-    ("layernorm", "library_op", "autotune-from-space"): _DEFINED_OP,
 }
 
 # ports whose chain breaks or whose final candidate does not verify: (problem, style) -> a fragment of why

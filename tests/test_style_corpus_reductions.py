@@ -8,20 +8,12 @@ from tests.test_style_corpus import CorpusChecks, check_lists, corpus, pytest_ge
 
 PROBLEMS = ("linear_logsumexp", "linear_groupnorm")
 
-_NOT_IN_FORWARD = "not a statement of Model.forward"  # the fusion rewrites take launches written in forward only
 
 # starting files that do not verify: (problem, style) -> a fragment of the verdict's feedback
 KNOWN_START_FAILURES: dict[tuple[str, str], str] = {}
 
 # tactics that apply to direct.py but not to a style: (problem, style, tactic) -> a fragment of the reason
-KNOWN_GAPS: dict[tuple[str, str, str], str] = {
-    **{("linear_logsumexp", s, "fuse-split-row-reduction"): _NOT_IN_FORWARD
-       for s in ("wrapper", "meta_grid", "autograd", "launcher", "library_op")},
-    # the same cause (y comes back from a wrapper, a Function or an op, not from an allocation in forward); the
-    # reason does not say so yet
-    **{("linear_groupnorm", s, "fuse-group-norm"): "y is not a 2D (rows, channels) tensor variable"
-       for s in ("wrapper", "meta_grid", "autograd", "launcher", "library_op")},
-}
+KNOWN_GAPS: dict[tuple[str, str, str], str] = {}
 
 # ports whose chain breaks or whose final candidate does not verify: (problem, style) -> a fragment of why
 KNOWN_CHAIN_FAILURES: dict[tuple[str, str], str] = {}

@@ -95,6 +95,36 @@ def test_torch_tail_ops_become_the_kernels_epilogue(verify):
     assert verdict.correct, verdict.feedback()
 
 
+def test_a_residual_of_the_outputs_shape_in_the_return_is_read_as_a_tile_in_the_epilogue(verify):
+    """``return gelu(y) + residual``: a second [M, N] input is loaded with the output's offsets, strides and masks
+    (ragged shapes in the verifier cover the masks), and the return's own expression is the chain's last op."""
+    p = problem(FIXTURES / "styles" / "linear_gelu_residual" / "direct.py")
+    cand = propose("fuse-epilogue", p)[0]
+    assert "gelu, add" in cand.description
+    assert "residual_ptr + offs_m[:, None] * stride_residual_m + offs_n[None, :] * stride_residual_n" in cand.source
+    assert "stride_residual_m=residual.stride(0)" in cand.source and cand.source.rstrip().endswith("return y")
+    assert not torch_compute_calls(parse_kernel(cand.source))
+    verdict = verify(p, cand.source)
+    assert verdict.correct, verdict.feedback()
+
+
+def test_an_operand_of_the_outputs_shape_does_not_broadcast_over_a_reduced_row():
+    import ast
+
+    from xeforge.rewrite.tl_ops import EpilogueBuilder, Operand, Unsupported
+
+    tile = Operand("tile", "residual", "residual_ptr", ("stride_rm", "stride_rn"))
+    on_tile = EpilogueBuilder("acc", {"y"}, lambda n: tile, lambda b: b + "_1", column=("offs_n", "N"),
+                              rows=("offs_m", "M"))
+    on_tile.assign(ast.parse("y + residual", mode="eval").body)
+    assert "mask=(offs_m[:, None] < M) & (offs_n[None, :] < N)" in on_tile.lines[0]
+    assert tile.launch_args() == {"residual_ptr": "residual", "stride_rm": "residual.stride(0)",
+                                  "stride_rn": "residual.stride(1)"}
+    on_row = EpilogueBuilder("row", {"y"}, lambda n: tile, lambda b: b + "_1", column=None)  # after a row reduction
+    with pytest.raises(Unsupported, match="does not broadcast over a reduced row"):
+        on_row.assign(ast.parse("y + residual", mode="eval").body)
+
+
 def test_batchnorm_gelu_relu_fuse_into_the_gemm():
     # same translations as verified in the tail-ops and kb97 tests (erf gelu, inference batch_norm, relu)
     p = problem(KERNELS / "kb41_gemm_batchnorm_gelu_relu")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
-import copy
 import os
 import re
 import sys
@@ -28,7 +27,7 @@ from typing import Any
 
 from xeforge import wire
 from xeforge.devices import Runtime
-from xeforge.analysis.trace import NAMESPACE_ALIASES, record, record_call
+from xeforge.analysis.trace import NAMESPACE_ALIASES, record, record_call, register_impls
 from xeforge.problem import TensorPlan, generate_inputs
 from xeforge.timing import delay_flushes
 from xeforge.integrity import CANARY, canary_value, weight_changes
@@ -128,13 +127,15 @@ class WorkerState:
         folder = Path("src")
         folder.mkdir(exist_ok=True)
         path = (folder / f"{self.counter:04d}_{stem}.py").resolve()
-        path.write_text(own_op_namespaces(source, self.counter))
+        mine = own_op_namespaces(source, self.counter)
+        path.write_text(mine)
         self.filenames[str(path)] = Path(filename).name  # errors name the file as the user knows it
         name = f"xeforge_code_{self.counter}_{stem}"
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
+        register_impls(module, mine, str(path))
         if need_model and not hasattr(module, "Model"):
             raise LookupError(f"{filename} defines no class Model")
         return module

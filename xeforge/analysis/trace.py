@@ -12,9 +12,9 @@ Owns both halves of the trace. In a worker, :func:`record` calls the Model once 
   listed: listing them filled the trace and cut the launch that produced the output.
 - **torch ops**: a ``TorchFunctionMode`` sees every torch function and tensor method ``forward`` calls (metadata
   queries such as ``.shape`` or ``.stride()`` left out), with its input and output tensors. On the meta device a
-  ``torch.library.custom_op`` runs its Python body instead of its fake, so the launches inside it are seen (an op
-  made with ``torch.library.define`` + ``impl`` has no such body to find: on the meta device it needs a Meta
-  kernel, and without one the trace says why it failed).
+  ``torch.library.custom_op`` runs its Python body instead of its fake, so the launches inside it are seen; so does
+  an op made with ``torch.library.define`` + a Python ``@torch.library.impl`` (the worker notes those functions when
+  it loads a file: :func:`register_impls`).
 
 Each event carries the Python call stack from ``forward`` down to it (the frames in the code under trace, with
 what each frame is: a method, a ``torch.autograd.Function``'s forward, a lambda), and tensors are named by their
@@ -245,11 +245,10 @@ def _mode(rec: _Recorder):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             body = None if rec.execute or rec._inside else _custom_op_body(func)
-            if body is not None:
-                # a torch.library.custom_op on the meta device would run its fake (shapes only): run the Python
-                # body instead, so its launches are recorded as they are on a device
-                return body(*args, **kwargs)
-            out = func(*args, **kwargs)
+            # a torch.library op on the meta device would run its fake (shapes only): run its Python body instead,
+            # so its launches are recorded as they are on a device. The op itself is recorded either way (as a real
+            # call records it: the body's own torch ops are not seen there), so a meta trace and a real one agree.
+            out = body(*args, **kwargs) if body is not None else func(*args, **kwargs)
             if rec._inside:
                 return out
             name = resolve_name(func) or getattr(func, "__name__", str(func))
@@ -272,8 +271,38 @@ def _mode(rec: _Recorder):
 NAMESPACE_ALIASES: dict[str, str] = {}
 
 
+#: ``ns::op`` -> the Python function a loaded file registered with ``@torch.library.impl("ns::op", ...)``
+PYTHON_IMPLS: dict[str, Any] = {}
+
+
+def register_impls(module: Any, source: str, filename: str) -> None:
+    """Note the functions ``source`` (loaded as ``module`` from ``filename``) registers with
+    ``@torch.library.impl("ns::op", ...)``: an op made with ``define`` + ``impl`` keeps no Python body torch could
+    hand back (the decorator returns None), and on the meta device its fake would run instead of it. Each such
+    function is compiled again from the file, undecorated, with the module's globals: the same code, at the same
+    lines."""
+    import ast  # lazy: only for files that register op implementations
+
+    if ".impl(" not in source:
+        return
+    for node in ast.parse(source).body:
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        quals = [d.args[0].value for d in node.decorator_list
+                 if isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute) and d.func.attr == "impl" and d.args
+                 and isinstance(d.args[0], ast.Constant) and isinstance(d.args[0].value, str) and "::" in d.args[0].value]
+        if not quals:
+            continue
+        plain = ast.Module(body=[ast.FunctionDef(**{**node.__dict__, "decorator_list": []})], type_ignores=[])
+        local: dict[str, Any] = {}
+        exec(compile(plain, filename, "exec"), module.__dict__, local)  # noqa: S102 — the worker's own load of the file
+        for q in quals:
+            PYTHON_IMPLS[q] = local[node.name]
+
+
 def _custom_op_body(func: Any) -> Any:
-    """The Python implementation of a ``torch.library.custom_op`` overload, or None."""
+    """The Python implementation of a ``torch.library.custom_op`` overload (or of an op ``define``d and given a
+    Python ``impl``), or None."""
     schema = getattr(func, "_schema", None)
     name = schema.name if schema is not None else getattr(func, "_qualified_op_name", None)  # an overload packet
     if not isinstance(name, str):
@@ -283,7 +312,7 @@ def _custom_op_body(func: Any) -> Any:
     except ImportError:
         return None
     opdef = OPDEFS.get(name)
-    return getattr(opdef, "_init_fn", None)
+    return getattr(opdef, "_init_fn", None) or PYTHON_IMPLS.get(name)
 
 
 def _flatten(xs: list) -> list:

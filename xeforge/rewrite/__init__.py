@@ -8,6 +8,8 @@ fusion stages (``stages/dtype.py``, ``stages/fusion.py``) use:
 - :mod:`xeforge.rewrite.context` — one parse of the kernel file shared by a rewrite (ast, libcst, forward).
 - :mod:`xeforge.rewrite.forward_env` — what ``Model.forward`` holds: the symbolic shape (spec dim names) and
   element dtype of each tensor it passes to a launch, per variant; the Model's parameters and scalars.
+- :mod:`xeforge.rewrite.inline` — the calls that lead to a launch (wrappers, launcher methods, autograd Functions,
+  ``torch.library`` ops) inlined into ``forward``, so the fusions reach launches written behind them.
 - :mod:`xeforge.rewrite.tl_ops` — the table of elementwise torch ops that translate to ``tl`` code.
 - :mod:`xeforge.rewrite.fusion_tile` — the shapes fusion recognises: a kernel's final tile store and an
   elementwise consumer kernel.

@@ -170,8 +170,8 @@ def _rewrite(c: Ctx, s: ast.Assign, part: str, red: tuple[str, bool]) -> tuple[s
         raise NotApplicable(f"{', '.join(stale)} is read after the statements that would be combined")
     body += [f"    {line}\n" for line in b.lines]
     operands = {**b.operands, **(wide.operands if wide is not None else {})}
-    extra = "".join(f" {op.param}," for op in operands.values())
-    kwargs = "".join(f", {op.param}={op.src}" for op in operands.values())
+    extra = "".join(f" {q}," for op in operands.values() for q in op.params())
+    kwargs = "".join(f", {k}={v}" for op in operands.values() for k, v in op.launch_args().items())
     # forward
     fresh_fwd = fresh_namer(fwd_names)
     out, slots, per = fresh_fwd("combined"), fresh_fwd("combine_slots"), fresh_fwd("combine_rows")

@@ -87,6 +87,8 @@ def _operand_resolver(c: Ctx, site: LaunchSite, yv: Val, fresh, taken_srcs: dict
                 op = Operand("element", src, fresh(base + "_ptr"))
             elif len(shape) == 1 and col_dim is not None and shape[0] == col_dim:
                 op = Operand("column", src, fresh(base + "_ptr"))
+            elif len(shape) == 2 and yv.shape is not None and tuple(shape) == tuple(yv.shape) and None not in shape:
+                op = Operand("tile", src, fresh(base + "_ptr"), (fresh(f"stride_{base}_m"), fresh(f"stride_{base}_n")))
             else:
                 return None
         else:

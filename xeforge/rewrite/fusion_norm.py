@@ -197,7 +197,7 @@ def _rewrite(c: Ctx, s: ast.Assign, narrow: bool = False) -> tuple[str, str]:
         if used & stored:
             fold = None
     # the kernel
-    extra = "".join(f" {op.param}," for op in b.operands.values())
+    extra = "".join(f" {q}," for op in b.operands.values() for q in op.params())
     extra += "".join(f" {q}," for q, _ in fold["params"]) if fold else ""
     body = "".join(f"    {line}\n" for line in b.lines)
     store = STORE
@@ -220,7 +220,7 @@ def _rewrite(c: Ctx, s: ast.Assign, narrow: bool = False) -> tuple[str, str]:
         dtype = "torch.float32"  # what the buffer held before: partials and outputs keep fp32
     eps = c.seg(args["eps"]) if "eps" in args else "1e-05"
     w, bias = (ast.unparse(_strip_float(args[a])) for a in ("weight", "bias"))
-    kwargs = "".join(f", {op.param}={op.src}" for op in b.operands.values())
+    kwargs = "".join(f", {k}={v}" for op in b.operands.values() for k, v in op.launch_args().items())
     if fold:
         out = fold["out"]
         kwargs += "".join(f", {q}={src}" for q, src in fold["params"])

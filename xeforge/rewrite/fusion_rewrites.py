@@ -433,17 +433,49 @@ def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = Fals
     var = ts.value_src if ts.value_is_name else fresh("out")
     col = ts.cols if ts.two_d else None
     state = {"line": site.line}
-    b = EpilogueBuilder(var, {y}, lambda n: None, fresh, column=col)
+    b = EpilogueBuilder(var, {y}, lambda n: None, fresh, column=col, rows=ts.rows if ts.two_d else None)
     b.resolve = _operand_resolver(c, site, yv, fresh, {}, state)
     ch = Chain(site, ts, y, b, cur=y, tile_var=var)
     older: set[str] = set()
     rest = c.after(site.line)
+    def translate(value: ast.expr, lineno: int) -> bool:
+        """Translate one op on ``ch.cur`` into the epilogue (False, with ``ch.stop`` set, when it does not)."""
+        snap = (len(b.lines), dict(b.operands), dict(b.loaded), len(b.ops), b.var, b.column, b.value_names, ch.pool)
+        try:
+            pool = _avg_pool(value, ch.cur) if split else None
+            red = None if pool is not None else _reduction(value, ch.cur)
+            if pool is not None:
+                _translate_pool(c, ch, site, pool, lineno)
+            elif red is not None:
+                if not allow_reduction:
+                    raise Unsupported(f"{c.seg(value)} is a row reduction (the fuse-row-reduction tactic's shape)")
+                _translate_reduction(ch, red, value, lineno, split)
+            else:
+                b.value_names = {ch.cur}
+                b.assign(value)
+        except (Unsupported, NotApplicable) as exc:
+            b.lines[snap[0]:] = []
+            b.operands, b.loaded = snap[1], snap[2]
+            b.ops[snap[3]:] = []
+            b.var, b.column, b.value_names = snap[4], snap[5], snap[6]
+            ch.pool = snap[7]
+            ch.stop = f"line {lineno}: {exc}"
+            return False
+        return True
+
     for s in rest:
         if isinstance(s, ast.Return):
             if isinstance(s.value, ast.Name) and s.value.id == ch.cur:
                 ch.ret = s
             elif s.value is not None and _is_to_dtype(s.value, ch.cur) is not None:
                 ch.ret, ch.to_dtype = s, _is_to_dtype(s.value, ch.cur)
+            elif s.value is not None and ch.cur in {n.id for n in ast.walk(s.value) if isinstance(n, ast.Name)} \
+                    and not ({n.id for n in ast.walk(s.value) if isinstance(n, ast.Name)} & older) \
+                    and not (split and ch.reduction is not None):
+                # `return y + residual`: the last op is the return's own expression
+                state["line"] = s.lineno
+                if translate(s.value, s.lineno):
+                    ch.ret = s
             else:
                 ch.stop = f"line {s.lineno}: `{c.seg(s)}` is not a plain return of the result"
             break
@@ -473,26 +505,7 @@ def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = Fals
                 older.add(ch.cur)
             ch.cur = target
             continue
-        snap = (len(b.lines), dict(b.operands), dict(b.loaded), len(b.ops), b.var, b.column, b.value_names, ch.pool)
-        try:
-            pool = _avg_pool(s.value, ch.cur) if split else None
-            red = None if pool is not None else _reduction(s.value, ch.cur)
-            if pool is not None:
-                _translate_pool(c, ch, site, pool, s.lineno)
-            elif red is not None:
-                if not allow_reduction:
-                    raise Unsupported(f"{c.seg(s.value)} is a row reduction (the fuse-row-reduction tactic's shape)")
-                _translate_reduction(ch, red, s, split)
-            else:
-                b.value_names = {ch.cur}
-                b.assign(s.value)
-        except (Unsupported, NotApplicable) as exc:
-            b.lines[snap[0]:] = []
-            b.operands, b.loaded = snap[1], snap[2]
-            b.ops[snap[3]:] = []
-            b.var, b.column, b.value_names = snap[4], snap[5], snap[6]
-            ch.pool = snap[7]
-            ch.stop = f"line {s.lineno}: {exc}"
+        if not translate(s.value, s.lineno):
             break
         ch.stmts.append(s)
         if target != ch.cur:
@@ -506,16 +519,16 @@ def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = Fals
     return ch
 
 
-def _translate_reduction(ch: Chain, red: tuple[str, bool], s: ast.stmt, split: bool = False) -> None:
+def _translate_reduction(ch: Chain, red: tuple[str, bool], value: ast.expr, line: int, split: bool = False) -> None:
     kind, keep = red
     b, ts = ch.builder, ch.tile
     if split and kind not in SPLIT_IDENTITY:
-        raise Unsupported(f"{ast.unparse(s.value)}: per-tile partials of a {kind} do not combine with the same op "
+        raise Unsupported(f"{ast.unparse(value)}: per-tile partials of a {kind} do not combine with the same op "
                           "(the mean of tile sums is not the row mean)")
     if ch.reduction is not None:
         # the value is already one per row: a reduction over a size-1 last dim is the identity
         if not ch.reduction["keepdim"]:
-            raise Unsupported(f"{ast.unparse(s.value)} reduces across rows after the row reduction")
+            raise Unsupported(f"{ast.unparse(value)} reduces across rows after the row reduction")
         ch.reduction["keepdim"] = keep
         b.ops.append(f"{kind}(size-1 dim)")
         return
@@ -531,7 +544,7 @@ def _translate_reduction(ch: Chain, red: tuple[str, bool], s: ast.stmt, split: b
     b.lines += lines
     b.ops.append(kind)
     b.var, b.column = row, None
-    ch.reduction = {"kind": kind, "keepdim": keep, "line": s.lineno, "src": ast.unparse(s.value)}
+    ch.reduction = {"kind": kind, "keepdim": keep, "line": line, "src": ast.unparse(value)}
 
 
 def _alloc_stmt(c: Ctx, name: str, before: int) -> ast.Assign | None:
@@ -588,10 +601,10 @@ def _apply_chain(c: Ctx, ch: Chain, extra_launch: dict[str, str] | None = None,
         edits.replace[ts.line] = [*head, store_with_value(ts, ts.cast(b.var))]
     if ts.cast_line:
         edits.replace[ts.cast_line] = []
-    params = [op.param for op in b.operands.values()]
+    params = [q for op in b.operands.values() for q in op.params()]
     if params:
         edits.params[site.kernel] = params
-    kwargs = {op.param: op.src for op in b.operands.values()}
+    kwargs = {k: v for op in b.operands.values() for k, v in op.launch_args().items()}
     kwargs.update(extra_launch or {})
     if kwargs:
         edits.calls[site.line] = lambda call: set_call_kwargs(call, kwargs)
@@ -816,8 +829,8 @@ def _apply_split(c: Ctx, ch: Chain, site: LaunchSite) -> tuple[str, str]:
                                             "tile, reduced in forward", [*lines, store])
     if ts.cast_line:
         edits.replace[ts.cast_line] = []
-    edits.params[site.kernel] = [op.param for op in b.operands.values()] + [part_ptr, part_stride]
-    kwargs = {op.param: op.src for op in b.operands.values()}
+    edits.params[site.kernel] = [q for op in b.operands.values() for q in op.params()] + [part_ptr, part_stride]
+    kwargs = {k: v for op in b.operands.values() for k, v in op.launch_args().items()}
     kwargs.update({part_ptr: part, part_stride: f"{part}.stride(0)"})
     if ch.pool is not None and ch.pool["param"]:
         edits.params[site.kernel].append(f"{ch.pool['param']}: tl.constexpr")

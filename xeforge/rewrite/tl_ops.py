@@ -34,9 +34,21 @@ class Unsupported(Exception):
 class Operand:
     """An extra kernel input an epilogue needs."""
 
-    kind: str  # scalar | column | element
+    kind: str  # scalar | column | element | tile (a tensor of the output's [rows, cols] shape)
     src: str  # the forward expression passed at the launch
     param: str  # the kernel parameter that receives it
+    strides: tuple[str, str] | None = None  # tile: the parameters of its row and column strides
+
+    def params(self) -> list[str]:
+        """The kernel parameters it adds."""
+        return [self.param, *(self.strides or ())]
+
+    def launch_args(self) -> dict[str, str]:
+        """Kernel parameter -> the forward expression passed for it."""
+        out = {self.param: self.src}
+        if self.strides:
+            out.update({self.strides[0]: f"{self.src}.stride(0)", self.strides[1]: f"{self.src}.stride(1)"})
+        return out
 
 
 def strip_parens(code: str) -> str:
@@ -87,6 +99,7 @@ class EpilogueBuilder:
     fresh: Callable[[str], str]
     column: tuple[str, str] | None = None
     column_2d: bool = False
+    rows: tuple[str, str | None] | None = None  # (offs_m, M) of a 2D tile: operands of the output's shape load
     lines: list[str] = field(default_factory=list)
     operands: dict[str, Operand] = field(default_factory=dict)
     loaded: dict[str, str] = field(default_factory=dict)  # operand param -> tl variable holding it
@@ -171,7 +184,8 @@ class EpilogueBuilder:
             return repr(val)
         op = self.resolve(node)
         if op is None:
-            raise Unsupported(f"{ast.unparse(node)} is neither a scalar nor a per-column vector of the output")
+            raise Unsupported(f"{ast.unparse(node)} is neither a scalar, a per-column vector nor a tensor of the "
+                              "output's shape")
         known = self.operands.setdefault(op.src, op)
         if known.kind == "scalar":
             return known.param
@@ -180,6 +194,17 @@ class EpilogueBuilder:
         if known.kind == "element":
             name = self.fresh(known.param.removesuffix("_ptr"))
             self.lines.append(f"{name} = tl.load({known.param}).to(tl.float32)")
+        elif known.kind == "tile":
+            if self.column is None or self.rows is None or self.column_2d:
+                raise Unsupported(f"{ast.unparse(node)} has the output's shape, which does not broadcast over a "
+                                  "reduced row")
+            (offs_m, m), (offs_n, n) = self.rows, self.column
+            sm, sn = known.strides
+            mask = " & ".join(x for x in (f"({offs_m}[:, None] < {m})" if m else "",
+                                          f"({offs_n}[None, :] < {n})" if n else "") if x)
+            name = self.fresh(known.param.removesuffix("_ptr"))
+            self.lines.append(f"{name} = tl.load({known.param} + {offs_m}[:, None] * {sm} + {offs_n}[None, :] * {sn}"
+                              f"{f', mask={mask}, other=0.0' if mask else ''}).to(tl.float32)")
         else:
             if self.column is None:
                 raise Unsupported(f"{ast.unparse(node)} is a per-column vector, which does not broadcast over a "
