@@ -23,9 +23,9 @@ from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Ta
 from xeforge.analysis.launches import bindings, live_launches
 from xeforge.rewrite import autotune
 from xeforge.rewrite.tiling import KernelAnalysis, NotApplicable
-from xeforge.rewrite.tiling_configs import kb_configs, kb_errors, measured_configs, tunable
-from xeforge.rewrite.tiling_grid import launched_kernels_gemm_first
-from xeforge.rewrite.tiling_tactics import RewriteMemo
+from xeforge.rewrite.tiling.configs import kb_configs, kb_errors, measured_configs, tunable
+from xeforge.rewrite.tiling.grid import launched_kernels_gemm_first
+from xeforge.rewrite.tiling.tactics import RewriteMemo
 
 
 def config_pool(ctx: StageContext, kernel: str) -> tuple[list[dict[str, Any]], str]:

@@ -21,9 +21,9 @@ from typing import Any
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic, guarded
 from xeforge.rewrite import blockio
 from xeforge.rewrite.tiling import NotApplicable
-from xeforge.rewrite.tiling_configs import describe, kb_errors, with_configs
-from xeforge.rewrite.tiling_grid import gemm_kernels
-from xeforge.rewrite.tiling_tactics import RewriteMemo
+from xeforge.rewrite.tiling.configs import describe, kb_errors, with_configs
+from xeforge.rewrite.tiling.grid import gemm_kernels
+from xeforge.rewrite.tiling.tactics import RewriteMemo
 
 #: how many KB tile configurations to try the rewrite with on a GPU
 RETILE_CONFIGS = 2

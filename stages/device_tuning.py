@@ -1,7 +1,7 @@
 """Stage 7, device_tuning: tile sizes, ``num_warps``, ``num_stages`` (and on xpu ``grf_mode``/``warp_size``).
 
 Owns: the launch-parameter search tactic — find the block sizes (literal or an expression with one value at every
-shape: :func:`xeforge.rewrite.tiling_configs.tunable_names`) and launch options at the launch site of the kernel
+shape: :func:`xeforge.rewrite.tiling.configs.tunable_names`) and launch options at the launch site of the kernel
 that matters most, draw alternatives from the knowledge base's tuning space for the device and kernel family (a
 small built-in space when no KB entry applies), prune what the KB constraints forbid, keep grid sizes consistent
 with the block sizes, and hand the candidates to the verifier. The pipeline keeps the best verified one. An
@@ -29,7 +29,7 @@ from stages.device_tuning_swizzle import GroupedTileOrder
 from xeforge.analysis.launches import autotune_configs, bindings, block_params, launch_options, live_launches
 from xeforge.kernel_model import KernelModel, LaunchSite
 from xeforge.rewrite import NotApplicable, autotune
-from xeforge.rewrite.tiling_configs import apply_config, kernel_family, tunable_names
+from xeforge.rewrite.tiling.configs import apply_config, kernel_family, tunable_names
 
 
 def target_site(model: KernelModel) -> LaunchSite | None:

@@ -2,8 +2,8 @@
 
 Owns: the ``rows-per-program`` tactic. A kernel that starts one program per row vector (rotary embedding: one
 program per (b, s, h) of 64 elements) gets ROWS rows per program as a [ROWS, BLOCK] block with
-:mod:`xeforge.rewrite.rows`. ROWS values are powers of two that put :data:`ELEMENTS` elements in a program,
-given the widest ``tl.arange`` at the timing variant (capped by the row count there); on a GPU each comes with
+:mod:`xeforge.rewrite.device_tuning.rows`. ROWS values are powers of two that put :data:`ELEMENTS` elements in a
+program, given the widest ``tl.arange`` at the timing variant (capped by the row count there); on a GPU each comes with
 ``num_warps`` 4 and 8 for the verifier to time, on the interpreter only the default. Listed after the
 launch-parameter search, so a flat kernel's block size is tuned first and ROWS is sized from it.
 """
@@ -13,11 +13,12 @@ from __future__ import annotations
 from typing import Any
 
 from stages.base import Applicability, Candidate, StageContext, Tactic
-from xeforge.rewrite import NotApplicable, rows
+from xeforge.rewrite import NotApplicable
+from xeforge.rewrite.device_tuning import rows
 from xeforge.rewrite.memory import launch_facts
-from xeforge.rewrite.tiling_configs import kb_errors
-from xeforge.rewrite.tiling_grid import single_launch
-from xeforge.rewrite.tiling_tactics import RewriteMemo
+from xeforge.rewrite.tiling.configs import kb_errors
+from xeforge.rewrite.tiling.grid import single_launch
+from xeforge.rewrite.tiling.tactics import RewriteMemo
 
 #: elements per program that the ROWS values aim at (ROWS * BLOCK); the second is the default
 ELEMENTS = (1024, 2048, 4096, 8192)

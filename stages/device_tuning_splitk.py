@@ -1,8 +1,8 @@
 """Stage 7, device_tuning: the split-K tactic (more programs for a GEMM whose output tiles leave cores idle).
 
 Owns: the ``split-k`` tactic and its sizing. A 2D-grid GEMM whose output has fewer tiles than the device has
-cores at the spec's bench variant is rewritten by :mod:`xeforge.rewrite.splitk`: SPLIT_K programs per tile,
-each over one slice of the K loop, fp32 partial tiles summed in order by a second kernel. SPLIT_K is drawn
+cores at the spec's bench variant is rewritten by :mod:`xeforge.rewrite.device_tuning.splitk`: SPLIT_K programs per
+tile, each over one slice of the K loop, fp32 partial tiles summed in order by a second kernel. SPLIT_K is drawn
 from :data:`SPLITS`, keeping at most :data:`PROGRAMS_PER_CORE` programs per core and at least
 :data:`MIN_STEPS` K steps per slice; the default is the smallest that gives every core a program. On a GPU
 each value is a candidate for the verifier to time; the interpreter gets one (correctness only), sized from
@@ -16,9 +16,10 @@ from __future__ import annotations
 from typing import Any
 
 from stages.base import Applicability, Candidate, StageContext, Tactic
-from xeforge.rewrite import NotApplicable, splitk
-from xeforge.rewrite.tiling_configs import kb_errors
-from xeforge.rewrite.tiling_tactics import RewriteMemo
+from xeforge.rewrite import NotApplicable
+from xeforge.rewrite.device_tuning import splitk
+from xeforge.rewrite.tiling.configs import kb_errors
+from xeforge.rewrite.tiling.tactics import RewriteMemo
 
 SPLITS = (2, 4, 8)
 #: programs per core the split may reach (tiles * SPLIT_K)

@@ -1,7 +1,7 @@
 """Stage 7, device_tuning: the GROUP_SIZE_M swizzle tactic (grouped tile order for L2 reuse).
 
 Owns: the ``group-swizzle`` tactic. A 2D-tiled kernel on a 2D grid (or a persistent tile loop) gets the
-grouped tile order of :mod:`xeforge.rewrite.tiling_swizzle`; ``GROUP_SIZE_M`` becomes a literal constexpr at
+grouped tile order of :mod:`xeforge.rewrite.device_tuning.swizzle`; ``GROUP_SIZE_M`` becomes a literal constexpr at
 the launch so the launch-parameter search (and the autotuning stage) can tune it. Its starting value comes
 from the KB tuning space of the device (the first seed that sets ``group_size_m``, 8 without one). On a GPU
 the rewrite is also proposed with the top KB tile configurations. Listed in ``stages/device_tuning.py``
@@ -11,10 +11,10 @@ before the launch-parameter search, so the search tunes the swizzled kernel.
 from __future__ import annotations
 
 from stages.base import Applicability, Candidate, StageContext, Tactic
-from xeforge.rewrite import tiling_swizzle
+from xeforge.rewrite.device_tuning import swizzle
 from xeforge.rewrite.tiling import NotApplicable
-from xeforge.rewrite.tiling_configs import describe, kb_errors, with_configs
-from xeforge.rewrite.tiling_tactics import RewriteMemo
+from xeforge.rewrite.tiling.configs import describe, kb_errors, with_configs
+from xeforge.rewrite.tiling.tactics import RewriteMemo
 
 DEFAULT_GROUP = 8
 RETILE_CONFIGS = 2
@@ -47,9 +47,9 @@ class GroupedTileOrder(Tactic):
     def _rewrite(self, ctx: StageContext):
         return self._memo.get(ctx, self._build)
 
-    def _build(self, ctx: StageContext) -> tuple[str, tiling_swizzle.SwizzlePlan, str]:
+    def _build(self, ctx: StageContext) -> tuple[str, swizzle.SwizzlePlan, str]:
         group, where = group_size(ctx)
-        src, plan = tiling_swizzle.rewrite(ctx.source, group=group)
+        src, plan = swizzle.rewrite(ctx.source, group=group)
         bad = kb_errors(ctx, src)
         if bad:
             raise NotApplicable(f"the swizzled kernel breaks KB constraints for {ctx.device_id}: {'; '.join(bad)}")
@@ -67,7 +67,7 @@ class GroupedTileOrder(Tactic):
             src, plan, _ = self._rewrite(ctx)
         except NotApplicable:
             return []
-        params = {"kernel": plan.kernel, tiling_swizzle.PARAM: plan.group}
+        params = {"kernel": plan.kernel, swizzle.PARAM: plan.group}
         out = [Candidate(src, self.name, plan.describe(), params=params)]
         for cfg, tiled in with_configs(ctx, src, plan.kernel, RETILE_CONFIGS):
             out.append(Candidate(tiled, self.name, f"{plan.describe()}; with {describe(cfg)}",

@@ -1,7 +1,7 @@
 """Stage 2, dtype: honour the precision contract: fp32 accumulation, no needless up-casts before tl.dot, no fp64 on parts without native fp64.
 
 Owns: this stage's goal, its issue detectors and four deterministic tactics, each a codemod from
-:mod:`xeforge.rewrite.dtype_rewrites`:
+:mod:`xeforge.rewrite.dtype`:
 
 - ``drop-upcast-before-dot``: fp16/bf16 tiles loaded and cast to fp32 before ``tl.dot`` feed the dot
   directly (matrix units at 16-bit rate; the dot still accumulates and returns fp32); on a GPU also with the top
@@ -23,10 +23,10 @@ from typing import Any, Callable
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic
 from xeforge.kernel_model import parse_kernel
 from xeforge.rewrite import NotApplicable
-from xeforge.rewrite import dtype_rewrites as dr
+from xeforge.rewrite import dtype as dr
 from xeforge.rewrite.context import Ctx, guarded, memo_key
-from xeforge.rewrite.tiling_configs import describe, with_configs
-from xeforge.rewrite.tiling_grid import gemm_kernels
+from xeforge.rewrite.tiling.configs import describe, with_configs
+from xeforge.rewrite.tiling.grid import gemm_kernels
 
 #: KB tile configurations a rewrite that pays off only with larger tiles is also proposed with (on a GPU)
 RETILE_CONFIGS = 2

@@ -1,12 +1,12 @@
 """Stage 3, fusion: fewer launches and round trips: epilogues into the GEMM, elementwise chains, torch ops in forward into the kernel.
 
 Owns: this stage's goal, its issue detectors and five deterministic tactics, codemods from
-:mod:`xeforge.rewrite.fusion_rewrites`, tried in this order:
+:mod:`xeforge.rewrite.fusion.rewrites`, tried in this order:
 
 - ``fuse-epilogue``: trailing elementwise torch ops in ``Model.forward`` (add, sub, mul, div, relu,
   leaky_relu, sigmoid, silu, tanh, gelu, hardtanh, clamp, mish, softplus, exp, log, min/max with scalars,
   bias and per-column vectors, tensors of the output's shape (a residual), inference batch_norm; see
-  :mod:`xeforge.rewrite.tl_ops`) run in the kernel's epilogue, the return's own expression included; a final
+  :mod:`xeforge.rewrite.fusion.tl_ops`) run in the kernel's epilogue, the return's own expression included; a final
   ``.to(dtype)`` becomes the output buffer's dtype.
 - ``fuse-elementwise-chain``: an elementwise Triton kernel (or a chain of them) that reads exactly the tile
   another kernel wrote runs inside the producer, before its one store.
@@ -16,7 +16,7 @@ Owns: this stage's goal, its issue detectors and five deterministic tactics, cod
   writes its row partial into a small buffer, forward's reduction runs on the partials (same torch call).
   In the chain, that reduction and the small ops after it (further reductions over the size-1 dim it kept
   are the identity; ops with a per-column vector, which broadcast the rows to the full width) become one
-  generated kernel (:mod:`xeforge.rewrite.fusion_combine`).
+  generated kernel (:mod:`xeforge.rewrite.fusion.combine`).
 - ``fuse-group-norm``: ``F.group_norm`` on a (rows, channels) tensor and the elementwise ops after it become
   one generated kernel, one program per row and block of groups. Every fusion tactic whose chain of rewrites
   reaches a GroupNorm proposes that chain first with the fp32 buffer the GroupNorm reads allocated in the
@@ -24,7 +24,7 @@ Owns: this stage's goal, its issue detectors and five deterministic tactics, cod
 
 The rewrites edit ``forward``'s own statements. When a launch sits behind a call (a module-level wrapper, a
 launcher object's method, ``torch.autograd.Function.apply``, a ``torch.library`` op), each tactic first inlines the
-calls leading to it into ``forward`` (:mod:`xeforge.rewrite.inline`; the description says what was inlined and
+calls leading to it into ``forward`` (:mod:`xeforge.rewrite.fusion.inline`; the description says what was inlined and
 what that drops, such as the Function's backward), then fuses; a call that cannot be inlined is named with its
 construct and line.
 
@@ -39,10 +39,10 @@ import ast
 
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic
 from xeforge.rewrite import NotApplicable
-from xeforge.rewrite import fusion_rewrites as fr
-from xeforge.rewrite import inline
+from xeforge.rewrite.fusion import rewrites as fr
+from xeforge.rewrite.fusion import inline
 from xeforge.rewrite.context import Ctx, guarded, memo_key
-from xeforge.rewrite.fusion_tile import tile_store
+from xeforge.rewrite.fusion.tile import tile_store
 from xeforge.static_checks import torch_compute_calls
 
 NOT_APPLICABLE = "no fusion tactic applies: "

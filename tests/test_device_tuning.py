@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 
 from stages.device_tuning import LaunchParamSearch, target_site
-from xeforge.rewrite.tiling_configs import tunable_names
+from xeforge.rewrite.tiling.configs import tunable_names
 from tests.conftest import ROOT, tactic_context
 from xeforge.kernel_model import parse_kernel
 from xeforge.problem import load_problem
@@ -70,7 +70,7 @@ def f(x, M):
 def test_a_config_follows_the_grid_variable_and_the_block_variable():
     """``BLOCK=bs`` with ``grid = (cdiv(M, bs),)``: a new block size is written at the launch and in the grid (found
     by name, not position), other tuples and the variable's own line left alone."""
-    from xeforge.rewrite.tiling_configs import apply_config
+    from xeforge.rewrite.tiling.configs import apply_config
 
     m = parse_kernel(GRID_VAR)
     assert tunable_names(m, m.launches[0]) == (["BLOCK"], {})
@@ -92,7 +92,7 @@ def _launch_option(source: str, name: str):
 
 
 def test_fit_stages_keeps_the_tile_and_drops_just_enough_stages():
-    from xeforge.rewrite.tiling_configs import fit_stages
+    from xeforge.rewrite.tiling.configs import fit_stages
 
     src = load_problem(KERNELS / "gemm_square").kernel_source
     assert _launch_option(src, "num_stages") == 3
@@ -122,7 +122,7 @@ def test_a_gemv_without_tl_dot_is_tuned_from_the_gemv_space_not_with_gemm_tiles(
     """gemv_decode is declared a gemm problem, but its kernel reduces with tl.sum: GEMM tiles (64-256 outputs a
     program) left it 32-64 programs for 132 SMs on the H200 (0.27-0.59x in the suite run); the gemv space's small
     output blocks come first now. An epilogue kernel of a gemm problem is classified by its own body."""
-    from xeforge.rewrite.tiling_configs import kernel_family
+    from xeforge.rewrite.tiling.configs import kernel_family
 
     p = load_problem(KERNELS / "gemv_decode")
     m = parse_kernel(p.kernel_source)

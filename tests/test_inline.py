@@ -1,4 +1,4 @@
-"""Inlining the calls that lead to a launch into ``Model.forward`` (xeforge/rewrite/inline.py).
+"""Inlining the calls that lead to a launch into ``Model.forward`` (xeforge/rewrite/fusion/inline.py).
 
 The kernels here are plain Python functions under a stand-in ``triton`` module whose ``jit`` makes
 ``kernel[grid](...)`` call them: the inliner only reads syntax, and running the file before and after shows that
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from xeforge.rewrite import NotApplicable
-from xeforge.rewrite.inline import into_forward
+from xeforge.rewrite.fusion.inline import into_forward
 
 HEADER = '''
 import torch

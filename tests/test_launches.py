@@ -10,7 +10,7 @@ from __future__ import annotations
 from xeforge.analysis import launches
 from xeforge.analysis.trace import Trace
 from xeforge.kernel_model import parse_kernel
-from xeforge.rewrite.tiling_configs import apply_config, tunable_names
+from xeforge.rewrite.tiling.configs import apply_config, tunable_names
 
 KERNEL = '''import triton
 import triton.language as tl

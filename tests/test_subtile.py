@@ -14,7 +14,7 @@ from stages import block_io
 from tests.conftest import ROOT, tactic_context
 from xeforge.kernel_model import parse_kernel
 from xeforge.problem import load_problem
-from xeforge.rewrite.subtile import subtile_stores
+from xeforge.rewrite.tiling.subtile import subtile_stores
 
 KERNELS = ROOT / "kernels"
 
@@ -65,7 +65,7 @@ def test_descriptors_it_cannot_halve_are_left_alone():
 def test_rules_engine_halves_the_store_before_it_drops_stages():
     from stages.base import Candidate
     from tests.conftest import run_rules_stage
-    from xeforge.rewrite.tiling_configs import apply_config
+    from xeforge.rewrite.tiling.configs import apply_config
 
     p = load_problem(KERNELS / "kb09_matmul_subtract_multiply_relu")
     ctx = tactic_context(p, kind="cuda", target="h200")

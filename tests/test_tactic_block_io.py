@@ -162,7 +162,7 @@ def test_dry_run_shows_the_descriptor_diff_for_the_target(tmp_path):
 
 def test_a_failing_rewrite_or_detector_is_reported_not_raised():
     from stages.base import guarded
-    from xeforge.rewrite.tiling_tactics import RewriteMemo
+    from xeforge.rewrite.tiling.tactics import RewriteMemo
 
     p = load_problem(KERNELS / "gemm_relu")
     ctx = context(p)
@@ -195,12 +195,13 @@ def test_rewritten_gemm_compiles_to_tma_and_wgmma_for_hopper(tmp_path):
         pytest.skip(f"this Triton cannot compile ahead of time: {exc}")
     if "nvidia" not in backends:
         pytest.skip("the installed Triton has no NVIDIA backend to compile for sm_90")
-    from xeforge.rewrite import persistent, tiling_swizzle
+    from xeforge.rewrite import persistent
+    from xeforge.rewrite.device_tuning import swizzle
 
     p = load_problem(KERNELS / "gemm_relu")
     src, _ = blockio.rewrite(p.kernel_source)
     src, _ = persistent.rewrite(src)
-    src, _ = tiling_swizzle.rewrite(src)
+    src, _ = swizzle.rewrite(src)
     path = tmp_path / "kernel_sm90.py"
     path.write_text(src)
     spec = importlib.util.spec_from_file_location("xeforge_test_sm90", path)

@@ -111,7 +111,7 @@ def test_a_residual_of_the_outputs_shape_in_the_return_is_read_as_a_tile_in_the_
 def test_an_operand_of_the_outputs_shape_does_not_broadcast_over_a_reduced_row():
     import ast
 
-    from xeforge.rewrite.tl_ops import EpilogueBuilder, Operand, Unsupported
+    from xeforge.rewrite.fusion.tl_ops import EpilogueBuilder, Operand, Unsupported
 
     tile = Operand("tile", "residual", "residual_ptr", ("stride_rm", "stride_rn"))
     on_tile = EpilogueBuilder("acc", {"y"}, lambda n: tile, lambda b: b + "_1", column=("offs_n", "N"),
@@ -255,7 +255,7 @@ def test_partials_and_the_ops_after_them_become_one_kernel(verify, name, gone):
 def test_partials_combine_stops_where_the_rows_are_no_longer_a_size_1_dim():
     """A reduction after one that dropped the dim is not the identity: nothing to combine, so it does not apply."""
     from xeforge.rewrite import NotApplicable
-    from xeforge.rewrite.fusion_combine import combine_partials
+    from xeforge.rewrite.fusion.combine import combine_partials
 
     p = problem(KERNELS / "kb18_matmul_sum_max_avgpool_logsumexp_logsumexp")
     src = p.kernel_source.replace("y = torch.sum(y, dim=1, keepdim=True)", "y = torch.sum(y, dim=1)")
@@ -268,7 +268,7 @@ def test_row_value_broadcast_over_a_column_vector_is_written_by_the_combine_kern
     """kb75: the row min of the GroupNorm's partials plus a [1, N] bias is an (M, N) result; forward built it in
     fp32 and cast it in a second pass. The combine kernel writes the rows in the result's dtype, N columns at a
     time; an injected bug in the column phase fails the verifier, so the ci shapes run it."""
-    from xeforge.rewrite.fusion_combine import combine_partials
+    from xeforge.rewrite.fusion.combine import combine_partials
 
     kb75 = problem(KERNELS / "kb75_gemm_groupnorm_min_biasadd")
     gn = propose("fuse-group-norm", kb75)[-1].source  # the GroupNorm alone (the first candidate combines too)
@@ -372,7 +372,7 @@ def test_group_norm_first_candidate_reads_a_buffer_in_the_result_dtype(verify, n
 
 def test_group_norm_input_stays_fp32_when_the_result_is_fp32_or_it_is_read_again():
     from xeforge.rewrite import NotApplicable
-    from xeforge.rewrite.fusion_norm import group_norm_kernel
+    from xeforge.rewrite.fusion.norm import group_norm_kernel
 
     p = problem(KERNELS / "kb30_gemm_groupnorm_hardtanh")
     fp32 = p.kernel_source.replace("return y.to(x.dtype)", "return y")

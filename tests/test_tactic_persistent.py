@@ -19,7 +19,7 @@ from tests.conftest import tactic_context, FIXTURES, ROOT
 from xeforge.kernel_model import parse_kernel
 from xeforge.problem import load_problem
 from xeforge.rewrite import blockio, persistent
-from xeforge.rewrite.tiling_configs import apply_config
+from xeforge.rewrite.tiling.configs import apply_config
 
 KERNELS = ROOT / "kernels"
 HERE = FIXTURES / "tactics" / "persistent"

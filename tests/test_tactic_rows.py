@@ -20,7 +20,8 @@ from stages.device_tuning_rows import ELEMENTS, RowsPerProgram
 from tests.conftest import FIXTURES, ROOT, tactic_context
 from xeforge.kernel_model import parse_kernel
 from xeforge.problem import load_problem
-from xeforge.rewrite import NotApplicable, rows
+from xeforge.rewrite import NotApplicable
+from xeforge.rewrite.device_tuning import rows
 
 KERNELS = ROOT / "kernels"
 ROW_SCALE = FIXTURES / "tactics" / "rows" / "row_scale"
@@ -39,7 +40,7 @@ def rewritten(p, source: str | None = None):
 def row_counts(p, kernel: str) -> list[tuple[str, int]]:
     """(variant, rows) of every variant the correctness gate runs, from forward's grid expression."""
     from xeforge.rewrite.memory import launch_facts
-    from xeforge.rewrite.tiling_grid import single_launch
+    from xeforge.rewrite.tiling.grid import single_launch
 
     model = parse_kernel(p.kernel_source)
     site = single_launch(model, kernel)

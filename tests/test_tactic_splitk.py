@@ -20,9 +20,10 @@ from stages.device_tuning_splitk import SplitK, split_values
 from tests.conftest import ROOT, tactic_context
 from xeforge.kernel_model import parse_kernel
 from xeforge.problem import load_problem
-from xeforge.rewrite import blockio, persistent, splitk
-from xeforge.rewrite.splitk import EPILOGUE
-from xeforge.rewrite.tiling_configs import apply_config
+from xeforge.rewrite import blockio, persistent
+from xeforge.rewrite.device_tuning import splitk
+from xeforge.rewrite.device_tuning.splitk import EPILOGUE
+from xeforge.rewrite.tiling.configs import apply_config
 
 KERNELS = ROOT / "kernels"
 TALL_K = KERNELS / "gemm_tall_k"

@@ -13,12 +13,13 @@ import ast
 import pytest
 
 from stages.device_tuning import LaunchParamSearch
-from xeforge.rewrite.tiling_configs import tunable_names
+from xeforge.rewrite.tiling.configs import tunable_names
 from stages.device_tuning_swizzle import GroupedTileOrder, group_size
 from tests.conftest import tactic_context, FIXTURES, ROOT
 from xeforge.kernel_model import parse_kernel
 from xeforge.problem import load_problem
-from xeforge.rewrite import blockio, persistent, tiling_swizzle
+from xeforge.rewrite import blockio, persistent
+from xeforge.rewrite.device_tuning import swizzle
 
 KERNELS = ROOT / "kernels"
 HERE = FIXTURES / "tactics" / "swizzle"
@@ -32,10 +33,10 @@ def context(p, source: str | None = None, kind: str = "cpu", target: str | None 
 
 def with_group(source: str, group: int) -> str:
     """The swizzled source with GROUP_SIZE_M set to ``group`` at the launch (what the search would try)."""
-    site = next(s for s in parse_kernel(source).launches if tiling_swizzle.PARAM in s.constexprs)
-    from xeforge.rewrite.tiling_edit import LaunchEdit, edit_launch
+    site = next(s for s in parse_kernel(source).launches if swizzle.PARAM in s.constexprs)
+    from xeforge.rewrite.tiling.edit import LaunchEdit, edit_launch
 
-    return edit_launch(source, LaunchEdit(site.kernel, site.line, set_kwargs={tiling_swizzle.PARAM: repr(group)}))
+    return edit_launch(source, LaunchEdit(site.kernel, site.line, set_kwargs={swizzle.PARAM: repr(group)}))
 
 
 def test_2d_grid_becomes_a_grouped_1d_grid(verify):
@@ -46,7 +47,7 @@ def test_2d_grid_becomes_a_grouped_1d_grid(verify):
     src = TACTIC.propose(ctx)[0].source
     model = parse_kernel(src)
     site = model.launches[0]
-    assert site.constexprs[tiling_swizzle.PARAM] == group_size(ctx)[0]
+    assert site.constexprs[swizzle.PARAM] == group_size(ctx)[0]
     assert "lambda META: (triton.cdiv(M, META['BLOCK_M']) * triton.cdiv(N, META['BLOCK_N']),)" in src
     fn = model.functions["matmul_kernel"].node
     assert sum(isinstance(n, ast.Call) and ast.unparse(n.func) == "tl.program_id" for n in ast.walk(fn)) == 1
@@ -55,13 +56,13 @@ def test_2d_grid_becomes_a_grouped_1d_grid(verify):
     assert verdict.correct, verdict.feedback()
     # the launch-parameter search can tune the group size and the blocks of the swizzled kernel
     names, _ = tunable_names(model, site)
-    assert {tiling_swizzle.PARAM, "BLOCK_M", "BLOCK_N"} <= set(names)
+    assert {swizzle.PARAM, "BLOCK_M", "BLOCK_N"} <= set(names)
 
 
 def test_a_wrong_group_mapping_is_caught(verify):
     """The fixture's shapes see every tile: dropping the group's row offset must fail verification."""
     p = load_problem(HERE / "gemm_grid2d")
-    src, _ = tiling_swizzle.rewrite(p.kernel_source, group=2)
+    src, _ = swizzle.rewrite(p.kernel_source, group=2)
     bad = src.replace("pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)",
                       "pid_m = (pid % num_pid_in_group) % group_size_m")
     assert bad != src
@@ -82,7 +83,7 @@ def test_persistent_loop_gets_the_grouped_order(verify):
 
 def test_search_candidates_on_the_swizzled_kernel_are_correct(verify):
     p = load_problem(HERE / "gemm_grid2d")
-    src, _ = tiling_swizzle.rewrite(p.kernel_source, group=2)
+    src, _ = swizzle.rewrite(p.kernel_source, group=2)
     cands = LaunchParamSearch().propose(context(p, src))
     assert cands
     verdict = verify(p, cands[0].source)
@@ -101,7 +102,7 @@ def test_descriptor_kernel_can_be_swizzled_too(verify):
     p = load_problem(KERNELS / "gemm_relu")
     src, _ = blockio.rewrite(p.kernel_source)
     out = TACTIC.propose(context(p, src))[0].source
-    assert "USE_BLOCK_IO=use_block_io" in out and f"{tiling_swizzle.PARAM}=" in out
+    assert "USE_BLOCK_IO=use_block_io" in out and f"{swizzle.PARAM}=" in out
     verdict = verify(p, out)
     assert verdict.correct, verdict.feedback()
 

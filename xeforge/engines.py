@@ -26,8 +26,8 @@ from cover_agent.prompts import render_stage_prompt
 from stages.base import Candidate, Evaluate, Stage, StageContext, TacticRecord, TrialOutcome
 from xeforge.errors import EngineError
 from xeforge.kb._base import DTYPE_BYTES, dtype_key
-from xeforge.rewrite.subtile import subtile_stores
-from xeforge.rewrite.tiling_configs import fit_stages
+from xeforge.rewrite.tiling.subtile import subtile_stores
+from xeforge.rewrite.tiling.configs import fit_stages
 
 
 class RulesEngine:

@@ -5,5 +5,11 @@
   actual dtype / shape / strides of each tensor argument, every constexpr and launch option as really used
   (``@triton.autotune``, ``@triton.heuristics``, META grids, module constants), the resolved grid, and the torch
   ops around the launches; returned as JSON and read here into :class:`~xeforge.analysis.trace.Trace`.
+- :mod:`xeforge.analysis.observe` — the traces of a source at each spec variant (meta device, in the facts worker),
+  cached per source.
+- :mod:`xeforge.analysis.launches` — the launch facts read from both: block sizes by use, each constexpr's and
+  option's value and where it comes from, the kernels that really run, autotune configs.
+- :mod:`xeforge.analysis.forward_env` — ``forward`` read statically (symbolic shapes and dtypes of what it passes to
+  a launch), for the dtype and fusion rewrites, which edit forward's statements.
 - :mod:`xeforge.kernel_model` — the static model of the source (gate 1, and what needs no execution).
 """

@@ -29,9 +29,9 @@ from typing import Any
 from xeforge.analysis.launches import autotune_configs, bindings, launch_options
 from xeforge.kernel_model import KernelModel, axis_blocks, parse_kernel
 from xeforge.rewrite.tiling import BlockPtr, KernelAnalysis, Mask, NotApplicable, Ptr, is_tl_call
-from xeforge.rewrite.tiling_grid import GridTranslator, launch_grid, launched_kernels_gemm_first, single_launch
-from xeforge.rewrite.tiling_configs import OPTION_KEYS, tunable
-from xeforge.rewrite.tiling_edit import LaunchEdit, add_decorator, edit_launch, extend_decorator_list, remove_decorator
+from xeforge.rewrite.tiling.grid import GridTranslator, launch_grid, launched_kernels_gemm_first, single_launch
+from xeforge.rewrite.tiling.configs import OPTION_KEYS, tunable
+from xeforge.rewrite.tiling.edit import LaunchEdit, add_decorator, edit_launch, extend_decorator_list, remove_decorator
 
 #: options triton.Config takes as keywords
 CONFIG_KWARGS = ("num_warps", "num_stages", "num_ctas", "maxnreg")

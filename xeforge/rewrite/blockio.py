@@ -31,9 +31,9 @@ import libcst as cst
 
 from xeforge.kernel_model import KernelModel, LaunchSite, dotted_name, parse_kernel
 from xeforge.rewrite.tiling import Access, BlockPtr, KernelAnalysis, LoopInfo, Mask, NotApplicable, Poly, Ptr
-from xeforge.rewrite.tiling_grid import fresh_name, gemm_kernels, launch_bindings, pid_derived_names, single_launch
+from xeforge.rewrite.tiling.grid import fresh_name, gemm_kernels, launch_bindings, pid_derived_names, single_launch
 from xeforge.rewrite.cst_tools import expr, statements
-from xeforge.rewrite.tiling_edit import FunctionEdit, LaunchEdit, edit_function, edit_launch, if_else
+from xeforge.rewrite.tiling.edit import FunctionEdit, LaunchEdit, edit_function, edit_launch, if_else
 
 FLAG = "USE_BLOCK_IO"
 DESCRIPTOR = "descriptor"

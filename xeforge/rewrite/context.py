@@ -17,7 +17,7 @@ import libcst as cst
 from xeforge.kernel_model import KernelModel, LaunchSite, dotted_name, parse_kernel
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.cst_tools import Edits, Parsed, apply_edits, body_statements
-from xeforge.rewrite.forward_env import ALLOC, ALLOC_LIKE, ForwardEnv
+from xeforge.analysis.forward_env import ALLOC, ALLOC_LIKE, ForwardEnv
 
 #: calls that allocate, view or compute sizes: torch.<alloc>, triton.<helper>, builtins, tensor methods
 PURE_TORCH = ALLOC | ALLOC_LIKE

@@ -34,9 +34,9 @@ from xeforge.isolation import facts_worker
 from xeforge.kernel_model import KernelModel, LaunchSite, dotted_name, is_literal, literal, parse_kernel
 from xeforge.problem import plan_inputs
 from xeforge.rewrite.tiling import BlockPtr, KernelAnalysis, Mask, NotApplicable, Poly, Ptr, is_tl_call
-from xeforge.rewrite.tiling_grid import (enclosing_function, launch_bindings, launch_grid, pid_derived_names,
+from xeforge.rewrite.tiling.grid import (enclosing_function, launch_bindings, launch_grid, pid_derived_names,
                                         program_id_vars)
-from xeforge.rewrite.tiling_edit import FunctionEdit, edit_function
+from xeforge.rewrite.tiling.edit import FunctionEdit, edit_function
 
 INT32_LIMIT = 2**31
 

@@ -31,10 +31,10 @@ import libcst as cst
 from xeforge.kernel_model import KernelModel, parse_kernel
 from xeforge.rewrite.memory import launch_facts
 from xeforge.rewrite.tiling import KernelAnalysis, NotApplicable, _assign_counts, is_tl_call, names_in
-from xeforge.rewrite.tiling_grid import (GridTranslator, enclosing_function, fresh_name, launch_bindings, launch_grid,
+from xeforge.rewrite.tiling.grid import (GridTranslator, enclosing_function, fresh_name, launch_bindings, launch_grid,
                                          launched_kernels_gemm_first, program_id_vars, single_launch)
 from xeforge.rewrite.cst_tools import statements
-from xeforge.rewrite.tiling_edit import FunctionEdit, LaunchEdit, add_module_function, edit_function, edit_launch
+from xeforge.rewrite.tiling.edit import FunctionEdit, LaunchEdit, add_module_function, edit_function, edit_launch
 
 HELPER = "_device_core_count"
 HELPER_CODE = f'''

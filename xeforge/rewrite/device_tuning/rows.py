@@ -28,8 +28,8 @@ from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.context import loads
 from xeforge.rewrite.cst_tools import Edits, apply_edits, expr, is_tl, set_call_kwargs, statements
 from xeforge.rewrite.tiling import _assign_counts, _kw, names_in
-from xeforge.rewrite.tiling_edit import FunctionEdit, edit_function
-from xeforge.rewrite.tiling_grid import (enclosing_function, fresh_name, launch_grid, pid_derived_names,
+from xeforge.rewrite.tiling.edit import FunctionEdit, edit_function
+from xeforge.rewrite.tiling.grid import (enclosing_function, fresh_name, launch_grid, pid_derived_names,
                                         program_id_vars, single_launch)
 
 #: calls that combine elements of a row (or of the block), so a [ROWS, BLOCK] block would change their result

@@ -28,8 +28,8 @@ from xeforge.analysis.launches import (Binding, autotune_configs, bindings, bloc
 from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, axis_blocks, literal, parse_kernel
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.kb.roles import first_int
-from xeforge.rewrite.tiling_grid import _cdiv_args, launch_grid, launched_kernels_gemm_first, single_launch
-from xeforge.rewrite.tiling_edit import LaunchEdit, edit_launch
+from xeforge.rewrite.tiling.grid import _cdiv_args, launch_grid, launched_kernels_gemm_first, single_launch
+from xeforge.rewrite.tiling.edit import LaunchEdit, edit_launch
 
 #: launch options a configuration may carry besides constexprs
 OPTION_KEYS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "grf_mode", "warp_size", "threads_per_warp")

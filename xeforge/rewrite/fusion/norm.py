@@ -1,7 +1,7 @@
 """GroupNorm in ``forward`` becomes one generated Triton kernel, with the elementwise ops that follow it.
 
 Owns :func:`group_norm_kernel`: ``z = F.group_norm(y, G, weight, bias, eps)`` on a 2D ``(rows, channels)``
-tensor, followed by elementwise torch ops on ``z`` (the fusion table of :mod:`xeforge.rewrite.tl_ops`) and an
+tensor, followed by elementwise torch ops on ``z`` (the fusion table of :mod:`xeforge.rewrite.fusion.tl_ops`) and an
 optional ``return z.to(dtype)``, is replaced by a launch of a kernel written here: one program per row and
 block of groups (narrow groups batched up to :data:`PROGRAM_ELEMENTS` channels a program) loads the channels
 once, computes mean and biased variance in fp32 (as PyTorch does), applies the per-channel affine and the
@@ -32,10 +32,10 @@ from xeforge.kernel_model import dotted_name
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.context import Ctx, dead_code, fresh_namer, loads, pure_stmt
 from xeforge.rewrite.cst_tools import Edits, Substitute, code, names_in, rename, statements
-from xeforge.rewrite.fusion_common import (SPLIT_IDENTITY, _is_to_dtype, _last_assign, _operand_resolver,
+from xeforge.rewrite.fusion.common import (SPLIT_IDENTITY, _is_to_dtype, _last_assign, _operand_resolver,
                                            _reduction, result_lines, row_reduce_lines, with_generated_kernel)
-from xeforge.rewrite.fusion_tile import elementwise_kernel
-from xeforge.rewrite.tl_ops import EpilogueBuilder, Unsupported
+from xeforge.rewrite.fusion.tile import elementwise_kernel
+from xeforge.rewrite.fusion.tl_ops import EpilogueBuilder, Unsupported
 
 GROUP_NORM = {"F.group_norm", "torch.nn.functional.group_norm", "nn.functional.group_norm", "torch.group_norm"}
 #: widest group one program keeps in registers (fp32): channels per group at the spec's largest shapes

@@ -22,10 +22,10 @@ import libcst as cst
 
 from xeforge.kernel_model import KernelModel, dotted_name, parse_kernel
 from xeforge.rewrite.tiling import KernelAnalysis, NotApplicable, is_tl_call
-from xeforge.rewrite.tiling_grid import (GridTranslator, axis_tiles, fresh_name, launch_grid, program_id_vars,
+from xeforge.rewrite.tiling.grid import (GridTranslator, axis_tiles, fresh_name, launch_grid, program_id_vars,
                                          single_launch)
 from xeforge.rewrite.cst_tools import statements
-from xeforge.rewrite.tiling_edit import FunctionEdit, LaunchEdit, edit_function, edit_launch
+from xeforge.rewrite.tiling.edit import FunctionEdit, LaunchEdit, edit_function, edit_launch
 
 PARAM = "GROUP_SIZE_M"
 

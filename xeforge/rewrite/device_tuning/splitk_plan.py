@@ -1,11 +1,11 @@
 """Split-K analysis (device_tuning): which GEMMs the split-K codemod fits, and their sizes at a variant.
 
-Owns: :func:`plan` — the checks that a kernel is a 2D-grid GEMM the codemod of :mod:`xeforge.rewrite.splitk` can
-split, and the facts it needs (program ids, the K loops and their range, the names each loop advances by a
-fixed step, the zero-initialised accumulator, the one output pointer and the dtype the tile is stored in) —
-and :func:`sizes`, the output tile count and K-loop length at a variant, from a static evaluation of
-``forward``. Anything a slice could not start mid-way, an epilogue, or a grid other than one program per
-tile raises :class:`NotApplicable` with the reason.
+Owns: :func:`plan` — the checks that a kernel is a 2D-grid GEMM the codemod of
+:mod:`xeforge.rewrite.device_tuning.splitk` can split, and the facts it needs (program ids, the K loops and their
+range, the names each loop advances by a fixed step, the zero-initialised accumulator, the one output pointer and
+the dtype the tile is stored in) — and :func:`sizes`, the output tile count and K-loop length at a variant, from a
+static evaluation of ``forward``. Anything a slice could not start mid-way, an epilogue, or a grid other than one
+program per tile raises :class:`NotApplicable` with the reason.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from xeforge.rewrite.memory import launch_facts
 from xeforge.rewrite.persistent import is_persistent, launched_programs
 from xeforge.rewrite.tiling import (BlockPtr, KernelAnalysis, NotApplicable, Ptr, _assign_counts, _kw, assigned_names,
                                     is_tl_call)
-from xeforge.rewrite.tiling_grid import (enclosing_function, gemm_kernels, launch_bindings, launch_grid,
+from xeforge.rewrite.tiling.grid import (enclosing_function, gemm_kernels, launch_bindings, launch_grid,
                                          program_id_vars, single_launch)
 
 PARAM = "SPLIT_K"

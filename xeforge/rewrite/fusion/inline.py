@@ -440,7 +440,8 @@ def _launching_call(stmt: cst.BaseStatement, m: _Module) -> tuple[cst.Call, Call
 def _replacement(stmt: cst.SimpleStatementLine, call: cst.Call, inl: _Inlined, fresh) -> list[cst.BaseStatement]:
     s = stmt.body[0] if len(stmt.body) == 1 else None
     stmts, ret = list(inl.stmts), inl.ret
-    if isinstance(s, cst.Assign) and s.value is call and len(s.targets) == 1 and isinstance(s.targets[0].target, cst.Name):
+    if isinstance(s, cst.Assign) and s.value is call and len(s.targets) == 1 \
+            and isinstance(s.targets[0].target, cst.Name):
         t = s.targets[0].target.value
         body_names = set().union(*(names_in(x) for x in stmts)) if stmts else set()
         if isinstance(ret, cst.Name) and ret.value in inl.locals and t not in body_names - {ret.value}:

@@ -1,6 +1,6 @@
 """The row reduction of a kernel's partials and the small torch ops after it become one generated kernel.
 
-Owns :func:`combine_partials`. After the split row reduction (:func:`~xeforge.rewrite.fusion_rewrites.
+Owns :func:`combine_partials`. After the split row reduction (:func:`~xeforge.rewrite.fusion.rewrites.
 fuse_split_row_reduction`) or the GroupNorm's per-group partials, forward reduces a small ``(rows, slots)``
 buffer with a torch call and then runs elementwise torch ops on the ``(rows, 1)`` result — each one a launch of
 its own, a few microseconds apiece, which on kb18 (sum, then max, mean and two logsumexps over a dim of size 1)
@@ -28,9 +28,9 @@ from xeforge.kernel_model import dotted_name
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.context import Ctx, dead_code, fresh_namer, loads
 from xeforge.rewrite.cst_tools import Edits
-from xeforge.rewrite.fusion_common import (SPLIT_IDENTITY, _is_to_dtype, _last_assign, _operand_resolver,
+from xeforge.rewrite.fusion.common import (SPLIT_IDENTITY, _is_to_dtype, _last_assign, _operand_resolver,
                                            _reduction, result_lines, row_reduce_lines, with_generated_kernel)
-from xeforge.rewrite.tl_ops import EpilogueBuilder, Operand, Unsupported
+from xeforge.rewrite.fusion.tl_ops import EpilogueBuilder, Operand, Unsupported
 
 #: partials one program holds (fp32, 4 warps): rows per program = this // the padded slot count
 PROGRAM_ELEMENTS = 4096

@@ -6,7 +6,7 @@ Owns:
   wrote (same tensor, same flat index, same bound) is folded into the producer: its body runs on the
   producer's tile before the producer's one store, the consumer's launch and definition go away.
 - :func:`fuse_forward_ops` — elementwise torch ops after a launch in ``Model.forward`` (the table in
-  :mod:`xeforge.rewrite.tl_ops`) become ``tl`` code in the kernel's epilogue; a trailing ``.to(dtype)`` of
+  :mod:`xeforge.rewrite.fusion.tl_ops`) become ``tl`` code in the kernel's epilogue; a trailing ``.to(dtype)`` of
   the result becomes the output buffer's dtype.
 - :func:`fuse_row_reduction` — a row reduction (sum, mean, max, min, amax, amin, logsumexp over the last
   dim) after a 2D-tiled kernel, with the elementwise ops around it, when one tile can cover the row:
@@ -17,9 +17,9 @@ Owns:
   logsumexp): each tile writes its row partial into a small partials buffer and forward's reduction runs on
   that buffer with the same torch call; the full output is no longer written. An ``avg_pool1d`` over the
   features before it (stride = window, a power of two up to 16) runs inside the tile as a reshape-and-mean.
-- ``group-norm`` (:mod:`xeforge.rewrite.fusion_norm`) — ``F.group_norm`` and the elementwise ops after it as
+- ``group-norm`` (:mod:`xeforge.rewrite.fusion.norm`) — ``F.group_norm`` and the elementwise ops after it as
   one generated kernel.
-- ``combine-partials`` (:mod:`xeforge.rewrite.fusion_combine`) — forward's reduction of a kernel's partials and
+- ``combine-partials`` (:mod:`xeforge.rewrite.fusion.combine`) — forward's reduction of a kernel's partials and
   the small ops after it as one generated kernel (it follows the split or the GroupNorm's partials in a chain).
 - :func:`fuse_all` — one of them followed by any others that then apply (e.g. torch ops fused first make a
   consumer kernel adjacent to its producer).
@@ -43,13 +43,13 @@ from xeforge.rewrite.context import Ctx, dead_code, fresh_namer, loads, pure_stm
 from xeforge.rewrite.cst_tools import (Edits, Substitute, apply_edits, body_statements, code, names_in, rename,
                                        set_call_kwargs, small, statements)
 from xeforge.analysis.launches import live_launches
-from xeforge.rewrite.forward_env import Val
-from xeforge.rewrite.fusion_combine import combine_partials
-from xeforge.rewrite.fusion_common import (SPLIT_IDENTITY, _is_to_dtype, _last_assign, _operand_resolver, _reduction,
+from xeforge.analysis.forward_env import Val
+from xeforge.rewrite.fusion.combine import combine_partials
+from xeforge.rewrite.fusion.common import (SPLIT_IDENTITY, _is_to_dtype, _last_assign, _operand_resolver, _reduction,
                                            row_reduce_lines)
-from xeforge.rewrite.fusion_norm import group_norm_kernel
-from xeforge.rewrite.fusion_tile import TileStore, elementwise_kernel, tile_store
-from xeforge.rewrite.tl_ops import EpilogueBuilder, Unsupported
+from xeforge.rewrite.fusion.norm import group_norm_kernel
+from xeforge.rewrite.fusion.tile import TileStore, elementwise_kernel, tile_store
+from xeforge.rewrite.fusion.tl_ops import EpilogueBuilder, Unsupported
 
 #: widest column tile a fused row reduction keeps in registers (BLOCK_N = next_power_of_2(N) must not exceed it)
 MAX_ROW_TILE = 256
@@ -890,7 +890,8 @@ REWRITES: dict[str, Callable[[str, Any], tuple[str, str]]] = {
 
 def fuse_all(source: str, problem: Any, first: str, limit: int = 8, narrow: bool = False) -> tuple[str, list[str]]:
     """``first``'s rewrite, then any rewrite that applies to the result, until none does. ``narrow``: a GroupNorm
-    on the way reads its input buffer in the module's result dtype where it can (see ``fusion_norm``)."""
+    on the way reads its input buffer in the module's result dtype where it can (see
+    :mod:`xeforge.rewrite.fusion.norm`)."""
     table = {**REWRITES, "group-norm": _group_norm_narrow} if narrow else REWRITES
     new, desc = table[first](source, problem)
     done = [desc]

@@ -1,8 +1,8 @@
 """Split-K codemod (device_tuning): a GEMM whose output has too few tiles for the device sums K in SPLIT_K slices.
 
 Owns: applying the split-K rewrite (:func:`apply`) and the summing kernel it adds; which kernels it fits and
-their sizes at a variant are :mod:`xeforge.rewrite.splitk_plan`'s (re-exported here). A 2D-grid GEMM kernel
-(``pid_m = tl.program_id(0)``, ``pid_n = tl.program_id(1)``, one output tile per program, ``tl.dot``
+their sizes at a variant are :mod:`~xeforge.rewrite.device_tuning.splitk_plan`'s (re-exported here). A
+2D-grid GEMM kernel (``pid_m = tl.program_id(0)``, ``pid_n = tl.program_id(1)``, one output tile per program, ``tl.dot``
 accumulated in a K loop, the accumulator stored as it is or cast) gets a third grid axis
 ``pid_k = tl.program_id(2)``; each program runs the K steps ``[k_lo, k_hi)`` of its tile::
 
@@ -35,9 +35,10 @@ import libcst as cst
 
 from xeforge.kernel_model import parse_kernel
 from xeforge.rewrite.cst_tools import Edits, Parsed, apply_edits, expr, set_call_kwargs, statements, walk
-from xeforge.rewrite.splitk_plan import EPILOGUE, PARAM, SUM_KERNEL, Increment, SplitPlan, find, plan, sizes
+from xeforge.rewrite.device_tuning.splitk_plan import (EPILOGUE, PARAM, SUM_KERNEL, Increment, SplitPlan, find, plan,
+                                                      sizes)
 from xeforge.rewrite.tiling import NotApplicable
-from xeforge.rewrite.tiling_grid import enclosing_function, fresh_name, launch_grid, single_launch
+from xeforge.rewrite.tiling.grid import enclosing_function, fresh_name, launch_grid, single_launch
 
 __all__ = ["EPILOGUE", "PARAM", "SUM_KERNEL", "SplitPlan", "apply", "find", "plan", "sizes"]
 

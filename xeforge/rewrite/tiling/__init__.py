@@ -11,10 +11,10 @@ memory_access, block_io, persistent and device_tuning (swizzle) tactics rewrite:
 4. every ``tl.load``/``tl.store`` as an :class:`Access` with the loops around it.
 
 The grid side (program ids, tile axes, launch bindings, grid expressions) is in
-:mod:`xeforge.rewrite.tiling_grid`. Both only read. The rewrites (:mod:`xeforge.rewrite.blockio`,
-:mod:`xeforge.rewrite.persistent`, :mod:`xeforge.rewrite.tiling_swizzle`, :mod:`xeforge.rewrite.autotune`,
-:mod:`xeforge.rewrite.memory`) build on them; :mod:`xeforge.rewrite.tiling_edit` holds the libcst editing helpers
-they share and :mod:`xeforge.rewrite.tiling_configs` the launch configurations (KB spaces, trial store).
+:mod:`xeforge.rewrite.tiling.grid`. Both only read. The rewrites (:mod:`xeforge.rewrite.blockio`,
+:mod:`xeforge.rewrite.persistent`, :mod:`xeforge.rewrite.device_tuning.swizzle`, :mod:`xeforge.rewrite.autotune`,
+:mod:`xeforge.rewrite.memory`) build on them; :mod:`xeforge.rewrite.tiling.edit` holds the libcst editing helpers
+they share and :mod:`xeforge.rewrite.tiling.configs` the launch configurations (KB spaces, trial store).
 """
 
 from __future__ import annotations

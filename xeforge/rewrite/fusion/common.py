@@ -1,7 +1,7 @@
 """What the fusion rewrites that generate a kernel share: reading ``forward`` and writing the result back.
 
-Owns the pieces :mod:`xeforge.rewrite.fusion_rewrites`, :mod:`xeforge.rewrite.fusion_norm` and
-:mod:`xeforge.rewrite.fusion_combine` all build on: the row reductions fusion knows (:data:`REDUCTIONS`) and the
+Owns the pieces :mod:`xeforge.rewrite.fusion.rewrites`, :mod:`xeforge.rewrite.fusion.norm` and
+:mod:`xeforge.rewrite.fusion.combine` all build on: the row reductions fusion knows (:data:`REDUCTIONS`) and the
 fill of an empty partial slot per reduction (:data:`SPLIT_IDENTITY`); recognising a reduction over the last dim
 (:func:`_reduction`) and a ``.to(dtype)`` (:func:`_is_to_dtype`) in ``forward``; turning a value ``forward`` reads
 into a kernel operand (:func:`_operand_resolver`); the ``tl`` lines of a masked row reduction
@@ -19,9 +19,9 @@ from xeforge.kernel_model import LaunchSite, literal
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.context import Ctx
 from xeforge.rewrite.cst_tools import Edits, apply_edits, statements
-from xeforge.rewrite.forward_env import Val
-from xeforge.rewrite.tiling_edit import add_module_function
-from xeforge.rewrite.tl_ops import Operand, Unsupported, op_key
+from xeforge.analysis.forward_env import Val
+from xeforge.rewrite.tiling.edit import add_module_function
+from xeforge.rewrite.fusion.tl_ops import Operand, Unsupported, op_key
 
 REDUCTIONS = {"sum", "mean", "max", "min", "amax", "amin", "logsumexp"}
 #: reductions whose per-tile partials combine with the same torch op, and the partials' fill for empty slots

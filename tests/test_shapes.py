@@ -1,0 +1,149 @@
+"""Gate 3 over every timed shape (issue 17): the weighted objective, each shape's own margin, the primary first.
+
+Timings are scripted through a stand-in worker, so the real decision code (:func:`xeforge.timing.decide_shapes`
+and :meth:`xeforge.verifier.Verifier.performance`) runs on the CPU; no test here measures anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from tests.conftest import FIXTURES
+from xeforge.problem import Code
+from xeforge.timing import ShapeVerdict, decide, decide_shapes
+
+SPEC = """kind: elementwise
+precision: strict
+inputs:
+  X: {shape: [N], dtype: float32}
+  Y: {shape: [N], dtype: float32}
+ci:
+  - params: [X, Y]
+    dims: {N: 256}
+bench-gpu:
+  - params: [X, Y]
+    dims: {N: 4096}
+    weight: 2
+bench-gpu-1:
+  - params: [X, Y]
+    dims: {N: 64}
+bench-gpu-2:
+  - params: [X, Y]
+    dims: {N: 1000}
+"""
+
+
+def shape(name: str, speedup: float, weight: float = 1.0, margin: float = 0.02) -> ShapeVerdict:
+    inc = [1.0] * 9
+    return ShapeVerdict(name, weight, decide(inc, [1.0 / speedup] * 9, margin, None, 10.0))
+
+
+def test_one_shape_slower_beyond_its_margin_blocks_a_candidate_the_objective_favours():
+    d = decide_shapes([shape("bench-gpu", 1.30, weight=2), shape("bench-gpu-1", 0.95), shape("bench-gpu-2", 1.2)], [])
+    assert d.objective > 1.1 and not d.accepted and d.blocked_by == "bench-gpu-1"
+    assert "bench-gpu-1" in d.summary() and "0.950x" in d.summary()
+
+
+def test_a_shape_within_its_own_margin_does_not_block():
+    d = decide_shapes([shape("bench-gpu", 1.10), shape("bench-gpu-1", 0.99, margin=0.03)], [])
+    assert d.accepted and d.blocked_by is None
+    assert math.isclose(d.objective, math.sqrt(1.10 * 0.99), rel_tol=1e-9)
+
+
+def test_the_objective_must_clear_the_weighted_margin():
+    d = decide_shapes([shape("bench-gpu", 1.03, margin=0.02), shape("bench-gpu-1", 1.0, margin=0.05)], [])
+    assert not d.accepted and d.blocked_by is None and "needed >" in d.summary()
+
+
+def test_one_shape_reads_as_before():
+    one = shape("bench-gpu", 1.5)
+    assert decide_shapes([one], []).summary() == one.decision.summary()
+
+
+def test_weights_must_be_positive(tmp_path):
+    from xeforge.errors import SpecError
+    from xeforge.problem import load_problem
+
+    folder = _problem(tmp_path, SPEC.replace("weight: 2", "weight: 0"))
+    with pytest.raises(SpecError) as exc:
+        load_problem(folder)
+    assert "bench-gpu.weight" in str(exc.value) or "weight" in str(exc.value)
+
+
+# ------------------------------------------------------------------------------------------------ the verifier
+def _problem(tmp_path, spec: str):
+    folder = tmp_path / "p"
+    folder.mkdir()
+    for f in ("kernel.py", "reference.py"):
+        (folder / f).write_text((FIXTURES / "problems" / "vadd" / f).read_text())
+    (folder / "spec.yaml").write_text(spec)
+    return folder
+
+
+@pytest.fixture
+def scripted(tmp_path, monkeypatch):
+    """A GPU verifier whose worker times each slot by a script: ms[(source tag, N)]."""
+    from xeforge import devices, verifier as vmod
+    from xeforge.problem import load_problem
+    from xeforge.settings import Settings
+    from tests.test_timing import _FakeWorker
+
+    script: dict[tuple[str, int], float] = {}
+    timed: list[int] = []
+
+    class Worker(_FakeWorker):
+        sources: dict[str, str] = {}
+
+        def request(self, op, timeout, **kw):
+            if op == "load":
+                Worker.sources[kw["slot"]] = kw["source"].strip()
+                return {}
+            if op == "time":
+                n = kw["plan"][0]["shape"][0]
+                timed.append(n)
+                return {"times_ms": {s: [script[(Worker.sources[s], n)]] * kw["pairs"] for s in kw["slots"]}}
+            return {}
+
+    monkeypatch.setattr(vmod, "Worker", Worker)
+    problem = load_problem(_problem(tmp_path, SPEC))
+    gpu = dataclasses.replace(devices.describe("cpu"), kind="cuda", interpreter=False)
+    v = vmod.Verifier(problem, gpu, Settings(), tmp_path / "work")
+    return v, script, timed
+
+
+def _set(script, inc: dict[int, float], cand: dict[int, float]):
+    for n, ms in inc.items():
+        script[("# inc", n)] = ms
+    for n, ms in cand.items():
+        script[("# cand", n)] = ms
+
+
+def test_gate3_rejects_a_candidate_slower_at_one_shape_and_names_it(scripted):
+    v, script, timed = scripted
+    _set(script, {4096: 1.0, 64: 1.0, 1000: 1.0}, {4096: 0.7, 64: 1.2, 1000: 0.8})
+    res = v.performance(Code("# inc\n", "inc.py"), Code("# cand\n", "cand.py"))
+    assert res.status == "fail" and res.details["blocked_by"] == "bench-gpu-1"
+    assert "bench-gpu-1" in res.summary and "slower" in res.summary
+    assert [s["variant"] for s in res.details["shapes"]] == ["bench-gpu", "bench-gpu-1", "bench-gpu-2"]
+    assert set(timed) == {4096, 64, 1000}
+
+
+def test_gate3_times_the_other_shapes_only_when_the_primary_improves(scripted):
+    v, script, timed = scripted
+    _set(script, {4096: 1.0, 64: 1.0, 1000: 1.0}, {4096: 1.0, 64: 0.5, 1000: 0.5})
+    res = v.performance(Code("# inc\n", "inc.py"), Code("# cand\n", "cand.py"))
+    assert res.status == "fail" and res.details["untimed"] == ["bench-gpu-1", "bench-gpu-2"]
+    assert set(timed) == {4096} and "not timed" in res.summary
+
+
+def test_gate3_accepts_a_candidate_faster_on_the_weighted_objective(scripted):
+    v, script, _ = scripted
+    _set(script, {4096: 1.0, 64: 1.0, 1000: 1.0}, {4096: 0.8, 64: 1.0, 1000: 0.9})
+    res = v.performance(Code("# inc\n", "inc.py"), Code("# cand\n", "cand.py"))
+    assert res.status == "pass", res.summary
+    speedups = {s["variant"]: s["speedup"] for s in res.details["shapes"]}
+    want = math.exp((2 * math.log(1.25) + math.log(1.0) + math.log(1 / 0.9)) / 4)
+    assert math.isclose(res.details["objective"], want, rel_tol=1e-9) and speedups["bench-gpu"] == pytest.approx(1.25)

@@ -1,0 +1,10 @@
+"""The device_tuning stage's structural rewrites (``stages/device_tuning*.py``); its launch-parameter search
+applies configurations through :mod:`xeforge.rewrite.tiling.configs`.
+
+- :mod:`~xeforge.rewrite.device_tuning.swizzle` — GROUP_SIZE_M grouped tile order.
+- :mod:`~xeforge.rewrite.device_tuning.rows` — row batching: ROWS rows per program as a [ROWS, BLOCK] block for a
+  kernel that starts one tiny program per row.
+- :mod:`~xeforge.rewrite.device_tuning.splitk_plan`, :mod:`~xeforge.rewrite.device_tuning.splitk` — split-K: which
+  2D-grid GEMMs (no epilogue) can run SPLIT_K programs per output tile over slices of the K loop, their tile count
+  and K steps at a variant; the codemod with fp32 partial tiles summed in order by a second kernel.
+"""
