@@ -216,6 +216,8 @@ def problem_facts(ctx: Any, kbc: Any) -> dict[str, Any]:
         "variant": variant.name,
         "variant_for": kind,
         "gpu_variant": _gpu_variant(problem, variant),
+        # gate 3 on a GPU times these too (after the first), and adopts nothing that is slower at one of them
+        "also_timed": [v.describe() for v in problem.timed_variants("xpu")[1:]],
         "dims": ", ".join(f"{k}={v}" for k, v in variant.dims.items()),
         "dtype": dtype,
         "inputs": shown_inputs,

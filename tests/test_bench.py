@@ -219,6 +219,9 @@ bench-gpu:
     flop: "{flop}"
     bytes: "{bytes_gpu}"
 """
+# a second timed shape (decode-like) for one problem: the bench times every entry again there
+SHAPE_1 = {"softmax_fake": "R: 16, C: 8192"}
+SHAPE_1_MS = {"softmax_fake": {"start": 0.050, "final": 0.060, "eager": 0.040, "compile": 0.035}}  # final slower
 
 SYNTHETIC = {
     # name: (kind, description, inputs, params, ci dims, gpu dims, flop, bytes formula without the element size)
@@ -280,8 +283,9 @@ class ScriptedVerifier:
         return Verdict(source_hash, gates, correct=True)
 
     def time_entries(self, entries, variant, pairs=None):
-        assert self.device.can_time and variant.name == "bench-gpu"
+        assert self.device.can_time and variant.name in ("bench-gpu", "bench-gpu-1")
         type(self).calls.append((self.problem.name, [(Path(p).name, m) for p, m in entries], pairs))
+        table = BASE_MS if variant.name == "bench-gpu" else SHAPE_1_MS
         out = []
         for path, mode in entries:
             p = Path(path)
@@ -289,7 +293,7 @@ class ScriptedVerifier:
                                           else ("final" if "runs" in p.parts else "start"))
             if key == "compile" and self.problem.name == "compile_breaks_fake":
                 raise WorkerFailure("exception", "BackendCompilerFailed: synthetic inductor failure", "reference.py:1")
-            out.append([BASE_MS[self.problem.name][key] * w for w in WOBBLE[: pairs or 20]])
+            out.append([table[self.problem.name][key] * w for w in WOBBLE[: pairs or 20]])
         return out
 
 
@@ -301,6 +305,9 @@ def _write_synthetic(root: Path) -> tuple[list[Path], Path]:
         spec = SPEC.format(kind=kind, desc=desc, params=params, ci=ci, gpu=gpu, flop=flop,
                            inputs="\n".join(f"  {k}: {{shape: [{', '.join(v)}], dtype: bfloat16}}" for k, v in inputs.items()),
                            bytes_ci=f"4*{nbytes}", bytes_gpu=f"2*{nbytes}")
+        if name in SHAPE_1:
+            spec += (f"bench-gpu-1:\n  - params: [{params}]\n    dtype: bfloat16\n    dims: {{{SHAPE_1[name]}}}\n"
+                     f"    flop: \"{flop}\"\n    bytes: \"2*{nbytes}\"\n")
         (d / "spec.yaml").write_text(spec)
         body = "BROKEN: returns zeros\n" if name == "broken_fake" else "launches its Triton kernel\n"
         (d / "kernel.py").write_text(f"# synthetic starting kernel of {name}: {body}")
@@ -416,6 +423,21 @@ def test_blas_baseline_times_the_gemm_alone_and_ignores_the_problems_weights(tmp
     assert out.shape == (d["M"], d["N"]) and torch.allclose(out, m.a @ m.b)
     assert bench.blas_baseline(load_problem(ROOT / "kernels" / "softmax"), load_problem(ROOT / "kernels" / "softmax")
                                .variant("ci"), tmp_path) is None
+
+
+def test_gpu_bench_times_every_timed_shape_and_says_where_the_port_is_slower(gpu_report):
+    """A problem with a second timed shape is timed again there (no BLAS baseline: it is sized for the primary);
+    the geomeans per shape name, and the summary names a shape where the port result is slower than its start."""
+    rep, calls = gpu_report
+    rows = {r["problem"]: r for r in rep["problems"]}
+    shapes = rows["softmax_fake"]["shapes"]
+    assert [sh["variant"] for sh in shapes] == ["bench-gpu", "bench-gpu-1"] and "shapes" not in rows["gemm_fake"]
+    assert shapes[1]["speedups"]["final_vs_start"]["value"] == pytest.approx(0.050 / 0.060)
+    assert shapes[0]["speedups"]["final_vs_start"]["value"] == pytest.approx(0.90 / 0.30)
+    assert [c for c in calls if c[0] == "softmax_fake"][-1][1] == [("kernel.py", None), ("kernel.py", None),
+                                                                   ("reference.py", None), ("reference.py", "default")]
+    assert rep["geomean_by_shape"]["bench-gpu-1"]["final_vs_start"]["n"] == 1
+    assert "slower than its start at 1 shape(s): softmax_fake at bench-gpu-1 (0.83x)" in rep["summary"]
 
 
 def test_gpu_bench_record_golden(gpu_report):

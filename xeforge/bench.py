@@ -428,6 +428,8 @@ def _bench_problem(path: Path, ctx: BenchContext, row: dict, workdir: Path) -> N
                     e["not_timed"] = "not timed: the CPU interpreter measures nothing (correctness only)"
             return
         _time_row(v, problem, variant, row, ctx)
+        if not opt.variant:
+            _time_shapes(v, problem.timed_variants(device.kind)[1:], row, ctx)
 
 
 _BLAS_MODEL = """\
@@ -498,6 +500,35 @@ def _time_row(v, problem, variant, row: dict, ctx: BenchContext) -> None:
             sp = speedup_of(times[base], times[new])
             sp["flagged_over"] = ctx.settings.speedup_flag if sp["value"] > ctx.settings.speedup_flag else None
             row["speedups"][name] = sp
+
+
+#: the speedups shown per timed shape (the BLAS baseline is sized for the primary shape only)
+SHAPE_SPEEDUPS = ("final_vs_start", "final_vs_eager", "final_vs_compile")
+
+
+def _time_shapes(v, variants: list, row: dict, ctx: BenchContext) -> None:
+    """The entries timed at the primary shape, timed again at each other timed shape (``row["shapes"]``, the
+    primary first): a port must hold at every shape its users run, not only at the one gate 3 decides on first."""
+    entries = row["entries"]
+    keys = [k for k in ("start", "final", "eager", "compile") if entries.get(k, {}).get("timed")]
+    if not variants or "start" not in keys:
+        return
+    same = entries["final"].get("source_hash") == entries["start"].get("source_hash")
+    todo = [(k, Path(entries[k]["path"]), entries[k].get("compile_mode")) for k in keys if not (k == "final" and same)]
+    shapes = [{"variant": row["variant"]["name"], "dims": dict(row["variant"]["dims"]),
+               "times": {k: entries[k]["time"] for k in keys},
+               "speedups": {n: row["speedups"][n] for n in SHAPE_SPEEDUPS if n in row["speedups"]}, "errors": {}}]
+    pairs = ctx.options.pairs or ctx.settings.timed_pairs
+    for var in variants:
+        times, errors = time_entries_robust(v, todo, var, pairs)
+        if same and "start" in times and "final" in keys:
+            times["final"] = times["start"]
+        shapes.append({"variant": var.name, "dims": dict(var.dims),
+                       "times": {k: time_stats(t) for k, t in times.items()},
+                       "speedups": {n: speedup_of(times[SPEEDUPS[n][0]], times[SPEEDUPS[n][1]]) for n in SHAPE_SPEEDUPS
+                                    if SPEEDUPS[n][0] in times and SPEEDUPS[n][1] in times},
+                       "errors": errors})
+    row["shapes"] = shapes
 
 
 def time_entries_robust(v, todo: list[tuple[str, Path, str | None]], variant, pairs: int):
@@ -608,6 +639,16 @@ def finalize(report: dict) -> dict:
         vals = [r["speedups"][name]["value"] for r in rows if name in (r.get("speedups") or {})]
         gm[name] = {"value": geomean(vals), "n": len(vals)}
     report["geomean"] = gm
+    by_shape: dict[str, dict] = {}  # timed-shape name (bench-gpu, bench-gpu-1, ...) -> speedup -> geomean
+    for r in rows:
+        for sh in r.get("shapes") or []:
+            for name, sp in (sh.get("speedups") or {}).items():
+                by_shape.setdefault(sh["variant"], {}).setdefault(name, []).append(sp["value"])
+    report["geomean_by_shape"] = {k: {n: {"value": geomean(v), "n": len(v)} for n, v in d.items()}
+                                  for k, d in sorted(by_shape.items())}
+    slower = [f"{r['problem']} at {sh['variant']} ({sh['speedups']['final_vs_start']['value']:.2f}x)"
+              for r in rows for sh in r.get("shapes") or []
+              if sh.get("speedups", {}).get("final_vs_start", {}).get("value", 1.0) < 1.0]
     ents = [r.get("entries") or {} for r in rows]
     counts = {
         "problems": len(rows),
@@ -639,6 +680,9 @@ def finalize(report: dict) -> dict:
             g = gm[name]
             if g["value"] is not None:
                 parts.append(f"geomean {label} {g['value']:.3f}x (n={g['n']})")
+        if report["geomean_by_shape"]:
+            parts.append(f"port result slower than its start at {len(slower)} shape(s)"
+                         + (f": {', '.join(slower)}" if slower else ""))
         report["summary"] = f"{head}: " + "; ".join(parts)
     else:
         report["summary"] = f"correctness only — {head}: " + "; ".join(parts) + "; nothing timed"

@@ -1,10 +1,11 @@
 """The report plots, drawn headless (matplotlib's Agg canvas, no pyplot, no display) into PNG bytes.
 
-Owns: three figures, each computed from a stored report JSON only (so ``xeforge report`` can redraw them):
+Owns: four figures, each computed from a stored report JSON only (so ``xeforge report`` can redraw them):
 
 - :func:`port_waterfall`: a port's speedup stage by stage (cumulative, log scale) and the end-to-end result;
 - :func:`suite_speedups`: each problem's start and port result against PyTorch eager and torch.compile (log scale);
-- :func:`suite_roofline`: achieved FLOP/s against arithmetic intensity, with the device roofline drawn.
+- :func:`suite_roofline`: achieved FLOP/s against arithmetic intensity, with the device roofline drawn;
+- :func:`suite_shapes`: each problem's port result against its start at every timed shape.
 
 Each returns a :class:`Plot`; when there is nothing to draw (no timings on the CPU interpreter, no roofline for
 the device) ``png`` is None and ``missing`` says why — the reports print that sentence instead of an image.
@@ -237,8 +238,51 @@ def suite_roofline(report: dict[str, Any]) -> Plot:
     return plot
 
 
+def suite_shapes(report: dict[str, Any]) -> Plot:
+    """The port result against its start at every timed shape of each problem that has more than one."""
+    plot = Plot("shapes", "Port result vs start at every timed shape",
+                "Ratio of median times per timed shape (>1: the port result is faster than its start there), log "
+                "scale; one bar per shape (bench-gpu, then bench-gpu-1, ...). Left of the line: slower at that shape.")
+    rows = [r for r in report.get("problems", []) if len(r.get("shapes") or []) > 1]
+    if not report.get("timed"):
+        plot.missing = "nothing was timed: correctness-only run on the CPU interpreter"
+        return plot
+    if not rows:
+        plot.missing = "no problem was timed at more than one shape"
+        return plot
+    names = sorted({sh["variant"] for r in rows for sh in r["shapes"]})
+    fig, why = _figure(8.0, max(3.0, 0.3 * len(rows) * len(names) + 1.5))
+    if fig is None:
+        plot.missing = why
+        return plot
+    ax = fig.add_subplot(1, 1, 1)
+    height = 0.8 / len(names)
+    vals_all = []
+    for i, name in enumerate(names):
+        pos = [(y - 0.4 + (i + 0.5) * height, (sh.get("speedups", {}).get("final_vs_start") or {}).get("value"))
+               for y, r in enumerate(rows) for sh in r["shapes"] if sh["variant"] == name]
+        pos = [(p, v) for p, v in pos if v]
+        vals_all += [v for _, v in pos]
+        if pos:
+            one = len(names) == 1  # one shape name: bars coloured by gain / loss; several: a colour per shape
+            ax.barh([p for p, _ in pos], [v - 1.0 for _, v in pos], height=height * 0.9, left=1.0, label=name,
+                    color=[_COLORS["gain"] if v >= 1.0 else _COLORS["loss"] for _, v in pos] if one else None)
+    ax.axvline(1.0, color=_COLORS["roof"], lw=0.8, ls="--")
+    ax.set_xscale("log")
+    _times_axis(ax.xaxis)
+    lo, hi = min(vals_all + [1.0]), max(vals_all + [1.0])
+    ax.set_xlim(lo / 1.5, hi * 1.5)
+    ax.set_yticks(list(range(len(rows))))
+    ax.set_yticklabels([r["problem"] for r in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("port result / start (log)")
+    ax.legend(fontsize=8, loc="lower right")
+    plot.png = _png(fig)
+    return plot
+
+
 def bench_plots(report: dict[str, Any]) -> list[Plot]:
-    return [suite_speedups(report), suite_roofline(report)]
+    return [suite_speedups(report), suite_roofline(report), suite_shapes(report)]
 
 
 def port_plots(report: dict[str, Any]) -> list[Plot]:

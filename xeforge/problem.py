@@ -74,6 +74,7 @@ class VariantModel(_Strict):
     bytes: Union[str, int, float, None] = None
     rtol: float | None = None
     atol: float | None = None
+    weight: float | None = None  # a timed (bench-*) shape's share of gate 3's objective (default 1)
 
     _dt = field_validator("dtype", mode="before")(_norm_dtype)
 
@@ -113,6 +114,7 @@ class Variant:
     rtol: float | None = None
     atol: float | None = None
     ragged: bool = False  # derived for the ragged-shape check
+    weight: float = 1.0  # a timed shape's weight in gate 3's objective
 
     @property
     def flop(self) -> float | None:
@@ -232,6 +234,15 @@ class Problem:
                 if name in v:
                     return v[name]
         return v.get("ci") or next(iter(v.values()))
+
+    def timed_variants(self, device_kind: str) -> list[Variant]:
+        """The shapes gate 3 times, the primary (:meth:`timing_variant`) first: every ``bench-*`` variant on a GPU,
+        ``ci`` alone on the interpreter."""
+        primary = self.timing_variant(device_kind)
+        if device_kind == "cpu":
+            return [primary]
+        rest = sorted(n for n in self.spec.variants if n.startswith("bench-") and n != primary.name)
+        return [primary, *(self.spec.variants[n] for n in rest)]
 
     def init_args(self, variant: Variant) -> list[Any]:
         out = []
@@ -563,8 +574,12 @@ class _SpecReader:
             val = getattr(vm, tol)
             if val is not None and not (0 <= val < 1):
                 raise self.fail(key0 + (tol,), f"{tol} = {val} is outside [0, 1)", f"use e.g. {tol}: 1.0e-4")
+        if vm.weight is not None and not (vm.weight > 0 and math.isfinite(vm.weight)):
+            raise self.fail(key0 + ("weight",), f"weight = {vm.weight} is not a positive number",
+                            "use e.g. weight: 2 (this shape counts twice in gate 3's objective), or leave it out (1)")
         return Variant(vname, params, vm.dtype, dims, None if vm.flop is None else str(vm.flop),
-                       None if vm.bytes is None else str(vm.bytes), vm.rtol, vm.atol)
+                       None if vm.bytes is None else str(vm.bytes), vm.rtol, vm.atol,
+                       weight=1.0 if vm.weight is None else float(vm.weight))
 
 
 def _explain_pydantic(err: dict) -> str:

@@ -153,6 +153,9 @@ _SPEEDUP_LABELS = {"final_vs_start": "port result vs start", "final_vs_eager": "
                    "final_vs_blas": "port result vs the vendor BLAS doing the GEMM alone"}
 
 
+_SHAPE_SPEEDUPS = ("final_vs_start", "final_vs_eager", "final_vs_compile")
+
+
 def bench_view(report: dict[str, Any]) -> dict[str, Any]:
     """Everything the bench templates print, preformatted."""
     timed = bool(report.get("timed"))
@@ -178,6 +181,12 @@ def bench_view(report: dict[str, Any]) -> dict[str, Any]:
                           "spread": f"{num(v.get('ratio_q1'), 3)}–{num(v.get('ratio_q3'), 3)}",
                           "pairs": v.get("pairs"), "flagged": bool(v.get("flagged_over"))}
                          for k, v in sp.items()],
+            "shapes": [{"variant": sh["variant"],
+                        "dims": ", ".join(f"{k}={v}" for k, v in (sh.get("dims") or {}).items()),
+                        "final_ms": num((sh.get("times", {}).get("final") or {}).get("median_ms")),
+                        **{k: speedup_text((sh.get("speedups") or {}).get(k)) for k in _SHAPE_SPEEDUPS},
+                        "errors": "; ".join(f"{k}: {m}" for k, m in (sh.get("errors") or {}).items())}
+                       for sh in r.get("shapes") or []],
             "port_run": r.get("port_run"), "notes": r.get("notes") or [], "elapsed": r.get("elapsed_s"),
             "measured_by": _measured_by(report, r),
             "worker": r.get("worker"),
@@ -208,6 +217,10 @@ def bench_view(report: dict[str, Any]) -> dict[str, Any]:
                               if k in settings),
         "geomeans": [{"label": _SPEEDUP_LABELS[k], "value": f"{g['value']:.3f}x" if g.get("value") else DASH,
                       "n": g.get("n", 0)} for k, g in gm.items() if k in _SPEEDUP_LABELS],
+        "shape_geomeans": [{"variant": name, **{k: f"{g[k]['value']:.3f}x" if g.get(k, {}).get("value") else DASH
+                                                 for k in _SHAPE_SPEEDUPS},
+                            "n": max((g[k]["n"] for k in g), default=0)}
+                           for name, g in (report.get("geomean_by_shape") or {}).items()],
         "problems": problems,
         "issues": _issues(report),
         "table_md": bench_table_markdown(report),

@@ -1,8 +1,10 @@
 """Gate 3's statistics: medians, IQRs, the A/A noise margin, the speedup decision and roofline plausibility.
 
-Owns: turning the interleaved per-call times the worker measured into a decision, and sizing the GPU-side
-delay that hides host launch overhead (:func:`delay_flushes`). The measurement itself (events, full sync, L2
-flush, rotated buffers, A B A B order) happens in :mod:`xeforge.worker`.
+Owns: turning the interleaved per-call times the worker measured into a decision — at one shape
+(:func:`decide`) and over every timed shape (:func:`decide_shapes`: a weighted objective, no shape slower than its
+own A/A margin allows) — and sizing the GPU-side delay that hides host launch overhead (:func:`delay_flushes`).
+The measurement itself (events, full sync, L2 flush, rotated buffers, A B A B order) happens in
+:mod:`xeforge.worker`.
 """
 
 from __future__ import annotations
@@ -104,6 +106,72 @@ def decide(inc: list[float], cand: list[float], margin: float, floor_s: float | 
                        "(flop/peak, bytes/bandwidth): a measurement or correctness bug")
     accepted = implausible is None and speedup > 1.0 + margin
     return Decision(speedup, margin, accepted, si, sc, implausible, speedup > flag_above)
+
+
+@dataclass
+class ShapeVerdict:
+    """Gate 3 at one timed shape: its weight in the objective and the incumbent-vs-candidate decision (with the
+    shape's own A/A margin)."""
+
+    variant: str
+    weight: float
+    decision: Decision
+
+    def as_dict(self) -> dict:
+        d = self.decision
+        return {"variant": self.variant, "weight": self.weight, "speedup": d.speedup, "margin": d.margin,
+                "incumbent": d.incumbent.as_dict(), "candidate": d.candidate.as_dict(), "implausible": d.implausible}
+
+
+@dataclass
+class ShapesDecision:
+    """Gate 3 over every timed shape: adopted only when the weighted objective (geometric mean of the speedups)
+    clears the weighted margin and no shape is slower than 1 minus its own margin."""
+
+    shapes: list[ShapeVerdict]
+    untimed: list[str]  # shapes not timed: the primary did not improve, so the rest were not worth the time
+    objective: float
+    margin: float
+    accepted: bool
+    blocked_by: str | None  # the shape slower beyond its margin (the worst of them)
+    implausible: str | None
+
+    def summary(self) -> str:
+        first = self.shapes[0].decision
+        if len(self.shapes) == 1:
+            text = first.summary()
+            if self.untimed:
+                text += (f"; not timed at {', '.join(self.untimed)} (the primary shape {self.shapes[0].variant} "
+                         "did not improve)")
+            return text
+        per = ", ".join(f"{s.variant} {s.decision.speedup:.3f}x" for s in self.shapes)
+        if self.blocked_by is not None:
+            worst = next(s for s in self.shapes if s.variant == self.blocked_by)
+            return (f"not adopted: slower at {self.blocked_by}: {worst.decision.speedup:.3f}x, beyond its margin "
+                    f"(needed >= {1 - worst.decision.margin:.3f}x at every shape); per shape: {per}")
+        verdict = "faster" if self.accepted else "not faster beyond the noise margin"
+        return (f"{verdict}: objective {self.objective:.3f}x over {len(self.shapes)} shapes (weighted geometric mean; "
+                f"{per}); needed > {1 + self.margin:.3f}x, no shape below its margin")
+
+
+def decide_shapes(shapes: list[ShapeVerdict], untimed: list[str]) -> ShapesDecision:
+    """The decision over ``shapes`` (the primary first); ``untimed``: the shapes left out after the primary."""
+    weights = [s.weight for s in shapes]
+    total = sum(weights)
+    objective = math.exp(sum(w * math.log(s.decision.speedup) for w, s in zip(weights, shapes)
+                             if 0 < s.decision.speedup < float("inf")) / total) if total else 1.0
+    if any(s.decision.speedup == float("inf") for s in shapes):
+        objective = float("inf")
+    margin = sum(w * s.decision.margin for w, s in zip(weights, shapes)) / total if total else 0.0
+    implausible = next((f"{s.variant}: {s.decision.implausible}" if len(shapes) > 1 else s.decision.implausible
+                        for s in shapes if s.decision.implausible), None)
+    slower = [s for s in shapes if s.decision.speedup < 1.0 - s.decision.margin]
+    blocked = min(slower, key=lambda s: s.decision.speedup).variant if slower else None
+    if len(shapes) == 1:  # one timed shape (or the primary did not improve): its own decision, as before
+        accepted = shapes[0].decision.accepted
+    else:
+        accepted = implausible is None and blocked is None and objective > 1.0 + margin
+    return ShapesDecision(shapes, list(untimed), objective, margin, accepted, blocked, implausible)
 
 
 def roofline_floor(flop: float | None, nbytes: float | None, peak_flops: float | None, bw: float | None) -> float | None:

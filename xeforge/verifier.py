@@ -34,7 +34,7 @@ from xeforge.problem import (DISTRIBUTIONS, Code, Problem, Variant, default_tole
                              source_hash)
 from xeforge.settings import Settings
 from xeforge.static_checks import ConstraintHook, StaticChecker
-from xeforge.timing import decide, noise_margin, paired_ratios, roofline_floor
+from xeforge.timing import ShapeVerdict, decide, decide_shapes, noise_margin, paired_ratios, roofline_floor
 from xeforge.kernel_model import parse_kernel
 
 GATES = ("0-isolation", "1-static", "2-correctness", "3-performance")
@@ -143,7 +143,7 @@ class Verifier:
         self._slot_names: dict[tuple, str] = {}  # the same keys -> the slot name the source was loaded under
         self._first: set[tuple] = set()  # slots whose first call (which compiles) has not run yet
         self._refs: dict[str, tuple[int, Path | None, list[str] | None]] = {}  # variant -> (generation, weights, dtypes)
-        self._margins: dict[str, tuple[float, dict]] = {}
+        self._margins: dict[tuple[str, str], tuple[float, dict]] = {}  # (incumbent, shape) -> A/A margin
         self._weight_order: dict[str, list[str]] = {}  # variant -> the reference's parameter names, in order
         self._start_traces: dict[str, Any] = {}  # variant -> the starting kernel's traced call (run-time checks)
         self.runtime_notes: list[str] = []  # where the run-time checks could not be made
@@ -554,25 +554,41 @@ class Verifier:
 
     # ------------------------------------------------------------------------------------------ gate 3
     def performance(self, inc: Path | Code, cand: Path | Code) -> GateResult:
+        """Gate 3 over every timed shape: the primary first, the others only when the candidate beat the incumbent
+        there (one port stays bounded); each shape with its own A/A margin (:func:`xeforge.timing.decide_shapes`)."""
         if not self.device.can_time:
             return GateResult(GATES[3], "skipped", "not timed: the CPU interpreter measures nothing about GPU speed "
                               "(correctness only)", {"reason": "interpreter"})
         inc, cand = self.code(inc), self.code(cand)
-        variant = self.problem.timing_variant(self.device.kind)
-        try:
-            margin, aa = self.margin_for(inc, variant)
-            times = self._time([inc, cand], variant)
-        except WorkerFailure as exc:
-            return GateResult(GATES[3], "fail", f"timing failed: {exc}", {"phase": "isolation", "kind": exc.kind})
-        inc_t, cand_t = times
-        floor = self._floor(variant)
-        d = decide(inc_t, cand_t, margin, floor, self.settings.speedup_flag)
-        details = {"variant": variant.name, "speedup": d.speedup, "margin": margin, "incumbent": d.incumbent.as_dict(),
-                   "candidate": d.candidate.as_dict(), "aa": aa, "floor_ms": None if floor is None else floor * 1e3,
-                   "flagged_over_10x": d.flagged, "method": self._method(), "launch_delay": dict(self.last_timing)}
-        if d.implausible:
-            return GateResult(GATES[3], "fail", d.implausible, details)
-        return GateResult(GATES[3], "pass" if d.accepted else "fail", d.summary(), details)
+        variants = self.problem.timed_variants(self.device.kind)
+        shapes: list[ShapeVerdict] = []
+        extra: dict[str, Any] = {}
+        untimed: list[str] = []
+        for i, variant in enumerate(variants):
+            try:
+                margin, aa = self.margin_for(inc, variant)
+                inc_t, cand_t = self._time([inc, cand], variant)
+            except WorkerFailure as exc:
+                return GateResult(GATES[3], "fail", f"timing failed at {variant.name}: {exc}",
+                                  {"phase": "isolation", "kind": exc.kind, "variant": variant.name})
+            floor = self._floor(variant)
+            d = decide(inc_t, cand_t, margin, floor, self.settings.speedup_flag)
+            shapes.append(ShapeVerdict(variant.name, variant.weight, d))
+            if i == 0:
+                extra = {"aa": aa, "floor_ms": None if floor is None else floor * 1e3, "flagged_over_10x": d.flagged,
+                         "launch_delay": dict(self.last_timing)}
+                if not d.accepted:
+                    untimed = [v.name for v in variants[1:]]
+                    break
+        sd = decide_shapes(shapes, untimed)
+        first = shapes[0].decision
+        details = {"variant": shapes[0].variant, "speedup": sd.objective if len(shapes) > 1 else first.speedup,
+                   "margin": sd.margin, "incumbent": first.incumbent.as_dict(), "candidate": first.candidate.as_dict(),
+                   **extra, "method": self._method(), "shapes": [s.as_dict() for s in shapes],
+                   "objective": sd.objective, "blocked_by": sd.blocked_by, "untimed": sd.untimed}
+        if sd.implausible:
+            return GateResult(GATES[3], "fail", sd.implausible, details)
+        return GateResult(GATES[3], "pass" if sd.accepted else "fail", sd.summary(), details)
 
     def _method(self) -> str:
         return (f"{self.device.kind} events, full sync, L2 flush (2x L2) repeated to cover the host's launch overhead, "
@@ -580,16 +596,17 @@ class Verifier:
                 f"{self.settings.warmup_calls} warm-ups; median and IQR")
 
     def margin_for(self, inc: Path | Code, variant: Variant) -> tuple[float, dict]:
-        """The A/A noise margin of the incumbent against itself (cached per incumbent source)."""
+        """The A/A noise margin of the incumbent against itself at ``variant`` (cached per incumbent and shape)."""
         inc = self.code(inc)
-        if inc.hash not in self._margins:
+        key = (inc.hash, variant.name)
+        if key not in self._margins:
             a, b = self._time([inc, inc], variant)
             ratios = paired_ratios(a, b)
             margin = noise_margin(a, b, self.settings.min_noise_margin)
             d = decide(a, b, 0.0, None, self.settings.speedup_flag)
-            self._margins[inc.hash] = (margin, {"aa_speedup": d.speedup,
-                                                "aa_ratios_median": sorted(ratios)[len(ratios) // 2], "margin": margin})
-        return self._margins[inc.hash]
+            self._margins[key] = (margin, {"aa_speedup": d.speedup,
+                                           "aa_ratios_median": sorted(ratios)[len(ratios) // 2], "margin": margin})
+        return self._margins[key]
 
     def aa_test(self, path: Path | Code) -> dict:
         """Time a kernel against itself; the result must never count as a win."""
@@ -654,15 +671,15 @@ class Verifier:
     def prewarm(self, sources: list[str], jobs: int | None = None) -> int:
         """Compile candidates in parallel on the host before the cascade runs them one by one.
 
-        Each source runs once on the timing variant and once on every correctness variant (each shape is its own
+        Each source runs once on every timed variant and once on every correctness variant (each shape is its own
         specialization, so its own compile) in a throw-away worker; Triton's on-disk cache then makes the
         verifier's own first calls fast. Failures are ignored here: the cascade reports them. Interpreter: no-op.
         """
 
         if self.device.interpreter or not sources:
             return 0
-        timing = self.problem.timing_variant(self.device.kind)
-        variants = [timing] + [v for v, _ in self.correctness_variants() if v.name != timing.name]
+        timed = self.problem.timed_variants(self.device.kind)
+        variants = timed + [v for v, _ in self.correctness_variants() if v.name not in {t.name for t in timed}]
         jobs = jobs or max(1, min(len(sources), (os.cpu_count() or 2) // 2, 8))
         setups = [(v, self._weights_file(v), [tp.wire() for tp in plan_inputs(self.problem, v)]) for v in variants]
 

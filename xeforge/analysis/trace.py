@@ -290,12 +290,14 @@ def register_impls(module: Any, source: str, filename: str) -> None:
             continue
         quals = [d.args[0].value for d in node.decorator_list
                  if isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute) and d.func.attr == "impl" and d.args
-                 and isinstance(d.args[0], ast.Constant) and isinstance(d.args[0].value, str) and "::" in d.args[0].value]
+                 and isinstance(d.args[0], ast.Constant) and isinstance(d.args[0].value, str)
+                 and "::" in d.args[0].value]
         if not quals:
             continue
         plain = ast.Module(body=[ast.FunctionDef(**{**node.__dict__, "decorator_list": []})], type_ignores=[])
         local: dict[str, Any] = {}
-        exec(compile(plain, filename, "exec"), module.__dict__, local)  # noqa: S102 — the worker's own load of the file
+        # the same definition the worker has just run with the whole file, compiled again without its decorators
+        exec(compile(plain, filename, "exec"), module.__dict__, local)  # noqa: S102
         for q in quals:
             PYTHON_IMPLS[q] = local[node.name]
 
