@@ -102,15 +102,18 @@ def names_in(node: cst.CSTNode) -> set[str]:
 
 
 class Renamer(cst.CSTTransformer):
-    """Rename plain names; attribute names, call keywords and parameters keep their spelling."""
+    """Rename plain names (a ``str`` in the mapping) or replace them by an expression (a node); attribute names,
+    call keywords, parameters, definition names and import names keep their spelling."""
 
-    def __init__(self, mapping: dict[str, str]) -> None:
+    def __init__(self, mapping: dict[str, str | cst.BaseExpression]) -> None:
         super().__init__()
         self.mapping = mapping
 
-    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.Name:
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
         new = self.mapping.get(updated.value)
-        return updated.with_changes(value=new) if new else updated
+        if not new:
+            return updated
+        return updated.with_changes(value=new) if isinstance(new, str) else new
 
     def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.Attribute:
         return updated.with_changes(attr=original.attr)
@@ -121,8 +124,14 @@ class Renamer(cst.CSTTransformer):
     def leave_Param(self, original: cst.Param, updated: cst.Param) -> cst.Param:
         return updated.with_changes(name=original.name)
 
+    def leave_ImportAlias(self, original: cst.ImportAlias, updated: cst.ImportAlias) -> cst.ImportAlias:
+        return original
 
-def rename(node: cst.CSTNode, mapping: dict[str, str]) -> cst.CSTNode:
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        return updated.with_changes(name=original.name)
+
+
+def rename(node: cst.CSTNode, mapping: dict[str, str | cst.BaseExpression]) -> cst.CSTNode:
     return node.visit(Renamer(mapping)) if mapping else node
 
 
@@ -186,13 +195,15 @@ def small(stmt: cst.CSTNode) -> cst.BaseSmallStatement | None:
     return None
 
 
-def walk(node: cst.CSTNode) -> Iterable[cst.CSTNode]:
-    """Every node under ``node`` (pre-order)."""
+def walk(node: cst.CSTNode, skip: tuple[type, ...] = ()) -> Iterable[cst.CSTNode]:
+    """``node`` and every node under it (pre-order); a node of a ``skip`` type (``node`` itself too) is yielded,
+    not entered (nested definitions keep their own returns and names)."""
     stack = [node]
     while stack:
         n = stack.pop()
         yield n
-        stack.extend(reversed(list(n.children)))
+        if not isinstance(n, skip):
+            stack.extend(reversed(list(n.children)))
 
 
 # ------------------------------------------------------------------------------------------------ edits

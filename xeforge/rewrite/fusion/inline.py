@@ -32,12 +32,13 @@ import libcst as cst
 
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.context import fresh_namer
-from xeforge.rewrite.cst_tools import Parsed, code, dotted, names_in
+from xeforge.rewrite.cst_tools import Parsed, code, dotted, names_in, rename, walk
 
 #: calls inlined into one forward at most (a chain of wrappers is one call per level)
 MAX_INLINES = 8
 _TRANSPARENT = {"staticmethod", "classmethod"}
 _OP_DECORATORS = ("custom_op", "triton_op", "impl")
+_NESTED = (cst.FunctionDef, cst.ClassDef, cst.Lambda)  # their returns, yields and names are their own
 _UNSAFE_CONTEXTS = (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.BooleanOperation,
                     cst.IfExp)
 
@@ -148,7 +149,7 @@ class _Module:
         if id(fn) in seen:
             return False
         seen = seen | {id(fn)}
-        for n in _walk(fn.body):
+        for n in walk(fn.body, skip=(cst.FunctionDef, cst.ClassDef)):
             if isinstance(n, cst.Call):
                 if isinstance(n.func, cst.Subscript) and dotted(n.func.value) in self.jit:
                     return True
@@ -181,7 +182,7 @@ def _init_attrs(c: cst.ClassDef, classes: dict) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in c.body.body:
         if isinstance(item, cst.FunctionDef) and item.name.value == "__init__":
-            for n in _walk(item.body):
+            for n in walk(item.body, skip=(cst.FunctionDef, cst.ClassDef)):
                 if isinstance(n, cst.Assign) and len(n.targets) == 1 and isinstance(n.value, cst.Call):
                     t = n.targets[0].target
                     cls = dotted(n.value.func)
@@ -191,47 +192,7 @@ def _init_attrs(c: cst.ClassDef, classes: dict) -> dict[str, str]:
     return out
 
 
-def _walk(node: cst.CSTNode, skip=(cst.FunctionDef, cst.ClassDef)):
-    """Every node under ``node``, not descending into nested definitions."""
-    stack = list(node.children)
-    while stack:
-        n = stack.pop()
-        yield n
-        if not isinstance(n, skip):
-            stack.extend(reversed(list(n.children)))
-
-
 # ------------------------------------------------------------------------------------------------ substitution
-class _Names(cst.CSTTransformer):
-    """Replace plain names by expressions; attribute names, keywords and parameters keep their spelling."""
-
-    def __init__(self, mapping: dict[str, cst.BaseExpression]) -> None:
-        super().__init__()
-        self.mapping = mapping
-
-    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
-        return self.mapping.get(updated.value, updated)
-
-    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.Attribute:
-        return updated.with_changes(attr=original.attr)
-
-    def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
-        return updated.with_changes(keyword=original.keyword)
-
-    def leave_Param(self, original: cst.Param, updated: cst.Param) -> cst.Param:
-        return updated.with_changes(name=original.name)
-
-    def leave_ImportAlias(self, original, updated):
-        return original
-
-    def leave_FunctionDef(self, original, updated):
-        return updated.with_changes(name=original.name)
-
-
-def _sub(node, mapping: dict[str, cst.BaseExpression]):
-    return node.visit(_Names(mapping)) if mapping else node
-
-
 def _simple(e: cst.BaseExpression) -> bool:
     """A plain name, an attribute chain of names, or a number / string / None / True / False."""
     if dotted(e) is not None:
@@ -320,7 +281,7 @@ def _inline(callee: Callee, call: cst.Call, m: _Module, taken: set[str], fwd_bou
     body = list(fn.body.body) if isinstance(fn.body, cst.IndentedBlock) else []
     if body and _docstring(body[0]):
         body = body[1:]
-    for n in _walk(fn.body, skip=(cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+    for n in walk(fn.body, skip=_NESTED):
         if isinstance(n, (cst.Yield, cst.Global, cst.Nonlocal)):
             raise NotApplicable(f"{fname} (line {m.line(n)}) uses {type(n).__name__.lower()}")
     if callee.ctx_param:
@@ -329,7 +290,7 @@ def _inline(callee: Callee, call: cst.Call, m: _Module, taken: set[str], fwd_bou
         for s in body:
             if ctx in names_in(s):
                 raise NotApplicable(f"{fname} uses {ctx} (line {m.line(s)}) beyond saving for backward")
-    returns = [n for s in body for n in [s, *_walk(s, skip=(cst.FunctionDef, cst.ClassDef, cst.Lambda))]
+    returns = [n for s in body for n in walk(s, skip=_NESTED)
                if isinstance(n, cst.Return)]
     last = body[-1] if body else None
     ret_stmt = last.body[0] if isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1 \
@@ -369,8 +330,8 @@ def _inline(callee: Callee, call: cst.Call, m: _Module, taken: set[str], fwd_bou
         if new != p:
             renames[p] = cst.Name(new)
         prologue.append(cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(new))], arg)]))
-    stmts = [*prologue, *(_sub(s, renames) for s in body)]
-    ret = _sub(ret, renames) if ret is not None else None
+    stmts = [*prologue, *(rename(s, renames) for s in body)]
+    ret = rename(ret, renames) if ret is not None else None
     dropped = [dotted(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator) or code(d.decorator)
                for d in fn.decorators]
     dropped = [d for d in dropped if d not in _TRANSPARENT and not d.endswith(_OP_DECORATORS)]
@@ -446,7 +407,7 @@ def _replacement(stmt: cst.SimpleStatementLine, call: cst.Call, inl: _Inlined, f
         body_names = set().union(*(names_in(x) for x in stmts)) if stmts else set()
         if isinstance(ret, cst.Name) and ret.value in inl.locals and t not in body_names - {ret.value}:
             # the callee's result variable takes the target's name: y = torch.empty(...) ... launch(..., y, ...)
-            return [_sub(x, {ret.value: cst.Name(t)}) for x in stmts]
+            return [rename(x, {ret.value: t}) for x in stmts]
         value = ret if ret is not None else cst.Name("None")
         return [*stmts, stmt.with_changes(body=[s.with_changes(value=value)])]
     if isinstance(s, cst.Expr) and s.value is call:
@@ -591,7 +552,7 @@ def _attr_read(node: cst.CSTNode, attr: str, skip: tuple[str, str]) -> bool:
     if isinstance(node, cst.ClassDef) and node.name.value == cls:
         return any(_attr_read(x, attr, skip) for x in node.body.body
                    if not (isinstance(x, cst.FunctionDef) and x.name.value == meth))
-    return any(isinstance(n, cst.Attribute) and n.attr.value == attr for n in [node, *_walk(node, skip=())])
+    return any(isinstance(n, cst.Attribute) and n.attr.value == attr for n in walk(node))
 
 
 def into_forward(source: str) -> tuple[str, list[str]] | None:
