@@ -42,8 +42,8 @@ verify: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow" $(ARGS)
 
-# the tests marked slow: the style corpus's chained ports and its starts that need their own verifier (~6 min on
-# 2 cores); CI runs them after `make test`
+# the tests marked slow: the style corpus's chained ports, its starts that need their own verifier, and the few
+# single tests over 20 s (about 9.5 min on 2 cores); CI runs them after `make test`
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m slow $(ARGS)
 

@@ -9,10 +9,13 @@ Map of the package, and what each module owns:
 3. :mod:`cover_agent.feedback`   verdict -> the words the model reads; attempts, ranking, trimming.
 4. :mod:`cover_agent.extract`    lenient extraction of the kernel file from an answer, strict validation.
 5. :mod:`cover_agent.signatures` the DSPy signatures: analysis, optimization, algorithmic, discovery.
-6. :mod:`cover_agent.client`     one model call: dspy.LM, timeout, retries with backoff, budget, usage.
-7. :mod:`cover_agent.engine`     :class:`~cover_agent.engine.LLMEngine` — the CoVeR loop behind
+6. :mod:`cover_agent.client`     one model call: dspy.LM on one route (DSPy's own client or LiteLLM), timeout,
+                                 retries with backoff, budget, usage; one meaning per failure on every route.
+7. :mod:`cover_agent.probe`      before the first call: the server's model list (URL, missing /v1, unknown model).
+                                 No dspy import.
+8. :mod:`cover_agent.engine`     :class:`~cover_agent.engine.LLMEngine` — the CoVeR loop behind
                                  ``run_stage(stage, ctx, evaluate, choose)``, and its records in the run folder.
-8. :mod:`cover_agent.scripted`   a scripted model (a dspy engine) for tests and demos without a network.
+9. :mod:`cover_agent.scripted`   a scripted model (a dspy engine) for tests and demos without a network.
 
 Only the verifier accepts: the engine proposes, ``evaluate`` verifies, ``choose`` adopts.
 """
@@ -27,7 +30,7 @@ from xeforge.errors import EngineError
 def make_llm_engine(options: Any) -> Any:
     """The llm engine for one run. ``options``: :class:`xeforge.pipeline.PortOptions` (``.llm`` is the
     :class:`~cover_agent.config.LMConfig`). Raises :class:`xeforge.errors.EngineError` when no model is
-    configured, a hosted model has no key, or dspy is missing."""
+    configured, a hosted model has no key, the server at the base URL fails the probe, or dspy is missing."""
     try:
         # lazy: cover_agent.engine imports dspy and litellm (the optional [llm] extra, seconds to import); the
         # package itself stays dspy-free so the engine registry can import it at module level

@@ -1,20 +1,26 @@
-"""One call to the model: build the ``dspy.LM``, run a signature, bound it in time, retry, count, record.
+"""One call to the model: build the ``dspy.LM``, run a signature, retry, count, record.
 
 Owns: :func:`build_lm` (a ``dspy.LM`` from an :class:`~cover_agent.config.LMConfig`: LiteLLM model string,
-base URL, key, temperature, output tokens, timeout; DSPy's own cache and retries off, because this module
-retries and every answer must be fresh), :class:`LMClient` (per-call timeout on a guard thread, retries with
-exponential backoff on rate limits, timeouts, server and network errors — honouring ``retry_after`` —, the
-per-run budget in calls, tokens and dollars, and a :class:`CallRecord` per attempt with the messages sent,
-the answer, token counts and cost), and the failures the engine reacts to: :class:`ModelUnavailable`,
-:class:`BudgetExhausted`, :class:`ContextOverflow`. A model answer that does not follow the signature's field
-format is not a failure here: it comes back with ``parse_error`` set and its raw text, for lenient extraction.
+base URL, key, temperature, output tokens, timeout, and the one route every call takes —
+``engine="lm15"``, DSPy's own HTTP client, or ``engine="litellm"``, chosen by ``LMConfig.client_route`` and
+shown by ``xeforge env``; DSPy's cache and retries off, because this module retries and every answer must be
+fresh), :class:`LMClient` (the client started before its first call — LiteLLM's import is seconds —, retries
+with exponential backoff on rate limits, timeouts, server and network errors — honouring ``retry_after`` —,
+the per-run budget in calls, tokens and dollars, and a :class:`CallRecord` per attempt with the messages sent,
+the answer, token counts and cost), :func:`classify` (one meaning per failure on either route: a read timeout
+is a timeout however the route spells it; a context-length 400 is an overflow in vLLM's, OpenAI's or
+llama.cpp's words), and the failures the engine reacts to: :class:`ModelUnavailable`, :class:`BudgetExhausted`,
+:class:`ContextOverflow`. The per-call timeout is the HTTP client's own (``XEFORGE_LLM_TIMEOUT``): a call that
+overruns it is closed, so the server sees the request cancelled. A model answer that does not follow the
+signature's field format is not a failure here: it comes back with ``parse_error`` set and its raw text, for
+lenient extraction.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
@@ -33,15 +39,13 @@ from cover_agent.prompts import CHARS_PER_TOKEN  # noqa: E402
 from cover_agent.signatures import SIGNATURES  # noqa: E402
 
 
-#: extra seconds the guard thread waits beyond XEFORGE_LLM_TIMEOUT before abandoning a call
-GUARD_GRACE_S = 5.0
-
 
 class ModelUnavailable(Exception):
     """The model did not answer (after retries): unreachable, refused, timed out, or failed."""
 
     def __init__(self, kind: str, message: str) -> None:
-        self.kind = kind  # transport | timeout | rate-limit | server | auth | billing | model | request | unexpected
+        # transport | timeout | rate-limit | server | auth | billing | model | not-found | request | unexpected
+        self.kind = kind
         self.message = message
         super().__init__(f"{kind}: {message}")
 
@@ -52,10 +56,6 @@ class BudgetExhausted(Exception):
 
 class ContextOverflow(Exception):
     """The provider says the prompt does not fit the model's context window."""
-
-
-class CallTimeout(Exception):
-    pass
 
 
 @dataclass
@@ -137,49 +137,80 @@ def build_lm(config: LMConfig) -> Any:
     key = config.key_for_client()
     if key:
         kwargs["api_key"] = key
-    return dspy.LM(config.model, **kwargs)
+    engine = {"dspy": "lm15", "litellm": "litellm"}[config.client_route]
+    return dspy.LM(config.model, engine=engine, **kwargs)
+
+
+#: how providers say "the prompt does not fit": vLLM and OpenAI ("maximum context length"), llama.cpp ("exceeds
+#: the available context size", exceed_context_size_error), Anthropic ("prompt is too long"), others
+_OVERFLOW = re.compile(r"maximum context length|context[ _-]length|context window|exceeds? the available context"
+                       r"|exceed_context_size|prompt is too long|input is too long|too many input tokens"
+                       r"|reduce the length of the (?:messages|prompt|input)", re.IGNORECASE)
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    cur: BaseException | None = exc
+    while cur is not None and cur not in out:
+        out.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return out
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """A read or write timeout anywhere below ``exc`` (DSPy's own client reports one as a transport error);
+    a connection that could not be opened in time is a transport failure, not this."""
+    chain = _chain(exc)
+    if any(type(e).__name__ in ("ConnectError", "ConnectTimeout") for e in chain):
+        return False
+    return isinstance(exc, LMTimeoutError) or any(isinstance(e, TimeoutError) for e in chain[1:])
+
+
+def _overflowed(exc: BaseException) -> bool:
+    if isinstance(exc, ContextWindowExceededError):
+        return True
+    status = getattr(exc, "status", None)
+    return (isinstance(exc, LMError) and not isinstance(exc, (LMServerError, LMTransportError, LMRateLimitError))
+            and status in (None, 400, 413, 422) and bool(_OVERFLOW.search(str(exc))))
 
 
 def classify(exc: BaseException) -> str:
-    if isinstance(exc, CallTimeout) or isinstance(exc, LMTimeoutError):
+    """The failure's meaning, the same on every route."""
+    if _timed_out(exc):
         return "timeout"
+    if _overflowed(exc):
+        return "context"
     for cls, kind in ((LMRateLimitError, "rate-limit"), (LMServerError, "server"), (LMTransportError, "transport"),
-                      (LMAuthError, "auth"), (LMBillingError, "billing"), (LMUnsupportedModelError, "model"),
-                      (ContextWindowExceededError, "context"), (LMUnexpectedError, "unexpected"),
-                      (LMError, "request")):
+                      (LMAuthError, "auth"), (LMBillingError, "billing"), (LMUnsupportedModelError, "model")):
         if isinstance(exc, cls):
             return kind
-    return "unexpected"
+    if isinstance(exc, LMError) and getattr(exc, "status", None) == 404:
+        return "not-found"
+    if isinstance(exc, LMUnexpectedError) or not isinstance(exc, LMError):
+        return "unexpected"
+    return "request"
 
 
 def _retryable(exc: BaseException) -> bool:
-    return isinstance(exc, CallTimeout) or is_retryable_lm_error(exc)
+    return classify(exc) in ("timeout", "rate-limit", "server", "transport") or is_retryable_lm_error(exc)
 
 
-def _message(exc: BaseException) -> str:
+def _message(exc: BaseException, config: LMConfig) -> str:
+    """The failure in words a user can act on: a timeout names its setting; an error without a message says
+    the HTTP status and the URL."""
+    kind = classify(exc)
+    if kind == "timeout":
+        return (f"{type(exc).__name__}: no answer within {config.timeout_s:g} s (the per-call timeout, "
+                "XEFORGE_LLM_TIMEOUT); the request was cancelled")
     text = str(exc).strip().split("\n\n  To fix:")[0]
+    text = re.sub(r"^\[[^\]]*\]\s*", "", text)  # DSPy's "[model]" prefix: the model is named by the caller
+    status = getattr(exc, "status", None)
+    if not text and status:
+        text = f"HTTP {status} with no error message"
+    if status == 404:
+        where = config.api_base or "the provider's endpoint"
+        text = f"{text} (HTTP 404 from {where}: no such path or model)" if "404" not in text else f"{text} (at {where})"
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _run_with_timeout(fn: Callable[[], Any], seconds: float) -> Any:
-    """Run ``fn`` on a daemon thread; raise :class:`CallTimeout` when it has not returned after ``seconds``.
-    A call that overruns is abandoned (its late answer is ignored; the HTTP client's own timeout ends it)."""
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # handed to the caller's thread, re-raised there
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, name="xeforge-llm-call", daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
-        raise CallTimeout(f"no answer within {seconds:.3g} s (XEFORGE_LLM_TIMEOUT)")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 def _text(output: Any) -> str:
@@ -210,11 +241,15 @@ class LMClient:
         self.usage = Usage()
         self.sleep = sleep
         self.say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.startup_s = self._start()
 
-    @property
-    def _guard_s(self) -> float:
-        """The guard thread's limit: a little over the HTTP client's own timeout, so its (more precise) error wins."""
-        return self.config.timeout_s + min(GUARD_GRACE_S, 0.1 * self.config.timeout_s)
+    def _start(self) -> float:
+        """Start the client now, so no call's time (or timeout) includes it: LiteLLM's import takes seconds."""
+        t0 = time.monotonic()
+        if self.config.client_route == "litellm":
+            # lazy: litellm (seconds to import) only on its own route, now rather than inside the first timed call
+            import litellm  # noqa: F401
+        return time.monotonic() - t0
 
     @property
     def answered(self) -> bool:
@@ -250,7 +285,7 @@ class LMClient:
             started = time.strftime("%Y-%m-%dT%H:%M:%S")
             t0 = time.monotonic()
             try:
-                pred = _run_with_timeout(lambda: self._predict(lm, signature, brief), self._guard_s)
+                pred = self._predict(lm, signature, brief)
                 rec = self._record(lm, purpose, kind, attempt, started, time.monotonic() - t0, brief)
                 records.append(rec)
                 self.usage.answered += 1
@@ -267,11 +302,12 @@ class LMClient:
                 elapsed = time.monotonic() - t0
                 kind_of = classify(exc)
                 rec = CallRecord(purpose, kind, attempt, started, round(elapsed, 3),
-                                 messages=[{"role": "user", "content": brief}], error=_message(exc), error_kind=kind_of)
+                                 messages=[{"role": "user", "content": brief}], error=_message(exc, self.config),
+                                 error_kind=kind_of)
                 records.append(rec)
                 self.usage.failed += 1
                 if kind_of == "context":
-                    err = ContextOverflow(_message(exc))
+                    err = ContextOverflow(rec.error)
                     err.records = records  # type: ignore[attr-defined]
                     raise err from None
                 if _retryable(exc) and attempt < self.config.retries:

@@ -39,7 +39,16 @@ ENV_VARS: dict[str, tuple[str, type, str]] = {
     "XEFORGE_LLM_MAX_ITERS": ("max_iters", int, "CoVeR rounds per candidate (same as --max-iters)"),
     "XEFORGE_LLM_BEST_K": ("best_k", int, "independent candidates per stage (same as --best-k)"),
     "XEFORGE_LLM_ANALYZE": ("analyze", bool, "1: one analysis call per stage before proposing; 0: propose directly"),
+    "XEFORGE_LLM_ROUTE": ("route", str, "auto, dspy or litellm: the client DSPy calls the model through"),
 }
+
+#: XEFORGE_LLM_ROUTE values. ``dspy``: DSPy's own HTTP client (``dspy.LM(engine="lm15")``); ``litellm``: LiteLLM
+#: (``engine="litellm"``); ``auto``: dspy for the providers DSPy's client serves (:data:`DSPY_PROVIDERS`), else litellm.
+ROUTES = ("auto", "dspy", "litellm")
+#: LiteLLM provider prefixes DSPy's own client has a door for (dspy._vendor.lm15.router.LITELLM_PROVIDER_PREFIXES,
+#: less azure, whose base URL DSPy sends to LiteLLM anyway); every other provider goes through LiteLLM
+DSPY_PROVIDERS = {"openai", "anthropic", "gemini", "groq", "openrouter", "deepseek", "xai", "ollama", "ollama_chat",
+                  "hosted_vllm", "moonshot"}
 
 #: provider prefix -> (key variable, base URL variable); LiteLLM reads the same variables itself
 PROVIDER_VARS: dict[str, tuple[str | None, str | None]] = {
@@ -54,11 +63,15 @@ PROVIDER_VARS: dict[str, tuple[str | None, str | None]] = {
     "openrouter": ("OPENROUTER_API_KEY", "OPENROUTER_API_BASE"),
     "together_ai": ("TOGETHERAI_API_KEY", None),
     "xai": ("XAI_API_KEY", None),
-    "hosted_vllm": ("HOSTED_VLLM_API_KEY", "HOSTED_VLLM_API_BASE"),
+    "hosted_vllm": ("HOSTED_VLLM_API_KEY", "HOSTED_VLLM_API_BASE"),  # OPENAI_API_BASE too: see BASE_FALLBACKS
     "ollama": (None, "OLLAMA_API_BASE"),
     "ollama_chat": (None, "OLLAMA_API_BASE"),
     "lm_studio": ("LM_STUDIO_API_KEY", "LM_STUDIO_API_BASE"),
 }
+#: base URL variables read after the provider's own (the README's recipe for vLLM sets OPENAI_API_BASE)
+BASE_FALLBACKS: dict[str, tuple[str, ...]] = {"hosted_vllm": ("OPENAI_API_BASE",), "lm_studio": ("OPENAI_API_BASE",)}
+#: providers whose OpenAI-compatible API lives under /v1 of a base URL usually given without it (OLLAMA_API_BASE)
+V1_APPENDED = {"ollama", "ollama_chat"}
 #: providers that are normally local servers: no key is needed
 LOCAL_PROVIDERS = {"hosted_vllm", "ollama", "ollama_chat", "lm_studio"}
 #: sent as the key to a server at an explicit base URL when no key is set (OpenAI-compatible clients insist on one)
@@ -85,6 +98,7 @@ class LMConfig:
     max_iters: int = 3
     best_k: int = 2
     analyze: bool = True
+    route: str = "auto"  # auto | dspy | litellm (XEFORGE_LLM_ROUTE); see :attr:`client_route`
     lm: Any = field(default=None, repr=False, compare=False)  # a ready dspy.BaseLM (tests inject a scripted one)
 
     # ---------------------------------------------------------------------------------------------- build
@@ -123,10 +137,13 @@ class LMConfig:
         if cfg.api_key is None and key_var and env.get(key_var):
             cfg.api_key, cfg.key_source = env[key_var], key_var
         if cfg.api_base is None and base_var:
-            for var in (base_var, base_var.replace("_API_BASE", "_BASE_URL")):
+            for var in (base_var, base_var.replace("_API_BASE", "_BASE_URL"), *BASE_FALLBACKS.get(prefix, ())):
                 if env.get(var):
                     cfg.api_base, cfg.base_source = env[var], var
                     break
+        if cfg.api_base and prefix in V1_APPENDED and url_path(cfg.api_base) == "":
+            # Ollama serves the OpenAI chat API under /v1; OLLAMA_API_BASE is conventionally the bare host
+            cfg.api_base, cfg.base_source = cfg.api_base.rstrip("/") + "/v1", f"{cfg.base_source}, /v1 added"
         cfg.validate()
         return cfg
 
@@ -152,6 +169,8 @@ class LMConfig:
             ("XEFORGE_LLM_MAX_CALLS", self.max_calls >= 0, f"max calls {self.max_calls} is negative", "set e.g. 200"),
             ("XEFORGE_LLM_MAX_TOTAL_TOKENS", self.max_total_tokens >= 0, "the token budget is negative", "set e.g. 3000000"),
             ("XEFORGE_LLM_MAX_COST", self.max_cost_usd >= 0, "the cost budget is negative", "set e.g. 5 (dollars) or 0 for no limit"),
+            ("XEFORGE_LLM_ROUTE", self.route in ROUTES, f"route {self.route!r} is not one of {', '.join(ROUTES)}",
+             "set XEFORGE_LLM_ROUTE=auto (or unset it)"),
         ]
         for where, ok, what, fix in checks:
             if not ok:
@@ -166,6 +185,20 @@ class LMConfig:
     @property
     def provider(self) -> str:
         return self.model.split("/", 1)[0].lower() if self.model and "/" in self.model else ""
+
+    @property
+    def client_route(self) -> str:
+        """``dspy`` (DSPy's own HTTP client) or ``litellm``: the one route every call of this run takes."""
+        if self.lm is not None:
+            return "injected"
+        if self.route != "auto":
+            return self.route
+        return "dspy" if self.provider in DSPY_PROVIDERS else "litellm"
+
+    def route_text(self) -> str:
+        how = {"dspy": "DSPy's own client", "litellm": "LiteLLM", "injected": "the injected LM"}[self.client_route]
+        why = "XEFORGE_LLM_ROUTE" if self.route != "auto" else "auto"
+        return f"via {how} ({why})"
 
     @property
     def is_local(self) -> bool:
@@ -209,7 +242,8 @@ class LMConfig:
             key = "no key variable found (the provider's own credentials apply)"
         budget = f"{self.max_calls} calls, {self.max_total_tokens:,} tokens" + (
             f", ${self.max_cost_usd:g}" if self.max_cost_usd else "")
-        return (f"model {self.model} {where}; {key}; temperature {self.temperature:g}, max tokens {self.max_tokens}, "
+        return (f"model {self.model} {where} {self.route_text()}; {key}; temperature {self.temperature:g}, "
+                f"max tokens {self.max_tokens}, "
                 f"context {self.context_tokens}, timeout {self.timeout_s:g} s, {self.retries} retries; "
                 f"budget per run {budget}; {self.max_iters} rounds x {self.best_k} candidates per stage"
                 + ("" if self.analyze else "; no analysis call"))
@@ -219,6 +253,12 @@ class LMConfig:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("api_key", "lm")}
         out["has_key"] = bool(self.api_key)
         return out
+
+
+def url_path(url: str) -> str:
+    """The path of a URL without its trailing slash ("" for ``http://host:11434/``)."""
+    rest = url.split("://", 1)[-1]
+    return ("/" + rest.split("/", 1)[1]).rstrip("/") if "/" in rest else ""
 
 
 def _is_loopback(url: str | None) -> bool:

@@ -16,9 +16,12 @@ Owns: :class:`LLMEngine` — the same contract as :class:`xeforge.engines.RulesE
 
 Every call's messages, answer, token counts and cost go to ``<run>/trials/<trial>/llm.json`` (answers that
 reached the verifier) or ``<run>/llm/<NN-stage>/`` (analysis, and answers that produced no candidate);
-``<run>/llm/usage.json`` holds the run's totals. Honest failure: a model that fails its first call raises
-:class:`~xeforge.errors.EngineError`; a later failure or a spent budget stops the stage with a note in the
-:class:`~stages.base.TacticRecord`. The model reads "ACCEPTED" only when the verifier accepted.
+``<run>/llm/usage.json`` holds the run's totals. Honest failure: a server that does not answer the probe
+(:mod:`cover_agent.probe`, when the engine is built, before the baseline) or a model that fails its first call
+raises :class:`~xeforge.errors.EngineError`; a later failure or a spent budget stops the stage with a note in the
+:class:`~stages.base.TacticRecord`, whose ``tally`` counts what became of every answer and call (no code,
+invalid, duplicate, rejected at gate N, timed out, stopped by the budget) for the run's summary. The model reads
+"ACCEPTED" only when the verifier accepted.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from cover_agent.config import LMConfig
 from cover_agent.extract import extract_code, normalise_code, validate_code
 from cover_agent.feedback import Attempt, verdict_feedback
 from cover_agent.prompts import RenderedPrompt, budget_chars_for, render_stage
+from cover_agent.probe import ProbeFailure, probe
 from cover_agent.signatures import SIGNATURES
 from stages.base import Candidate, TacticRecord
 from xeforge.errors import EngineError
@@ -64,10 +68,11 @@ def kb_view(ctx: Any) -> KBView:
 
 
 class _StopStage(Exception):
-    """Ends the stage's loop; ``note`` says why (budget, model failure)."""
+    """Ends the stage's loop; ``note`` says why (budget, model failure), ``cause`` in one word for the tally."""
 
-    def __init__(self, note: str) -> None:
+    def __init__(self, note: str, cause: str = "error") -> None:
         self.note = note
+        self.cause = cause
         super().__init__(note)
 
 
@@ -86,7 +91,7 @@ class LLMEngine:
         self.say = progress
 
     @classmethod
-    def from_options(cls, options: Any) -> "LLMEngine":
+    def from_options(cls, options: Any, progress: Callable[[str], None] = _say) -> "LLMEngine":
         cfg = getattr(options, "llm", None)
         if cfg is None or not getattr(cfg, "configured", False):
             raise EngineError("--engine llm", "no LLM is configured",
@@ -97,11 +102,27 @@ class LLMEngine:
                               f"export {missing}=<key>, or point --api-base at a local OpenAI-compatible server "
                               "(see docs/llm.md)")
         try:
-            client = LMClient(cfg)
+            client = LMClient(cfg, progress=progress)
         except (ValueError, TypeError) as exc:
             raise EngineError(f"model {cfg.model}", f"DSPy refused these model settings: {exc}",
                               "check the model string and the XEFORGE_LLM_* settings (docs/llm.md)") from None
-        return cls(cfg, client)
+        engine = cls(cfg, client, progress)
+        engine.check_server()
+        return engine
+
+    def check_server(self) -> None:
+        """The probe (:mod:`cover_agent.probe`): a setup error is an EngineError naming the URL and the fix."""
+        cfg = self.config
+        try:
+            found = probe(cfg)
+        except ProbeFailure as exc:
+            raise EngineError(f"llm engine (model {cfg.model}, {exc.url})", exc.what, exc.fix) from None
+        if found is None:
+            return
+        served = f"; it serves {len(found.models)} model(s)" if found.models else ""
+        self.say(f"  llm: the server at {cfg.api_base} answers {cfg.route_text()}{served}")
+        if found.note:
+            self.say(f"  llm: note: {found.note}")
 
     # ------------------------------------------------------------------------------------------------ stage
     def run_stage(self, stage: Any, ctx: Any, evaluate: Callable, choose: Callable) -> list[TacticRecord]:
@@ -116,6 +137,7 @@ class LLMEngine:
         log_dir = Path(ctx.run_dir) / "llm" / f"{stage.order:02d}-{stage.name}" if ctx.run_dir else None
         notes: list[str] = []
         outcomes: list[Any] = []
+        self._tally = rec.tally
         try:
             plan = self._analysis(stage, ctx, issues, kbc, budget, log_dir, rec)
             if not rec.applies:
@@ -123,6 +145,7 @@ class LLMEngine:
             self._candidates(stage, ctx, issues, kbc, budget, log_dir, plan, evaluate, outcomes, notes)
         except _StopStage as stop:
             notes.append(stop.note)
+            _count(rec.tally, f"stopped: {stop.cause}")
             self.say(f"  llm: {stop.note}")
         finally:
             rec.outcomes = outcomes
@@ -181,6 +204,8 @@ class LLMEngine:
                                              f"c{chain}-r{rnd}")
                 attempt, outcome = self._attempt(stage, ctx, rendered, result, chain, rnd, seen, evaluate, log_dir)
                 attempts.append(attempt)
+                _count(self._tally, f"rejected: {attempt.failed_gate}" if attempt.status == "rejected"
+                       and attempt.failed_gate else attempt.status)
                 self.say(f"  llm: {label}: {attempt.headline}")
                 if outcome is not None:
                     outcomes.append(outcome)
@@ -210,27 +235,37 @@ class LLMEngine:
                 self.say(f"  llm: {label}: the prompt does not fit the model's context ({exc}); trimming")
         raise _StopStage(f"stopped: the brief (~{rendered.approx_tokens:,} tokens) does not fit the model's context "
                          "window even with earlier attempts trimmed: set XEFORGE_LLM_CONTEXT_TOKENS to the model's real "
-                         "window, or use a model with a larger one")
+                         "window, or use a model with a larger one", "context")
 
     def _call(self, kind: str, rendered: RenderedPrompt, purpose: str, log_dir: Path | None, tag: str) -> CallResult:
         try:
-            return self.client.call(kind, rendered.text, purpose)
+            result = self.client.call(kind, rendered.text, purpose)
+            self._count_failed_calls(result.records)
+            return result
         except BudgetExhausted as exc:
+            self._count_failed_calls(getattr(exc, "records", []))
             _write(log_dir, f"{tag}-budget.json", {"purpose": purpose, "stopped": str(exc),
                                                     "calls": [r.as_dict() for r in getattr(exc, "records", [])]})
-            raise _StopStage(f"stopped: {exc}") from None
+            raise _StopStage(f"stopped: {exc}", "budget") from None
         except ContextOverflow as exc:
+            self._count_failed_calls(getattr(exc, "records", []))
             _write(log_dir, f"{tag}-overflow.json", {"purpose": purpose, "error": str(exc), "prompt": _prompt_meta(rendered),
                                                       "calls": [r.as_dict() for r in getattr(exc, "records", [])]})
             raise
         except ModelUnavailable as exc:
+            self._count_failed_calls(getattr(exc, "records", []))
             _write(log_dir, f"{tag}-failed.json", {"purpose": purpose, "error": str(exc), "model": self.config.model,
                                                     "calls": [r.as_dict() for r in getattr(exc, "records", [])]})
             if not self.client.answered:
                 raise EngineError(f"llm engine (model {self.config.model})",
                                   f"the model did not answer its first call ({exc.kind}): {exc.message}",
                                   self._fix_for(exc.kind)) from None
-            raise _StopStage(f"stopped: the model stopped answering ({exc.kind}): {exc.message}") from None
+            raise _StopStage(f"stopped: the model stopped answering ({exc.kind}): {exc.message}", exc.kind) from None
+
+    def _count_failed_calls(self, records: list[Any]) -> None:
+        for r in records:
+            if r.error_kind:
+                _count(getattr(self, "_tally", {}), f"call {r.error_kind}")
 
     def _fix_for(self, kind: str) -> str:
         cfg = self.config
@@ -238,12 +273,15 @@ class LLMEngine:
         return {
             "transport": f"check that the server at {where} is running and reachable (for an OpenAI-compatible "
                          "server: curl <base>/models); see docs/llm.md",
-            "timeout": f"the model gave no answer within {cfg.timeout_s:g} s: check the server, or raise "
-                       "XEFORGE_LLM_TIMEOUT for a slow local model",
+            "timeout": f"the model gave no answer within {cfg.timeout_s:g} s (XEFORGE_LLM_TIMEOUT, per call; the "
+                       "client's start-up is not counted): check the server, or raise XEFORGE_LLM_TIMEOUT for a slow "
+                       "local model",
             "auth": f"check the API key ({'from ' + cfg.key_source if cfg.key_source else 'none was found'})",
             "billing": "check the provider account's credit and quota",
             "rate-limit": "the provider kept rate-limiting: wait, or raise XEFORGE_LLM_RETRIES / XEFORGE_LLM_BACKOFF",
             "model": "check the model name (--model / XEFORGE_MODEL) against what the server serves",
+            "not-found": f"check that the base URL ends with /v1 ({where}) and that the model name is one the server "
+                         "serves (curl <base>/models); see docs/llm.md",
             "request": "check the model string and XEFORGE_LLM_* settings against the provider (docs/llm.md)",
         }.get(kind, "see the message; docs/llm.md lists the settings; --engine rules runs without a model")
 
@@ -306,6 +344,10 @@ class LLMEngine:
             write_json(Path(ctx.run_dir) / "llm" / "usage.json",
                        {"usage": self.client.usage.as_dict(), "summary": self.client.usage.describe(),
                         "config": self.config.public_dict()})
+
+
+def _count(tally: dict[str, int], key: str) -> None:
+    tally[key] = tally.get(key, 0) + 1
 
 
 def _prompt_meta(rendered: RenderedPrompt) -> dict[str, Any]:

@@ -13,6 +13,8 @@ import ast
 import re
 from dataclasses import dataclass
 
+from xeforge.kernel_model import parse_python
+
 _FENCE = re.compile(r"(?P<fence>`{3,}|~{3,})[ \t]*(?P<lang>[\w+.-]*)[^\n]*\n(?P<body>.*?)(?:\n[ \t]*(?P=fence)[ \t]*(?=\n|\Z)|\Z)",
                     re.DOTALL)
 _FIELD_HEADER = re.compile(r"\[\[ ## (\w+) ## \]\]")
@@ -85,7 +87,7 @@ def extract_code(field_value: str | None, raw: str | None) -> Extraction:
 def validate_code(code: str, current: str) -> list[str]:
     """Strict checks before the verifier spends time on it. Returns the problems (empty: valid)."""
     try:
-        tree = ast.parse(code)
+        tree = parse_python(code)
     except SyntaxError as exc:
         line = (exc.text or "").rstrip()
         return [f"the code does not parse: line {exc.lineno}: {exc.msg}" + (f" — `{line.strip()}`" if line else "")

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
+from xeforge.diagnosis.rules import describe
+
 #: attempt status -> rank (higher is better) for "the best attempt so far"
 STATUS_RANK = {"accepted": 6, "slower": 5, "correct-unmeasured": 5, "rejected": 2, "duplicate": 1, "invalid": 1,
                "no-code": 0}
@@ -85,8 +87,38 @@ def _gate_text(gate: Any) -> str:
     return text
 
 
+#: characters of compiler facts and findings a verdict's feedback may carry
+DIAGNOSIS_CHARS = 1600
+
+
+def compiler_lines(diagnosis: Any, budget: int = DIAGNOSIS_CHARS) -> list[str]:
+    """A candidate's compiler facts and the knowledge base's findings, as lines within ``budget`` characters
+    (the findings first: they say what to change); [] where none were collected."""
+    lines = describe(diagnosis)
+    if not lines or not (diagnosis or {}).get("available"):
+        return lines
+    lines = [x for x in lines if x.startswith("diagnosis:")] + [x for x in lines if not x.startswith("diagnosis:")]
+    out, used = [], 0
+    for line in lines:
+        if used + len(line) > budget:
+            out.append(f"({len(lines) - len(out)} more line(s) of compiler facts left out)")
+            break
+        out.append(line)
+        used += len(line) + 1
+    return out
+
+
 def verdict_feedback(verdict: Any, can_time: bool) -> tuple[str, str, str]:
-    """(status, headline, text) for a verdict. ``can_time``: the device runs gate 3 at all."""
+    """(status, headline, text) for a verdict. ``can_time``: the device runs gate 3 at all. A correct verdict's
+    text ends with its compiler facts and findings (what the compiler made of it; why it may not be faster)."""
+    status, headline, text = _verdict_feedback(verdict, can_time)
+    extra = compiler_lines(getattr(verdict, "diagnosis", None)) if getattr(verdict, "correct", False) else []
+    if extra and (getattr(verdict, "diagnosis", None) or {}).get("available"):
+        text = text.rstrip() + "\n" + "\n".join(extra)
+    return status, headline, text
+
+
+def _verdict_feedback(verdict: Any, can_time: bool) -> tuple[str, str, str]:
     failed = verdict.failed_gate
     if failed is not None:
         if failed.gate == "3-performance" and verdict.correct:

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import jinja2
 
 import stages as registry
-from cover_agent.feedback import Attempt, trim_attempts
+from cover_agent.feedback import Attempt, compiler_lines, trim_attempts
 from stages.base import TEMPLATE_DIR as STAGE_DIR
 from xeforge.problem import default_tolerance
 
@@ -116,6 +116,7 @@ def stage_vars(stage: Any, ctx: Any, issues: Sequence[Any], kbc: Any, *, plan: s
         "precision": precision_facts(ctx),
         "issues": [i.render() if hasattr(i, "render") else str(i) for i in issues],
         "kb_findings": _kb_findings(ctx, kbc),
+        "compiler": compiler_lines(getattr(ctx, "diagnosis", None)),
         "kb_text": kb_text,
         "kb_ids": kb_ids,
         "kb_note": kb_note,

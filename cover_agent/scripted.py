@@ -2,7 +2,8 @@
 
 Owns: :class:`ScriptedModel` (implements DSPy 3.4's engine contract, ``complete(Request) -> Response``, so it
 runs behind a real ``dspy.LM`` and the real adapter), :func:`answer` (an answer in the field format DSPy's
-chat adapter reads), :class:`Sleep` (answer late, for timeouts) and the record of every request it received
+chat adapter reads), :class:`Sleep` (answer late; a timeout is the HTTP client's, so timeouts are tested
+against a real server: tests/test_cover_loop.py) and the record of every request it received
 (``requests``: the system and user text), so a test can assert what reached the model.
 
 Script items: a ``str`` (returned verbatim), a ``dict`` (fields, formatted by :func:`answer`), an exception

@@ -44,7 +44,8 @@ def main() -> int:
     import triton
     from triton.testing import do_bench
 
-    from xeforge.problem import generate_inputs, load_problem, plan_inputs
+    from xeforge.inputs import generate_inputs
+    from xeforge.problem import load_problem, plan_inputs
 
     ap = argparse.ArgumentParser()
     ap.add_argument("problem")

@@ -72,6 +72,9 @@ class TacticRecord:
     outcomes: list[TrialOutcome] = field(default_factory=list)
     best: TrialOutcome | None = None
     note: str = ""
+    # the llm engine: what became of its answers and calls (e.g. {"no-code": 2, "rejected: 2-correctness": 1,
+    # "timeout": 1, "stopped: budget": 1}); the pipeline's summary says from it why nothing was adopted
+    tally: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -88,6 +91,7 @@ class StageContext:
     settings: Any = None
     issues: list[Issue] = field(default_factory=list)
     run_dir: Path | None = None  # the run folder (engines may write per-trial artefacts under trials/<name>/)
+    diagnosis: dict | None = None  # the incumbent's compiler facts and the KB's findings (xeforge.diagnosis)
     _model: KernelModel | None = field(default=None, repr=False)
 
     @property
@@ -110,7 +114,8 @@ class StageContext:
 
     def with_source(self, source: str) -> "StageContext":
         return StageContext(self.problem, source, self.original_source, self.device, self.device_id, self.kb,
-                            self.triton, self.settings, list(self.issues), self.run_dir)
+                            self.triton, self.settings, list(self.issues), self.run_dir,
+                            diagnosis=self.diagnosis if source == self.source else None)
 
 
 class Tactic:

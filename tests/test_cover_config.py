@@ -83,7 +83,7 @@ def test_every_setting_parses_from_the_environment():
            "XEFORGE_LLM_TIMEOUT": "60", "XEFORGE_LLM_RETRIES": "5", "XEFORGE_LLM_BACKOFF": "1",
            "XEFORGE_LLM_BACKOFF_MAX": "30", "XEFORGE_LLM_MAX_CALLS": "10", "XEFORGE_LLM_MAX_TOTAL_TOKENS": "50000",
            "XEFORGE_LLM_MAX_COST": "2.5", "XEFORGE_LLM_MAX_ITERS": "4", "XEFORGE_LLM_BEST_K": "3",
-           "XEFORGE_LLM_ANALYZE": "0"}
+           "XEFORGE_LLM_ANALYZE": "0", "XEFORGE_LLM_ROUTE": "litellm"}
     assert set(ENV_VARS) <= set(env)
     cfg = LMConfig.from_args(ns(), env=env)
     assert (cfg.temperature, cfg.max_tokens, cfg.context_tokens, cfg.timeout_s, cfg.retries, cfg.backoff_s,
@@ -91,6 +91,7 @@ def test_every_setting_parses_from_the_environment():
             cfg.analyze) == (0.2, 4096, 65536, 60.0, 5, 1.0, 30.0, 10, 50000, 2.5, 4, 3, False)
     assert cfg.key_source == "XEFORGE_LLM_API_KEY" and cfg.base_source == "XEFORGE_LLM_API_BASE"
     assert "$2.5" in cfg.describe() and "no analysis call" in cfg.describe()
+    assert cfg.client_route == "litellm" and "via LiteLLM (XEFORGE_LLM_ROUTE)" in cfg.describe()
 
 
 @pytest.mark.parametrize("env,where", [
@@ -100,6 +101,7 @@ def test_every_setting_parses_from_the_environment():
     ({"XEFORGE_LLM_TEMPERATURE": "3"}, "XEFORGE_LLM_TEMPERATURE"),
     ({"XEFORGE_LLM_MAX_TOKENS": "100000", "XEFORGE_LLM_CONTEXT_TOKENS": "8192"}, "XEFORGE_LLM_CONTEXT_TOKENS"),
     ({"XEFORGE_MODEL": "gpt-4o"}, "XEFORGE_MODEL"),
+    ({"XEFORGE_LLM_ROUTE": "curl"}, "XEFORGE_LLM_ROUTE"),
 ])
 def test_bad_settings_name_the_variable_and_the_fix(env, where):
     with pytest.raises(UsageError) as err:
@@ -130,6 +132,7 @@ def test_xeforge_env_shows_the_model_without_the_key(tmp_path):
                           cwd=ROOT, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "llm: model openai/gpt-4o" in proc.stdout and "key from OPENAI_API_KEY" in proc.stdout
+    assert "via DSPy's own client (auto)" in proc.stdout
     assert "sk-secret-value-42" not in proc.stdout + proc.stderr
 
 
@@ -150,3 +153,34 @@ def test_every_setting_is_documented_with_its_default():
 def test_providers_with_cloud_credentials_are_not_blocked_up_front():
     cfg = LMConfig.from_args(ns(model="bedrock/anthropic.claude-3-sonnet"), env={})
     assert cfg.missing_key() is None and cfg.configured
+
+
+def test_readme_recipe_for_vllm_reads_openai_api_base():
+    """XEFORGE_MODEL=hosted_vllm/<model> OPENAI_API_BASE=http://host:port/v1 (README) reaches host:port, not
+    vLLM's default localhost:8000, and takes the same route as --model/--api-base."""
+    env_cfg = LMConfig.from_args(ns(), env={"XEFORGE_MODEL": "hosted_vllm/coder", "OPENAI_API_BASE": "http://gpu1:9000/v1"})
+    flag_cfg = LMConfig.from_args(ns(model="hosted_vllm/coder", api_base="http://gpu1:9000/v1"), env={})
+    assert env_cfg.api_base == flag_cfg.api_base == "http://gpu1:9000/v1" and env_cfg.base_source == "OPENAI_API_BASE"
+    assert env_cfg.client_route == flag_cfg.client_route == "dspy"
+    own = LMConfig.from_args(ns(), env={"XEFORGE_MODEL": "hosted_vllm/coder", "HOSTED_VLLM_API_BASE": "http://a:1/v1",
+                                        "OPENAI_API_BASE": "http://b:2/v1"})
+    assert own.api_base == "http://a:1/v1"  # the provider's own variable first
+
+
+@pytest.mark.parametrize("base,expected", [("http://box:11434", "http://box:11434/v1"),
+                                           ("http://box:11434/", "http://box:11434/v1"),
+                                           ("http://box:11434/v1", "http://box:11434/v1")])
+def test_ollama_base_gets_the_openai_path(base, expected):
+    cfg = LMConfig.from_args(ns(), env={"XEFORGE_MODEL": "ollama_chat/qwen2.5-coder:32b", "OLLAMA_API_BASE": base})
+    assert cfg.api_base == expected and ("/v1 added" in cfg.describe()) == (base.rstrip("/") != expected)
+
+
+@pytest.mark.parametrize("model,route", [("openai/gpt-4o", "dspy"), ("hosted_vllm/m", "dspy"), ("ollama_chat/m", "dspy"),
+                                         ("anthropic/claude-sonnet-4-5", "dspy"), ("bedrock/anthropic.claude", "litellm"),
+                                         ("azure/deploy", "litellm"), ("mistral/codestral", "litellm")])
+def test_one_route_per_provider_shown_by_describe(model, route):
+    cfg = LMConfig.from_args(ns(model=model), env={})
+    assert cfg.client_route == route
+    assert ("via DSPy's own client (auto)" if route == "dspy" else "via LiteLLM (auto)") in cfg.describe()
+    forced = LMConfig.from_args(ns(model=model), env={"XEFORGE_LLM_ROUTE": "litellm"})
+    assert forced.client_route == "litellm"

@@ -9,9 +9,12 @@ Verifier is shared by the module; each test gets its own run folder.
 from __future__ import annotations
 
 import json
+import select
+import socket
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -23,7 +26,7 @@ import stages
 from cover_agent.client import LMClient
 from cover_agent.config import LMConfig
 from cover_agent.engine import LLMEngine
-from cover_agent.scripted import Sleep, answer, kernel_answer, scripted
+from cover_agent.scripted import answer, kernel_answer, scripted
 from tests.conftest import FIXTURES, ROOT
 from xeforge.devices import DeviceInfo, describe
 from xeforge.errors import EngineError
@@ -192,24 +195,6 @@ def test_rate_limit_is_retried_with_backoff(shared, tmp_path):
     assert rec.best is not None and run.engine.client.usage.retries == 2
 
 
-def test_timeout_at_first_call_is_an_engine_error(shared, tmp_path):
-    model = scripted([], analysis=Sleep(1.5, dict(bottlenecks=[], plan="", worth_trying=True, reason="late")))
-    run = Run(shared, tmp_path, model, timeout_s=0.2)
-    with pytest.raises(EngineError) as err:
-        run.go()
-    assert "(timeout)" in err.value.render() and "XEFORGE_LLM_TIMEOUT" in err.value.render()
-
-
-def test_timeout_later_stops_the_stage(shared, tmp_path):
-    model = scripted([Sleep(1.5, kernel_answer(GOOD)), Sleep(1.5, kernel_answer(GOOD))])
-    run = Run(shared, tmp_path, model, timeout_s=0.2, retries=1)
-    rec = run.go()
-    assert rec.outcomes == [] and rec.best is None
-    assert "stopped: the model stopped answering (timeout)" in rec.note
-    failed = json.loads((run.store.root / "llm" / "04-memory_access" / "c1-r1-failed.json").read_text())
-    assert [c["error_kind"] for c in failed["calls"]] == ["timeout", "timeout"]
-
-
 def test_budget_exhaustion_stops_the_loop_with_a_note(shared, tmp_path):
     model = scripted([kernel_answer(WRONG), kernel_answer(WRONG.replace("BLOCK=128", "BLOCK=256")),
                       kernel_answer(GOOD)])
@@ -328,78 +313,6 @@ def test_cli_llm_engine_without_a_model_exits_nonzero_with_one_line(tmp_path):
     assert "no LLM is configured" in proc.stderr and "XEFORGE_MODEL" in proc.stderr
 
 
-# ------------------------------------------------------------------------------------------------ a real dspy.LM over HTTP
-class _FakeOpenAI(BaseHTTPRequestHandler):
-    answers: list[str] = []
-    bodies: list[dict] = []
-
-    def do_POST(self):  # noqa: N802 (http.server naming)
-        body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
-        _FakeOpenAI.bodies.append(body)
-        text = _FakeOpenAI.answers.pop(0) if _FakeOpenAI.answers else "no more answers"
-        data = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": body.get("model"),
-                           "choices": [{"index": 0, "finish_reason": "stop",
-                                        "message": {"role": "assistant", "content": text}}],
-                           "usage": {"prompt_tokens": 1000, "completion_tokens": 200, "total_tokens": 1200}}).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def fake_server():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeOpenAI)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    _FakeOpenAI.bodies.clear()
-    yield server
-    server.shutdown()
-    server.server_close()
-
-
-def _http_config(base: str, model: str = "hosted_vllm/test-coder", **env) -> LMConfig:
-    import argparse
-
-    args = argparse.Namespace(model=model, api_base=base, max_iters=2, best_k=1)
-    return LMConfig.from_args(args, env={"XEFORGE_LLM_RETRIES": "0", **env})
-
-
-@pytest.mark.parametrize("model", ["hosted_vllm/test-coder", "openai/test-coder"])
-def test_openai_compatible_server_through_litellm_model_string(shared, tmp_path, fake_server, model):
-    base = f"http://127.0.0.1:{fake_server.server_address[1]}/v1"
-    _FakeOpenAI.answers = [answer(bottlenecks=["tiny blocks"], plan="bigger blocks", worth_trying=True, reason="ok"),
-                           kernel_answer(GOOD, "BLOCK 128")]
-    cfg = _http_config(base, model)
-    run = Run(shared, tmp_path, scripted([]))
-    run.config = cfg
-    run.engine = LLMEngine(cfg, LMClient(cfg, progress=run.log.append), progress=run.log.append)
-    rec = run.go()
-    assert rec.best is not None and rec.best.verdict.correct
-    assert _FakeOpenAI.bodies[-1]["model"] == "test-coder" and "tiny blocks" in _FakeOpenAI.bodies[-1]["messages"][-1]["content"]
-    call = run.llm_json(rec)[0]["calls"][0]
-    assert call["total_tokens"] == 1200 and call["tokens_estimated"] is False
-
-
-def test_unreachable_server_is_an_engine_error(shared, tmp_path):
-    import socket
-
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cfg = _http_config(f"http://127.0.0.1:{port}/v1")
-    run = Run(shared, tmp_path, scripted([]))
-    run.engine = LLMEngine(cfg, LMClient(cfg, progress=run.log.append), progress=run.log.append)
-    with pytest.raises(EngineError) as err:
-        run.go()
-    text = err.value.render()
-    assert "did not answer its first call (transport)" in text and f"127.0.0.1:{port}" in text
-
-
 def test_provider_context_overflow_is_handled(shared, tmp_path):
     too_long = lm15.ContextLengthError("maximum context length is 4096 tokens")
     model = scripted([too_long, too_long], analysis=too_long)
@@ -408,3 +321,404 @@ def test_provider_context_overflow_is_handled(shared, tmp_path):
     # the analysis is skipped, the proposal is retried with a tighter trim (nothing left to trim), then given up
     assert rec.outcomes == [] and "does not fit the model's context window" in rec.note
     assert "XEFORGE_LLM_CONTEXT_TOKENS" in rec.note
+
+
+# ------------------------------------------------------------------------------------------------ real HTTP
+# A small OpenAI-compatible server on 127.0.0.1 (the way vLLM, llama.cpp and Ollama serve models) drives the
+# real client (dspy.LM on the route LMConfig chooses) through both ways a user configures it. Bounded: at most
+# MAX_REQUESTS requests per test, a hang lasts at most HANG_MAX_S and ends early when the client goes away.
+MAX_REQUESTS = 30
+HANG_MAX_S = 4.0
+VLLM_OVERFLOW = {"error": {"message": "This model's maximum context length is 4096 tokens. However, you requested "
+                                      "9000 tokens (8000 in the messages, 1000 in the completion). Please reduce the "
+                                      "length of the messages or completion.", "type": "BadRequestError",
+                           "param": None, "code": 400}}
+OPENAI_OVERFLOW = {"error": {"message": "This model's maximum context length is 128000 tokens. However, your messages "
+                                        "resulted in 130000 tokens. Please reduce the length of the messages.",
+                             "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}
+LLAMACPP_OVERFLOW = {"error": {"code": 400, "message": "the request exceeds the available context size, try "
+                               "increasing it", "type": "exceed_context_size_error", "n_prompt_tokens": 9000,
+                               "n_ctx": 4096}}
+
+
+class Status:
+    """Script item: answer with this HTTP status, JSON body and headers."""
+
+    def __init__(self, code: int, body: dict, headers: dict | None = None):
+        self.code, self.body, self.headers = code, body, headers or {}
+
+
+class Hang:
+    """Script item: send nothing for ``seconds`` (then an answer, if the client is still there)."""
+
+    def __init__(self, seconds: float, then: str = "too late"):
+        self.seconds, self.then = min(seconds, HANG_MAX_S), then
+
+
+class _FakeOpenAI(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    script: list = []  # str (the answer's text) | Status | Hang, one per POST /v1/chat/completions
+    bodies: list[dict] = []  # every chat request's JSON
+    headers_seen: list[dict] = []
+    paths: list[str] = []  # "GET /v1/models", "POST /v1/chat/completions", ...
+    cancelled: list[float] = []  # hangs whose client closed the connection before the answer (seconds in)
+    served: list[str] = ["test-coder"]
+
+    def _reply(self, code: int, body: dict, headers: dict | None = None) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _bounded(self, what: str) -> bool:
+        _FakeOpenAI.paths.append(what)
+        _FakeOpenAI.headers_seen.append(dict(self.headers))
+        if len(_FakeOpenAI.paths) > MAX_REQUESTS:
+            self._reply(503, {"error": {"message": "test server: too many requests"}})
+            return False
+        return True
+
+    def do_GET(self):  # noqa: N802 (http.server naming)
+        if not self._bounded(f"GET {self.path}"):
+            return
+        if self.path.rstrip("/") == "/v1/models":
+            return self._reply(200, {"object": "list", "data": [{"id": m, "object": "model"} for m in self.served]})
+        self._reply(404, {"detail": "Not Found"})
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
+        if not self._bounded(f"POST {self.path}"):
+            return
+        if self.path != "/v1/chat/completions":
+            return self._reply(404, {"detail": "Not Found"})
+        _FakeOpenAI.bodies.append(body)
+        item = _FakeOpenAI.script.pop(0) if _FakeOpenAI.script else "no more answers"
+        if isinstance(item, Hang):
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < item.seconds:
+                ready, _, _ = select.select([self.connection], [], [], 0.05)
+                if ready and self.connection.recv(1, socket.MSG_PEEK) == b"":
+                    _FakeOpenAI.cancelled.append(round(time.monotonic() - t0, 2))
+                    self.close_connection = True
+                    return
+            item = item.then
+        if isinstance(item, Status):
+            return self._reply(item.code, item.body, item.headers)
+        self._reply(200, {"id": "x", "object": "chat.completion", "created": 0, "model": body.get("model"),
+                          "choices": [{"index": 0, "finish_reason": "stop",
+                                       "message": {"role": "assistant", "content": item}}],
+                          "usage": {"prompt_tokens": 1000, "completion_tokens": 200, "total_tokens": 1200}})
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def fake_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeOpenAI)
+    server.daemon_threads = True
+    for name in ("script", "bodies", "headers_seen", "paths", "cancelled"):
+        setattr(_FakeOpenAI, name, [])
+    _FakeOpenAI.served = ["test-coder"]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    server.base = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+#: the two ways a user configures a local server: the README's environment recipe, and the flags
+CONFIGS = ["env", "flags"]
+
+
+def _http_config(how: str, base: str, monkeypatch, model: str = "hosted_vllm/test-coder", **env) -> LMConfig:
+    import argparse
+
+    settings = {"XEFORGE_LLM_RETRIES": "0", "XEFORGE_LLM_TIMEOUT": "1.5", "XEFORGE_LLM_BACKOFF": "0.25",
+                "XEFORGE_LLM_MAX_ITERS": "2", "XEFORGE_LLM_BEST_K": "1", **env}
+    if how == "env":  # XEFORGE_MODEL=hosted_vllm/<model> OPENAI_API_BASE=http://host:port/v1, as DSPy also sees it
+        monkeypatch.setenv("OPENAI_API_BASE", base)
+        args = argparse.Namespace(model=None, api_base=None, max_iters=None, best_k=None)
+        return LMConfig.from_args(args, env={"XEFORGE_MODEL": model, "OPENAI_API_BASE": base, **settings})
+    args = argparse.Namespace(model=model, api_base=base, max_iters=None, best_k=None)  # --model ... --api-base ...
+    return LMConfig.from_args(args, env=settings)
+
+
+def _http_run(shared, tmp_path, cfg: LMConfig, **kw) -> Run:
+    """A Run whose engine is built as the pipeline builds it (LLMEngine.from_options: client, then the probe)."""
+    import argparse
+
+    run = Run(shared, tmp_path, scripted([]), **kw)
+    run.config = cfg
+    run.engine = LLMEngine.from_options(argparse.Namespace(llm=cfg), progress=run.log.append)
+    run.engine.client.sleep = run.sleeps.append
+    return run
+
+
+@pytest.mark.parametrize("how", CONFIGS)
+def test_http_good_answer(shared, tmp_path, fake_server, monkeypatch, how):
+    _FakeOpenAI.script = [answer(bottlenecks=["tiny blocks"], plan="bigger blocks", worth_trying=True, reason="ok"),
+                          kernel_answer(GOOD, "BLOCK 128")]
+    cfg = _http_config(how, fake_server.base, monkeypatch)
+    assert cfg.api_base == fake_server.base and cfg.client_route == "dspy"
+    run = _http_run(shared, tmp_path, cfg)
+    rec = run.go()
+    assert rec.best is not None and rec.best.verdict.correct
+    # the probe came first, then the two calls, all on the configured server's OpenAI paths
+    assert _FakeOpenAI.paths == ["GET /v1/models", "POST /v1/chat/completions", "POST /v1/chat/completions"]
+    assert any("the server at" in line and "answers via DSPy's own client" in line for line in run.log)
+    assert _FakeOpenAI.bodies[-1]["model"] == "test-coder" and "tiny blocks" in _FakeOpenAI.bodies[-1]["messages"][-1]["content"]
+    call = run.llm_json(rec)[0]["calls"][0]
+    assert call["total_tokens"] == 1200 and call["tokens_estimated"] is False
+    assert rec.tally == {"correct-unmeasured": 1}
+
+
+@pytest.mark.parametrize("how", CONFIGS)
+def test_http_wrong_then_right_feedback_reaches_the_second_request(shared, tmp_path, fake_server, monkeypatch, how):
+    _FakeOpenAI.script = [kernel_answer(WRONG, "subtract by mistake"), kernel_answer(GOOD, "fixed the sign")]
+    run = _http_run(shared, tmp_path, _http_config(how, fake_server.base, monkeypatch, XEFORGE_LLM_ANALYZE="0"))
+    rec = run.go()
+    assert [o.verdict.correct for o in rec.outcomes] == [False, True] and rec.best is rec.outcomes[1]
+    second = _FakeOpenAI.bodies[1]["messages"][-1]["content"]
+    assert "REJECTED at gate 2-correctness" in second and "worst at index" in second and "x - y, mask=mask" in second
+    assert rec.tally == {"rejected: 2-correctness": 1, "correct-unmeasured": 1}
+
+
+@pytest.mark.parametrize("how", CONFIGS)
+def test_http_garbage_is_feedback(shared, tmp_path, fake_server, monkeypatch, how):
+    _FakeOpenAI.script = ["I am sorry, I cannot help with GPU kernels.", kernel_answer(GOOD)]
+    run = _http_run(shared, tmp_path, _http_config(how, fake_server.base, monkeypatch, XEFORGE_LLM_ANALYZE="0"))
+    rec = run.go()
+    assert len(rec.outcomes) == 1 and rec.outcomes[0].verdict.correct
+    assert "NO KERNEL in the answer" in _FakeOpenAI.bodies[1]["messages"][-1]["content"]
+    assert rec.tally == {"no-code": 1, "correct-unmeasured": 1}
+
+
+@pytest.mark.parametrize("how", CONFIGS)
+def test_http_500_then_success_is_retried(shared, tmp_path, fake_server, monkeypatch, how):
+    _FakeOpenAI.script = [Status(500, {"error": {"message": "upstream exploded"}}), kernel_answer(GOOD)]
+    cfg = _http_config(how, fake_server.base, monkeypatch, XEFORGE_LLM_ANALYZE="0", XEFORGE_LLM_RETRIES="2")
+    run = _http_run(shared, tmp_path, cfg)
+    rec = run.go()
+    assert rec.best is not None and run.sleeps == [0.25]
+    assert any("retry 1/2" in line and "(server" in line and "upstream exploded" in line for line in run.log)
+    assert rec.tally == {"call server": 1, "correct-unmeasured": 1}
+
+
+@pytest.mark.parametrize("how", CONFIGS)
+def test_http_429_honours_retry_after(shared, tmp_path, fake_server, monkeypatch, how):
+    _FakeOpenAI.script = [Status(429, {"error": {"message": "slow down", "type": "rate_limit_error"}},
+                                 {"Retry-After": "1.5"}), kernel_answer(GOOD)]
+    cfg = _http_config(how, fake_server.base, monkeypatch, XEFORGE_LLM_ANALYZE="0", XEFORGE_LLM_RETRIES="1")
+    run = _http_run(shared, tmp_path, cfg)
+    rec = run.go()
+    assert rec.best is not None and run.sleeps == [1.5]  # the server's Retry-After, not the 0.25 s backoff
+    assert run.engine.client.usage.retries == 1
+
+
+@pytest.mark.parametrize("how", CONFIGS)
+def test_http_hang_past_the_timeout_at_first_call(shared, tmp_path, fake_server, monkeypatch, how):
+    _FakeOpenAI.script = [Hang(3.0)]
+    cfg = _http_config(how, fake_server.base, monkeypatch, XEFORGE_LLM_ANALYZE="0", XEFORGE_LLM_TIMEOUT="0.8")
+    run = _http_run(shared, tmp_path, cfg)
+    with pytest.raises(EngineError) as err:
+        run.go()
+    text = err.value.render()
+    # reported as a timeout with the setting that controls it, not as a dead server
+    assert "did not answer its first call (timeout)" in text and "XEFORGE_LLM_TIMEOUT" in text
+    assert "no answer within 0.8 s" in text and "is running" not in text
+    # the call given up was cancelled: the server saw the client close the connection, well before its answer
+    deadline = time.monotonic() + 2.0
+    while not _FakeOpenAI.cancelled and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _FakeOpenAI.cancelled and _FakeOpenAI.cancelled[0] < 2.0
+    failed = json.loads((run.store.root / "llm" / "04-memory_access" / "c1-r1-failed.json").read_text())
+    assert [c["error_kind"] for c in failed["calls"]] == ["timeout"] and failed["calls"][0]["elapsed_s"] < 1.6
+
+
+@pytest.mark.parametrize("how", CONFIGS)
+def test_http_timeout_later_stops_the_stage(shared, tmp_path, fake_server, monkeypatch, how):
+    _FakeOpenAI.script = [kernel_answer(WRONG), Hang(2.0), Hang(2.0)]
+    cfg = _http_config(how, fake_server.base, monkeypatch, XEFORGE_LLM_ANALYZE="0", XEFORGE_LLM_TIMEOUT="0.6",
+                       XEFORGE_LLM_RETRIES="1")
+    run = _http_run(shared, tmp_path, cfg)
+    rec = run.go()
+    assert rec.best is None and len(rec.outcomes) == 1
+    assert "stopped: the model stopped answering (timeout)" in rec.note and "XEFORGE_LLM_TIMEOUT" in rec.note
+    assert rec.tally == {"rejected: 2-correctness": 1, "call timeout": 2, "stopped: timeout": 1}
+
+
+@pytest.mark.parametrize("how", CONFIGS)
+@pytest.mark.parametrize("overflow", [VLLM_OVERFLOW, OPENAI_OVERFLOW, LLAMACPP_OVERFLOW], ids=["vllm", "openai", "llamacpp"])
+def test_http_context_length_400_trims_and_goes_on(shared, tmp_path, fake_server, monkeypatch, how, overflow):
+    from cover_agent.prompts import render_stage
+
+    second_wrong = WRONG.replace("x - y, mask", "x * y, mask")
+    _FakeOpenAI.script = [kernel_answer(WRONG, "attempt A"), kernel_answer(second_wrong, "attempt B"),
+                          Status(400, overflow), kernel_answer(GOOD, "attempt C")]
+    cfg = _http_config(how, fake_server.base, monkeypatch, XEFORGE_LLM_ANALYZE="0", XEFORGE_LLM_MAX_ITERS="3")
+    run = _http_run(shared, tmp_path, cfg)
+    base = len(render_stage(run.stage, run.ctx, run.stage.detect(run.ctx), run.kbc, []).text)
+    # a window that holds the brief and both attempts; half of it (the first trim) holds neither attempt's code
+    run.engine.config = replace(cfg, context_tokens=int((base + 6000) / 3.5) + cfg.max_tokens + 1200)
+    rec = run.go()
+    assert rec.best is not None and rec.best.verdict.correct
+    overflowed, trimmed = (b["messages"][-1]["content"] for b in _FakeOpenAI.bodies[2:4])
+    assert len(trimmed) < len(overflowed) and "attempt B" in trimmed
+    assert (run.store.root / "llm" / "04-memory_access" / "c1-r3-overflow.json").exists()
+    assert any("does not fit the model's context" in line and "trimming" in line for line in run.log)
+
+
+@pytest.mark.parametrize("how", CONFIGS)
+def test_http_dead_server_is_found_by_the_probe(shared, tmp_path, monkeypatch, how):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = _http_config(how, f"http://127.0.0.1:{port}/v1", monkeypatch)
+    with pytest.raises(EngineError) as err:
+        _http_run(shared, tmp_path, cfg)
+    text = err.value.render()
+    assert f"nothing answers at http://127.0.0.1:{port}/v1" in text and "start the model server" in text
+    assert ("OPENAI_API_BASE" if how == "env" else "--api-base") in text
+
+
+@pytest.mark.parametrize("how", CONFIGS)
+def test_http_base_url_without_v1_is_named(shared, tmp_path, fake_server, monkeypatch, how):
+    bare = fake_server.base[: -len("/v1")]
+    with pytest.raises(EngineError) as err:
+        _http_run(shared, tmp_path, _http_config(how, bare, monkeypatch))
+    text = err.value.render()
+    assert "the base URL lacks /v1" in text and f"--api-base {bare}/v1" in text and bare in text
+    assert not _FakeOpenAI.bodies  # no model call was spent on it
+
+
+@pytest.mark.parametrize("how", CONFIGS)
+def test_http_unknown_model_lists_the_served_ones(shared, tmp_path, fake_server, monkeypatch, how):
+    _FakeOpenAI.served = ["Qwen/Qwen2.5-Coder-32B-Instruct", "test-coder-7b"]
+    with pytest.raises(EngineError) as err:
+        _http_run(shared, tmp_path, _http_config(how, fake_server.base, monkeypatch))
+    text = err.value.render()
+    assert "does not serve 'test-coder'" in text and "Qwen/Qwen2.5-Coder-32B-Instruct, test-coder-7b" in text
+    assert "--model hosted_vllm/Qwen/Qwen2.5-Coder-32B-Instruct" in text
+
+
+def _doc_example(name: str, port: int) -> tuple[list[str], dict[str, str]]:
+    """The ``xeforge port`` command and environment of the docs/llm.md example marked ``<!-- example: name -->``,
+    with its server's host and port replaced by the test server's."""
+    import re
+    import shlex
+
+    doc = (ROOT / "docs" / "llm.md").read_text()
+    m = re.search(rf"<!-- example: {name} -->\s*```\w*\n(.*?)```", doc, re.DOTALL)
+    assert m, f"docs/llm.md has no example {name!r}"
+    text = re.sub(r"http://(?:localhost|host):\d+", f"http://127.0.0.1:{port}", m.group(1).replace("\\\n", " "))
+    env, argv = {}, None
+    for line in text.splitlines():
+        words = shlex.split(line, comments=True)
+        if words[:1] == ["export"]:
+            words = words[1:]
+        while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):
+            key, value = words.pop(0).split("=", 1)
+            env[key] = value
+        if words[:2] == ["xeforge", "port"]:
+            argv = words[1:]
+    assert argv, f"the {name} example has no xeforge port command"
+    return argv, env
+
+
+@pytest.mark.parametrize("name,served", [("vllm", "Qwen/Qwen2.5-Coder-32B-Instruct"), ("llamacpp", "qwen.gguf"),
+                                         ("ollama", "qwen2.5-coder:32b"), ("hosted", "gpt-4o")])
+def test_docs_llm_examples_work_against_a_server(fake_server, tmp_path, monkeypatch, name, served):
+    import argparse
+
+    from xeforge.cli import build_parser
+
+    port = fake_server.server_address[1]
+    argv, env = _doc_example(name, port)
+    if name == "hosted":  # the hosted API's own endpoint is not reachable here: the same call through a gateway URL
+        env["OPENAI_API_BASE"] = fake_server.base
+    for key in ("OPENAI_API_BASE", "OLLAMA_API_BASE", "HOSTED_VLLM_API_BASE", "XEFORGE_MODEL"):
+        monkeypatch.delenv(key, raising=False)
+    _FakeOpenAI.served = [served]
+    _FakeOpenAI.script = [answer(bottlenecks=["x"], plan="y", worth_trying=True, reason="z")]
+    args = build_parser().parse_args(argv)
+    cfg = LMConfig.from_args(args, env={**env, "XEFORGE_LLM_RETRIES": "0", "XEFORGE_LLM_TIMEOUT": "2"})
+    log: list[str] = []
+    engine = LLMEngine.from_options(argparse.Namespace(llm=cfg), progress=log.append)
+    result = engine.client.call("analysis", "the brief", f"{name} example")
+    assert result.fields is not None and result.fields["plan"] == "y"
+    assert _FakeOpenAI.paths == ["GET /v1/models", "POST /v1/chat/completions"]
+    assert _FakeOpenAI.bodies[0]["model"] == cfg.model.split("/", 1)[1]
+    if name == "hosted":  # the key reached the server, and nothing else
+        assert _FakeOpenAI.headers_seen[-1].get("Authorization") == f"Bearer {env['OPENAI_API_KEY']}"
+        assert env["OPENAI_API_KEY"] not in cfg.describe() + json.dumps(cfg.public_dict())
+
+
+def test_failures_mean_the_same_on_the_litellm_route():
+    """DSPy maps LiteLLM's exceptions to the same DSPy errors the HTTP tests meet on DSPy's own client; classify
+    reads both alike (the LiteLLM route itself is not driven over HTTP here: importing litellm takes seconds)."""
+    from dspy.utils.exceptions import (ContextWindowExceededError, LMInvalidRequestError, LMTimeoutError,
+                                       LMTransportError)
+
+    from cover_agent.client import _message, classify
+
+    cfg = LMConfig(timeout_s=2.0, api_base="http://h:1/v1")
+    vllm = ("litellm.BadRequestError: Hosted_vllmException - {\"object\": \"error\", \"message\": \"This model's "
+            "maximum context length is 4096 tokens.\"}")
+    assert classify(LMTimeoutError("litellm.Timeout: Read timed out", model="m", status=408)) == "timeout"
+    assert classify(ContextWindowExceededError(message="too long", model="m", status=400)) == "context"
+    assert classify(LMInvalidRequestError(vllm, model="m", status=400)) == "context"
+    assert classify(LMInvalidRequestError("bad temperature", model="m", status=400)) == "request"
+    assert classify(LMTransportError("Connection refused", model="m")) == "transport"
+    assert classify(LMInvalidRequestError("", model="m", status=404)) == "not-found"
+    text = _message(LMInvalidRequestError("", model="m", status=404), cfg)
+    assert "HTTP 404" in text and "http://h:1/v1" in text
+    assert "XEFORGE_LLM_TIMEOUT" in _message(LMTimeoutError("x", model="m"), cfg)
+
+
+# ------------------------------------------------------------------------------------------------ whole runs over HTTP
+def _port(tmp_path, monkeypatch, base: str, *extra: str, model: str = "hosted_vllm/test-coder") -> int:
+    """``xeforge port`` in this process, configured the README's way (XEFORGE_MODEL + OPENAI_API_BASE)."""
+    from xeforge.cli import main
+
+    for var, value in {"XEFORGE_MODEL": model, "OPENAI_API_BASE": base, "XEFORGE_LLM_RETRIES": "0",
+                       "XEFORGE_LLM_TIMEOUT": "2", "XEFORGE_LLM_ANALYZE": "0", "XEFORGE_ROUNDS": "2"}.items():
+        monkeypatch.setenv(var, value)
+    return main(["port", str(VADD), "--device", "cpu", "--stages", "memory_access", "--max-iters", "2",
+                 "--best-k", "1", "--run-dir", str(tmp_path / "run"), *extra])
+
+
+def test_port_whose_model_never_gives_a_kernel_says_so_and_exits_3(tmp_path, fake_server, monkeypatch, capsys):
+    _FakeOpenAI.script = ["I cannot help with that.", "Still no."]
+    assert _port(tmp_path, monkeypatch, fake_server.base, "--engine", "llm") == 3
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["outcome"] == "no-usable-answer" and report["exit_code"] == 3
+    assert report["final"]["claim"] == ("starting kernel returned: nothing adopted — the model's answers: 2 answer(s) "
+                                        "with no kernel")
+    md = (tmp_path / "run" / "report.md").read_text()
+    assert "| no candidate: 2 answer(s) with no kernel |" in md and "none adopted (search results" not in md
+    assert "exit status 3" in capsys.readouterr().err
+
+
+def test_port_with_a_dead_server_stops_before_the_baseline(tmp_path, monkeypatch):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert _port(tmp_path, monkeypatch, f"http://127.0.0.1:{port}/v1", "--engine", "llm") == 1
+    assert not (tmp_path / "run" / "baseline" / "verdict.json").exists()  # no device time was spent
+
+
+def test_port_auto_falls_back_and_the_report_says_why(tmp_path, fake_server, monkeypatch):
+    bare = fake_server.base[: -len("/v1")]  # the server is up, but the base URL lacks /v1
+    assert _port(tmp_path, monkeypatch, bare, "--engine", "auto") == 3
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["engine"] == "rules" and "lacks /v1" in report["engine_fallback"]
+    assert "the llm engine fell back to the rules engine" in report["summary"]
+    md = (tmp_path / "run" / "report.md").read_text()
+    engine_line = next(line for line in md.splitlines() if line.startswith("| engine |"))
+    assert "fell back from the llm engine" in engine_line and "lacks /v1" in engine_line

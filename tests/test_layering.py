@@ -136,3 +136,13 @@ def test_each_lazy_import_says_what_heavy_dependency_it_defers():
                 bad.append(f"{rel}:{node.lineno}: {lines[i].strip()}")
     assert not bad, ("function-level imports without a `lazy: <the heavy dependency it defers>` comment (move the "
                      "import to the top of the module unless it defers one):\n" + "\n".join(bad))
+
+
+def test_every_parse_goes_through_the_lock():
+    """``ast.parse`` from two threads at once can raise SystemError on CPython before 3.11.8 (python/cpython#106905;
+    CI's 3.11.7 did, in the published-format tests): xeforge parses only through ``kernel_model.parse_python``."""
+    bad = [f"{rel}:{node.lineno}" for rel, mod, text in _sources() if mod != "xeforge.kernel_model"
+           for node in ast.walk(ast.parse(text))
+           if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "parse"
+           and isinstance(node.func.value, ast.Name) and node.func.value.id == "ast"]
+    assert not bad, "ast.parse outside xeforge.kernel_model.parse_python (use it): " + ", ".join(bad)

@@ -95,6 +95,7 @@ def test_broken_starting_kernel_stops_with_a_clear_error(tmp_path):
     assert "starting kernel does not pass verification" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow  # three ports of the CPU interpreter (about 45 s): CI runs it with make test-slow
 def test_killed_run_resumes_to_the_same_result(tmp_path):
     full = tmp_path / "full"
     assert _port(str(VADD), "--device", "cpu", "--run-dir", str(full)).returncode == 0

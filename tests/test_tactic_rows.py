@@ -168,7 +168,8 @@ def test_rows_must_be_a_power_of_two():
 
 def test_dry_run_lists_the_tactic_for_rotary(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "xeforge", "port", str(KERNELS / "rotary"), "--device", "cpu",
-                           "--dry-run", "--runs-dir", str(tmp_path / "runs")], capture_output=True, text=True,
+                           "--dry-run", "--stages", "device_tuning", "--runs-dir", str(tmp_path / "runs")],
+                          capture_output=True, text=True,
                           cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "tactic rows-per-program: applies — rotary_kernel: ROWS rows per program" in proc.stdout

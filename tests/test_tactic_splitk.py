@@ -167,7 +167,8 @@ def test_the_split_kernel_stays_tunable(verify):
 
 def test_dry_run_lists_the_tactic(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "xeforge", "port", str(TALL_K), "--device", "cuda", "--target", "h200",
-                           "--dry-run", "--runs-dir", str(tmp_path / "runs")], capture_output=True, text=True,
+                           "--dry-run", "--stages", "device_tuning", "--runs-dir", str(tmp_path / "runs")],
+                          capture_output=True, text=True,
                           cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "tactic split-k: applies — matmul_kernel: split-K" in proc.stdout

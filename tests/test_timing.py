@@ -161,7 +161,7 @@ class _FakeRuntime:
 def test_worker_timing_loop_delays_every_call_and_interleaves():
     """The GPU-only timing loop, driven on the CPU with a fake runtime: sync, then the flush repeated as many
     times as delay_flushes says for the measured host time, then the call between its two events."""
-    from xeforge.problem import TensorPlan
+    from xeforge.inputs import TensorPlan
     from xeforge.worker import WorkerState
 
     w = WorkerState("cpu")

@@ -156,6 +156,7 @@ def test_run_time_checks_count_the_autotuners_timing_launches_and_refuse_a_flood
         _trace([launch], [out], truncated=True), start)
 
 
+@pytest.mark.slow  # two verifiers and a custom op on the interpreter (about 25 s): CI runs it with make test-slow
 def test_a_candidate_that_redefines_the_starts_custom_op_does_not_replace_it(tmp_path):
     """torch.library ops are process-wide by name: without a namespace of its own per loaded file, a candidate
     defining the start's ``ns::op`` made the start's slot run the candidate's body (on the H200 every trial of the

@@ -79,7 +79,7 @@ def test_cheat_fails_at_its_gate(verifiers, name, problem, gate, reason):
 
 
 def test_loop_forever_times_out_and_worker_is_replaced(verifiers):
-    v = verifiers("vadd", compile_timeout_s=12.0, run_timeout_s=5.0)
+    v = verifiers("vadd", compile_timeout_s=6.0, run_timeout_s=3.0)
     verdict = v.verify(CHEATS / "loops_forever.py", v.problem.kernel_path)
     assert verdict.failed_gate.gate == "0-isolation"
     assert "timed out" in verdict.failed_gate.summary

@@ -51,6 +51,8 @@ from tabulate import tabulate
 
 from xeforge import devices
 from xeforge.cli_args import add_llm_args
+from xeforge.diagnosis.profile import describe as describe_profile
+from xeforge.diagnosis.rules import describe as describe_diagnosis
 from xeforge.errors import UsageError, XeforgeError
 from xeforge.isolation import WorkerFailure
 from xeforge.problem import load_problem, source_hash
@@ -85,7 +87,8 @@ SPEEDUPS = {
     "final_vs_blas": ("blas", "final"),
 }
 CPU_HEADER = ("CORRECTNESS ONLY: --device cpu runs Triton's interpreter, which measures nothing about GPU speed. "
-              "Kernels were verified (gates 0-2); nothing was timed and no speedup is claimed.")
+              "Kernels were verified (gates 0-2); nothing was timed and no speedup is claimed; no compiler facts or "
+              "profiles (the interpreter compiles nothing).")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 _DTYPE_SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
 
@@ -305,12 +308,14 @@ class BenchContext:
 
     def verifier(self, problem, workdir: Path):
         # lazy: the pipeline imports libcst and every stage (about a second); `xeforge --help` imports this module
-        from xeforge.pipeline import constraint_hook
+        from xeforge.pipeline import constraint_hook, diagnoser
 
         hooks = [h for h in [constraint_hook(self.kbc)] if h] if self.kbc is not None else []
         entry = getattr(self.kbc, "entry", None)
-        factory = self.make_verifier or Verifier
-        return factory(problem, self.device, self.settings, workdir, hooks, entry)
+        if self.make_verifier is not None:
+            return self.make_verifier(problem, self.device, self.settings, workdir, hooks, entry)
+        dx = diagnoser(self.kbc, self.device) if self.kbc is not None else None
+        return Verifier(problem, self.device, self.settings, workdir, hooks, entry, dx)
 
 
 def _entry(label: str, path: Path | None, text: str | None = None) -> dict:
@@ -326,6 +331,8 @@ def _record_verdict(e: dict, verdict) -> None:
     e["verified"] = VERIFIED if verdict.correct else FAILED
     e["verification"] = verdict.feedback()
     e["gates"] = [{"gate": g.gate, "status": g.status, "summary": g.summary} for g in verdict.gates]
+    if (getattr(verdict, "diagnosis", None) or {}).get("available"):  # on the interpreter: none (the header says so)
+        e["compiler"] = describe_diagnosis(verdict.diagnosis)
     g2 = next((g for g in verdict.gates if g.gate == "2-correctness"), None)
     if g2 is not None and g2.status == "pass":
         e["verification"] = g2.summary
@@ -428,6 +435,15 @@ def _bench_problem(path: Path, ctx: BenchContext, row: dict, workdir: Path) -> N
                     e["not_timed"] = "not timed: the CPU interpreter measures nothing (correctness only)"
             return
         _time_row(v, problem, variant, row, ctx)
+        for key in ("start", "final"):  # where each one's device time goes (profiler; not gate 3's timer)
+            e = entries.get(key) or {}
+            if e.get("path") and e.get("verified") == VERIFIED and (key == "start"
+                                                                   or e.get("source_hash") != start["source_hash"]):
+                try:
+                    view = v.profile(Path(e["path"]), variant)
+                except Exception as exc:  # noqa: BLE001 — an advisory view; it never costs the problem its row
+                    view = {"available": False, "why": f"the profile failed: {type(exc).__name__}: {exc}"[:300]}
+                row.setdefault("breakdown", {})[key] = {**view, "line": describe_profile(view)}
         if not opt.variant:
             _time_shapes(v, problem.timed_variants(device.kind)[1:], row, ctx)
 

@@ -59,7 +59,10 @@ def cmd_port(args: argparse.Namespace) -> int:
         print(f"{report['summary']}")
         print(f"final kernel: {report['final']['path']}")
         print(f"report: {Path(report['run_dir']) / 'report.md'}")
-    return 0
+    if report.get("outcome") == "no-usable-answer":
+        # exit 3: the run completed, but no answer of the llm engine reached the verifier (docs/llm.md)
+        print("note: the llm engine produced no answer that reached the verifier; exit status 3", file=sys.stderr)
+    return int(report.get("exit_code", 0))
 
 
 def _llm_config(args: argparse.Namespace):
@@ -106,7 +109,8 @@ def _print_plan(plan: dict) -> None:
 def cmd_verify(args: argparse.Namespace) -> int:
     # lazy: the pipeline imports libcst and every stage (about a second); `xeforge --help`, `report`, `kb` and
     # `aa` never need it
-    from xeforge.pipeline import constraint_hook, kb_context
+    from xeforge.diagnosis.rules import describe as describe_diagnosis  # lazy, with the pipeline below
+    from xeforge.pipeline import constraint_hook, diagnoser, kb_context
 
     problem = load_problem(args.problem)
     device = devices.describe(devices.resolve(args.device))
@@ -122,19 +126,21 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if device.interpreter:
         print("note: the CPU interpreter checks correctness only; gate 3 does not run", file=sys.stderr)
     hooks = [h for h in [constraint_hook(kbc)] if h]
-    with Verifier(problem, device, load_settings(), store.root, hooks, kbc.entry) as v:
+    with Verifier(problem, device, load_settings(), store.root, hooks, kbc.entry, diagnoser(kbc, device)) as v:
         incumbent = problem.kernel_path if (args.candidate and not device.interpreter) else None
         if not args.candidate and not device.interpreter:
             incumbent = problem.kernel_path  # the starting kernel against itself: gate 3 is then an A/A check
         verdict = v.verify(cand, incumbent)
     out = {"problem": problem.name, "candidate": str(cand), "device": device.as_dict(), "kb_device": kbc.device_id,
            "correct": verdict.correct, "accepted": verdict.accepted, "feedback": verdict.feedback(),
-           "gates": [g.__dict__ for g in verdict.gates]}
+           "gates": [g.__dict__ for g in verdict.gates], "diagnosis": verdict.diagnosis}
     if args.json:
         _print_json(out)
     else:
         for g in verdict.gates:
             print(f"gate {g.gate:<14} {g.status.upper():<8} {g.summary}")
+        for line in describe_diagnosis(verdict.diagnosis):
+            print(line)
         print(("VERIFIED CORRECT" if verdict.correct else "REJECTED") + f": {verdict.feedback()}")
     return 0 if verdict.correct else 2
 

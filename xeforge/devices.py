@@ -76,30 +76,27 @@ def resolve(kind: str) -> str:
 
 
 def versions() -> dict[str, str]:
+    """The Python, torch and Triton versions, read from the installed distributions' metadata (importing torch
+    takes seconds, and a port on the interpreter never needs it in this process)."""
+    import importlib.metadata  # lazy: the workers import this module and never ask
+
     out = {"python": platform.python_version()}
-    try:
-        import torch  # lazy, like _torch(); absent is reported, not raised
-
-        out["torch"] = torch.__version__
-    except ImportError:
-        out["torch"] = "not installed"
-    try:
-        import triton  # lazy: triton imports torch
-
-        out["triton"] = triton.__version__
-    except ImportError:
-        out["triton"] = "not installed"
+    for name in ("torch", "triton"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "not installed"
     return out
 
 
 def describe(kind: str) -> DeviceInfo:
     """Properties of device 0 of ``kind`` (already resolved)."""
-    torch = _torch()
     ver = versions()
     if kind == "cpu":
         return DeviceInfo("cpu", f"Triton interpreter on {platform.processor() or platform.machine()}",
                           cores=os.cpu_count(), torch=ver["torch"], triton=ver["triton"], interpreter=True,
                           architecture=platform.machine())
+    torch = _torch()
     if kind == "cuda":
         p = torch.cuda.get_device_properties(0)
         driver = None

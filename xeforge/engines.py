@@ -24,6 +24,7 @@ from cover_agent import make_llm_engine
 from cover_agent.config import LMConfig
 from cover_agent.prompts import render_stage_prompt
 from stages.base import Candidate, Evaluate, Stage, StageContext, TacticRecord, TrialOutcome
+from xeforge.diagnosis.rules import tactic_order
 from xeforge.errors import EngineError
 from xeforge.kb._base import DTYPE_BYTES, dtype_key
 from xeforge.rewrite.tiling.subtile import subtile_stores
@@ -43,19 +44,23 @@ class RulesEngine:
         gain was below the noise margin, carried into this stage); its candidates say so.
         """
         records = []
-        for tactic in stage.tactics:
+        tactics, first = tactic_order(list(stage.tactics), stage.name, ctx.diagnosis)
+        for tactic in tactics:
             app = tactic.check(ctx)
             rec = TacticRecord(tactic.name, app.applies, app.reason)
+            if tactic.name in first:
+                rec.note = f"tried first: {first[tactic.name]}"
             records.append(rec)
             if not app.applies:
                 continue
             candidates = tactic.propose(ctx)
             if basis:
-                rec.note = f"proposed on top of trial {basis}, not on the incumbent"
+                basis_note = f"proposed on top of trial {basis}, not on the incumbent"
+                rec.note = "; ".join(filter(None, [rec.note, basis_note]))
                 for c in candidates:
                     c.description = f"{c.description} [on top of trial {basis}]"
             if not candidates:
-                rec.note = "the tactic applied but produced no candidate"
+                rec.note = "; ".join(filter(None, [rec.note, "the tactic applied but produced no candidate"]))
                 continue
             prepare = getattr(evaluate, "prepare", None)
             if prepare is not None and len(candidates) > 1:
@@ -67,6 +72,7 @@ class RulesEngine:
             rec.best = choose(rec.outcomes)
             if rec.best is not None:
                 ctx = ctx.with_source(rec.best.candidate.source)
+                ctx.diagnosis = rec.best.verdict.diagnosis if rec.best.verdict is not None else None
         return records
 
 

@@ -10,6 +10,7 @@ rules engine's tactics read this model; source *rewriting* lives in :mod:`xeforg
 from __future__ import annotations
 
 import ast
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,18 @@ from xeforge.errors import KernelSourceError
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "grf_mode", "warp_size", "threads_per_warp", "maxnreg")
 
 _NOT_LITERAL = object()
+
+#: CPython before 3.11.8 / 3.12.1 counts the AST constructor's depth in state every thread shares, and two
+#: ``ast.parse`` calls at once can fail with "SystemError: AST constructor recursion depth mismatch"
+#: (python/cpython#106905); the verifier is built from threads (the published-format tests, prewarm), so every
+#: parse in xeforge goes through this lock.
+_PARSE_LOCK = threading.Lock()
+
+
+def parse_python(source: str, filename: str = "<unknown>", mode: str = "exec") -> ast.AST:
+    """``ast.parse``, one thread at a time (see ``_PARSE_LOCK``)."""
+    with _PARSE_LOCK:
+        return ast.parse(source, filename=filename, mode=mode)
 
 
 def literal(node: ast.AST | None) -> Any:
@@ -190,7 +203,7 @@ class _CallCollector(ast.NodeVisitor):
 def parse_kernel(source: str, path: str = "kernel.py") -> KernelModel:
     """Parse a kernel file. Raises :class:`KernelSourceError` (with the line) when it is not valid Python."""
     try:
-        tree = ast.parse(source, filename=path)
+        tree = parse_python(source, filename=path)
     except SyntaxError as exc:
         raise KernelSourceError(
             path, f"line {exc.lineno}: {exc.msg}", "fix the syntax error; the file must be valid Python"

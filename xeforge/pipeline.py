@@ -31,9 +31,13 @@ from stages.base import Candidate, Stage, StageContext, TacticRecord, TrialOutco
 from xeforge import devices
 from xeforge.analysis.observe import traces
 from xeforge.analysis.trace import Trace
+from xeforge.diagnosis.rules import Diagnoser, findings_of
+from xeforge.diagnosis.rules import describe as describe_diagnosis
 from xeforge.engines import llm_prompt, make_engine
 from xeforge.errors import EngineError, RunError, UsageError
 from xeforge.kb import TritonInfo, installed_triton, load_kb
+from xeforge.outcome import EXIT_CODES, outcome, why_nothing_adopted
+from xeforge.isolation import facts_worker
 from xeforge.problem import Problem, source_hash
 from xeforge.report import write_reports
 from xeforge.settings import Settings
@@ -87,6 +91,12 @@ def kb_context(device: devices.DeviceInfo, target: str | None = None, triton: st
                      "" if entry else f"no knowledge-base device entry matches {device.name!r}")
 
 
+def diagnoser(kbc: KBContext, device: devices.DeviceInfo) -> Diagnoser | None:
+    """The knowledge base's recognizers and diagnoses for ``device``: what every verdict's compiler facts are read
+    with (None without a knowledge base)."""
+    return None if kbc.kb is None else Diagnoser(kbc.kb, kbc.entry, kbc.triton, device)
+
+
 def constraint_hook(kbc: KBContext):
     if kbc.kb is None or kbc.device_id is None:
         return None
@@ -114,6 +124,7 @@ class StageRecord:
     speedup: float | None = None  # measured speedup of this stage's adopted candidates (product)
     adopted_unmeasured: bool = False
     kb_entries: int | None = None
+    diagnosis: dict[str, Any] | None = None  # the incumbent's compiler facts and findings as the stage began
 
 
 class Pipeline:
@@ -218,6 +229,7 @@ class Pipeline:
         opt = self.opt
         engine_name, engine_why = self.resolve_engine()
         kind = devices.resolve(opt.device)
+        facts_worker().spawn()  # its start-up (torch) overlaps the baseline's; the stages' traces run in it
         device = devices.describe(kind)
         kbc = kb_context(device, opt.target, opt.triton)
         store = self._open_store()
@@ -243,7 +255,8 @@ class Pipeline:
             run_meta["resumed_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
         store.write_run(run_meta)
         hooks = [h for h in [constraint_hook(kbc)] if h]
-        with Verifier(self.problem, device, self.settings, store.root, hooks, kbc.entry) as verifier:
+        with Verifier(self.problem, device, self.settings, store.root, hooks, kbc.entry,
+                      diagnoser(kbc, device)) as verifier:
             try:
                 report = self._run(store, verifier, device, kbc, engine_name)
             except BaseException as exc:
@@ -271,11 +284,20 @@ class Pipeline:
         start_path = store.root / "baseline" / self.problem.kernel_path.name
         if not start_path.exists():
             atomic_write(start_path, self.problem.kernel_source)
-        # engines first: a missing key or a dead server is reported before any device time is spent
-        engine = make_engine(engine_name if engine_name != "both" else "rules", self.opt)
+        # engines first: a missing key or a dead server (the llm engine probes it) is reported before any device
+        # time is spent; --engine auto falls back to the rules engine and says so in the report
+        try:
+            engine = make_engine(engine_name if engine_name != "both" else "rules", self.opt)
+        except EngineError as exc:
+            if self.opt.engine != "auto" or engine_name != "llm":
+                raise
+            self.say(f"the llm engine cannot start ({exc.what}); --engine auto falls back to the rules engine")
+            self.fallback = f"the llm engine could not start: {exc.what}; rules engine used"
+            engine_name, engine = "rules", make_engine("rules", self.opt)
         llm_engine = make_engine("llm", self.opt) if engine_name == "both" else None
         baseline = self._baseline(store, verifier, start_path)
         incumbent_path, incumbent_src = start_path, self.problem.kernel_source
+        incumbent_diagnosis = baseline.get("diagnosis")
         history: list[Path] = [start_path]
         records: list[StageRecord] = []
         named = set(self.opt.stages or [])
@@ -286,6 +308,7 @@ class Pipeline:
             rec = StageRecord(stage.name, stage.order, stage.goal, incumbent_before=source_hash(incumbent_src))
             records.append(rec)
             ctx = self.context(device, kbc, incumbent_src, store.root)
+            ctx.diagnosis = rec.diagnosis = incumbent_diagnosis
             issues = stage.detect(ctx)
             rec.issues = [i.render() for i in issues]
             if kbc.kb is not None and kbc.device_id:
@@ -293,6 +316,9 @@ class Pipeline:
             checks = {t.name: t.check(ctx) for t in stage.tactics}
             applicable = [name for name, app in checks.items() if app.applies]
             self.say(f"[stage {stage.order}/9 {stage.name}] {len(issues)} issue(s)")
+            for f in findings_of(incumbent_diagnosis):
+                if f.stage == stage.name:
+                    self.say(f"  diagnosis of the incumbent: {f.render()}")
             if engine_name == "rules" and not stage.tactics:
                 rec.status, rec.reason = "no-tactic", stage.no_tactic_message()
                 self.say(f"  {rec.reason}")
@@ -351,6 +377,7 @@ class Pipeline:
             adopted = [t.best for t in rec.tactics if t.best is not None]
             if adopted:
                 incumbent_path, incumbent_src = inc_holder["path"], inc_holder["src"]
+                incumbent_diagnosis = adopted[-1].verdict.diagnosis if adopted[-1].verdict else None
                 history.append(incumbent_path)
                 speedups = [o.verdict.speedup for o in adopted if o.verdict.timed and o.verdict.speedup]
                 rec.speedup = _product(speedups) if speedups else None
@@ -358,7 +385,7 @@ class Pipeline:
             elif device.can_time:
                 carried = _hidden_gain(rec.tactics) or carried
             rec.incumbent_after = source_hash(incumbent_src)
-        final = self._final(store, verifier, device, history, start_path)
+        final = self._final(store, verifier, device, history, start_path, records)
         report = self._report(store, device, kbc, engine_name, baseline, records, final)
         write_reports(store.root, report)
         return report
@@ -375,6 +402,8 @@ class Pipeline:
             write_json(vpath, v.as_dict())
         for g in v.gates:
             self.say(f"  gate {g.gate}: {g.status} — {g.summary}")
+        for line in describe_diagnosis(v.diagnosis):
+            self.say(f"  {line}")
         if not v.correct:
             raise RunError(str(self.problem.kernel_path), "the starting kernel does not pass verification: "
                            + v.feedback(), "fix the starting kernel (or its reference/spec) before porting it")
@@ -410,7 +439,8 @@ class Pipeline:
         rewrites = [o for o in correct if o.candidate.kind == "rewrite"]
         return rewrites[0] if rewrites else None
 
-    def _final(self, store: RunStore, verifier: Verifier, device, history: list[Path], start_path: Path) -> dict:
+    def _final(self, store: RunStore, verifier: Verifier, device, history: list[Path], start_path: Path,
+               records: list[StageRecord] = ()) -> dict:
         """Re-verify the result from scratch; fall back to earlier passing kernels; never return something worse."""
         verifier.restart_worker()
         chain = list(reversed(history))
@@ -429,10 +459,7 @@ class Pipeline:
                 return self._write_final(store, start_path, v, "no verified improvement over the starting kernel",
                                          improved=False)
             if path == start_path:
-                tried = len(store.trials())
-                why = ("no candidate was adopted" if device.can_time else
-                       f"starting kernel returned: {tried} candidate(s) verified for correctness, none adopted "
-                       "(search results need a GPU to rank; speed is not measured on the CPU interpreter)")
+                why = why_nothing_adopted([_stage_dict(r) for r in records], device.can_time)
                 return self._write_final(store, start_path, v, why, improved=False)
             claim = (f"verified speedup {v.speedup:.3f}x over the starting kernel" if v.timed else
                      "correct on every variant; speed not measured on the CPU interpreter")
@@ -450,6 +477,9 @@ class Pipeline:
                 "is_start": path.parent.name == "baseline"}
 
     def _report(self, store, device, kbc, engine_name, baseline, records, final) -> dict[str, Any]:
+        stages = [_stage_dict(r) for r in records]
+        result = outcome(stages, final, self.fallback)
+        fell_back = f" (the llm engine fell back to the rules engine: {self.fallback})" if self.fallback else ""
         return {
             "schema": 1,
             "problem": self.problem.name,
@@ -462,14 +492,17 @@ class Pipeline:
             "versions": devices.versions(),
             "engine": engine_name,
             "engine_fallback": self.fallback,
+            "engine_requested": self.opt.engine,
+            "outcome": result,
+            "exit_code": EXIT_CODES[result],
             "timing_method": None if device.interpreter else
             "device events, full sync, L2 flush (repeated to hide host launch overhead), rotated inputs, interleaved A/B, median + IQR, A/A margin",
             "oracle": "float64 PyTorch reference" if self.problem.has_reference else "starting kernel (no reference.py)",
             "notes": self.problem.notes,
-            "baseline": baseline,
-            "stages": [_stage_dict(r) for r in records],
+            "baseline": baseline, "baseline_compiler": describe_diagnosis(baseline.get("diagnosis")),
+            "stages": stages,
             "final": final,
-            "summary": f"{self.problem.name} on {device.kind}: {final['claim']}",
+            "summary": f"{self.problem.name} on {device.kind}: {final['claim']}{fell_back}",
         }
 
 
@@ -512,9 +545,10 @@ def _stage_dict(r: StageRecord) -> dict[str, Any]:
         "issues": r.issues, "kb_entries": r.kb_entries, "speedup": r.speedup,
         "adopted_unmeasured": r.adopted_unmeasured, "incumbent_before": r.incumbent_before,
         "incumbent_after": r.incumbent_after,
+        "diagnosis": describe_diagnosis(r.diagnosis) if (r.diagnosis or {}).get("available") else [],
         "tactics": [{
             "name": t.name, "engine": t.engine, "applies": t.applies, "reason": t.reason, "note": t.note,
-            "best": t.best.trial if t.best else None,
+            "best": t.best.trial if t.best else None, "tally": dict(getattr(t, "tally", {}) or {}),
             "candidates": [{
                 "trial": o.trial, "description": o.candidate.description, "kind": o.candidate.kind,
                 "replayed": o.replayed, "adopted": o.adopted, "correct": o.verdict.correct,
@@ -522,6 +556,8 @@ def _stage_dict(r: StageRecord) -> dict[str, Any]:
                 "margin": o.verdict.margin, "feedback": o.verdict.feedback(),
                 "gates": [{"gate": g.gate, "status": g.status} for g in o.verdict.gates],
                 "timing": next((g.details for g in o.verdict.gates if g.gate == "3-performance"), None),
+                "compiler": (describe_diagnosis(o.verdict.diagnosis)
+                             if o.adopted and (o.verdict.diagnosis or {}).get("available") else []),
             } for o in t.outcomes],
         } for t in r.tactics],
     }

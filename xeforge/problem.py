@@ -23,16 +23,16 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from xeforge.errors import ProblemError, SpecError
+from xeforge.inputs import FLOAT_DTYPES, TensorPlan
 from xeforge.isolation import WorkerFailure, facts_worker
 from xeforge.kb.yamlio import YamlSyntaxError, parse_yaml
+from xeforge.kernel_model import parse_python
 
 DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int32", "int64", "bool")
-FLOAT_DTYPES = {"float16", "bfloat16", "float32", "float64"}
 PRECISIONS = ("strict", "tf32", "bf16", "fp16")
 _DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32",
                   "fp64": "float64", "double": "float64"}
 _VARIANT_RE = re.compile(r"^(ci|bench-.+)$")
-DISTRIBUTIONS = ("normal", "uniform", "outliers")
 _INT_RE = re.compile(r"^[+-]?\d+$")
 
 
@@ -308,7 +308,7 @@ _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
 
 def formula_names(expr: str) -> set[str]:
     """Names used by a formula; raises ValueError if it is not plain arithmetic."""
-    tree = ast.parse(str(expr), mode="eval")
+    tree = parse_python(str(expr), mode="eval")
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
@@ -352,7 +352,7 @@ def eval_formula(expr: Union[str, int, float], dims: dict[str, Any]) -> float:
     if len(str(expr)) > 1000:
         raise ValueError("a formula longer than 1000 characters")
     formula_names(expr)
-    return ev(ast.parse(str(expr), mode="eval"))
+    return ev(parse_python(str(expr), mode="eval"))
 
 
 _FORMULA_MAX = 2.0 ** 128  # flop and byte counts: far beyond any real kernel, far below a hang
@@ -754,31 +754,6 @@ def _kernelbench_spec(kernel: Code, reference: Code | None, root: Path) -> Spec:
 
 
 # --------------------------------------------------------------------------------------------- inputs
-@dataclass(frozen=True)
-class TensorPlan:
-    """What one input tensor looks like in one variant: enough to generate it in any process."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-    low: int = 0
-    high: int = 1024
-
-    @property
-    def is_float(self) -> bool:
-        return self.dtype in FLOAT_DTYPES
-
-    def wire(self) -> dict[str, Any]:
-        """Plain JSON data, for a worker request."""
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "low": self.low, "high": self.high}
-
-    @classmethod
-    def from_wire(cls, d: "dict[str, Any] | TensorPlan") -> "TensorPlan":
-        if isinstance(d, TensorPlan):
-            return d
-        return cls(str(d["name"]), tuple(int(s) for s in d["shape"]), str(d["dtype"]), int(d["low"]), int(d["high"]))
-
-
 def plan_inputs(problem: Problem, variant: Variant) -> list[TensorPlan]:
     out = []
     for inp in problem.input_specs(variant):
@@ -788,31 +763,6 @@ def plan_inputs(problem: Problem, variant: Variant) -> list[TensorPlan]:
         lo = variant.dims[lo] if isinstance(lo, str) else lo
         hi = variant.dims[hi] if isinstance(hi, str) else hi
         out.append(TensorPlan(inp.name, shape, dtype, int(lo), int(hi)))
-    return out
-
-
-def generate_inputs(plan: list[TensorPlan], seed: int, distribution: str = "normal", device: str = "cpu") -> list:
-    """Inputs drawn from ``distribution`` with ``seed``; bitwise identical in every process for the same device."""
-    import torch  # lazy: torch, for the tensors of a run only
-
-    gen = torch.Generator(device=device).manual_seed(seed)
-    out = []
-    for tp in plan:
-        dtype = getattr(torch, tp.dtype)
-        if tp.is_float:
-            if distribution == "uniform":
-                t = torch.rand(tp.shape, generator=gen, device=device, dtype=torch.float32) * 2 - 1
-            else:
-                t = torch.randn(tp.shape, generator=gen, device=device, dtype=torch.float32)
-                if distribution == "outliers" and t.numel():
-                    n = max(1, t.numel() // 997)
-                    idx = torch.randint(0, t.numel(), (n,), generator=gen, device=device)
-                    t.view(-1)[idx] *= 30.0
-            out.append(t.to(dtype))
-        elif tp.dtype == "bool":
-            out.append(torch.randint(0, 2, tp.shape, generator=gen, device=device).bool())
-        else:
-            out.append(torch.randint(tp.low, tp.high, tp.shape, generator=gen, device=device, dtype=dtype))
     return out
 
 

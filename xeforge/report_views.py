@@ -14,6 +14,8 @@ from typing import Any
 
 from tabulate import tabulate
 
+from xeforge.outcome import stage_verdict
+
 NOT_TIMED = "not timed"
 DASH = "—"
 
@@ -187,6 +189,10 @@ def bench_view(report: dict[str, Any]) -> dict[str, Any]:
                         **{k: speedup_text((sh.get("speedups") or {}).get(k)) for k in _SHAPE_SPEEDUPS},
                         "errors": "; ".join(f"{k}: {m}" for k, m in (sh.get("errors") or {}).items())}
                        for sh in r.get("shapes") or []],
+            "breakdown": [{"entry": k, "line": b.get("line", ""), "rows": b.get("rows") or []}
+                          for k, b in (r.get("breakdown") or {}).items()],
+            "compiler": [{"entry": k, "lines": e.get("compiler")} for k, e in (r.get("entries") or {}).items()
+                         if e.get("compiler")],
             "port_run": r.get("port_run"), "notes": r.get("notes") or [], "elapsed": r.get("elapsed_s"),
             "measured_by": _measured_by(report, r),
             "worker": r.get("worker"),
@@ -210,6 +216,7 @@ def bench_view(report: dict[str, Any]) -> dict[str, Any]:
         "variant_choice": report.get("variant_choice", ""),
         "port_source": report.get("port_source", ""),
         "command": _command(report),
+        "calls": _calls(report),
         "created": report.get("created", ""), "status": report.get("status", ""),
         "elapsed": report.get("elapsed_s"),
         "settings": ", ".join(f"{k}={settings[k]}" for k in ("correctness_rounds", "ragged_shapes", "warmup_calls",
@@ -237,6 +244,14 @@ def _command(report: dict[str, Any]) -> str:
     if len(calls) <= 1:
         return one(report.get("argv"))
     return "; then ".join(f"{one(c.get('argv'))} ({_call_stamp(c)})" for c in calls)
+
+
+def _calls(report: dict[str, Any]) -> list[str]:
+    """One line per call of the bench (a resumed run has several): the HTML shows the first and folds the rest."""
+    calls = report.get("calls") or []
+    if len(calls) <= 1:
+        return [_command(report)]
+    return [f"xeforge {' '.join(shlex.quote(a) for a in c.get('argv') or [])} ({_call_stamp(c)})" for c in calls]
 
 
 def _call_stamp(c: dict[str, Any]) -> str:
@@ -310,7 +325,7 @@ def port_view(report: dict[str, Any]) -> dict[str, Any]:
             if t.get("candidate"):
                 timings.append(f"{c['trial']} on {t.get('variant', '?')}: {_stats_text(t.get('incumbent'))} → "
                                f"{_stats_text(t.get('candidate'))}, margin {100 * (t.get('margin') or 0):.1f}%")
-        stages.append({"name": s["name"], "speedup": sp, "verified": "verified" if adopted else "not run",
+        stages.append({"name": s["name"], "speedup": sp, "verified": stage_verdict(s),
                        "adopted": ", ".join(c["trial"] for c in adopted) or DASH, "timings": timings})
     verified = "verified" if verdict.get("correct") else ("failed" if verdict.get("gates") else "not run")
     dev = report.get("device") or {}

@@ -40,6 +40,8 @@ class Settings:
     # search
     tuning_budget: int = field(default=24, metadata={"env": "XEFORGE_TUNING_BUDGET"})  # hardware evaluations per tactic
     cpu_tuning_budget: int = field(default=2, metadata={"env": "XEFORGE_CPU_TUNING_BUDGET"})
+    # diagnosis — keep each verified source's compiled kernels (IRs, metadata) in the run: worker/compiled/<hash>/
+    keep_compiled: bool = field(default=False, metadata={"env": "XEFORGE_KEEP_COMPILED"})
 
     def replace(self, **changes) -> "Settings":
         return dataclasses.replace(self, **changes)

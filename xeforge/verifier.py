@@ -18,6 +18,7 @@ import concurrent.futures
 import os
 import re
 import secrets
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,11 +28,13 @@ from xeforge import integrity, wire
 from xeforge.analysis.observe import trace_at
 from xeforge.analysis.trace import Trace, TraceError
 from xeforge.compare import compare_outputs
+from xeforge.diagnosis.profile import breakdown
+from xeforge.diagnosis.rules import Diagnoser
 from xeforge.devices import DeviceInfo
-from xeforge.errors import ProblemError
+from xeforge.errors import KernelSourceError, ProblemError
 from xeforge.isolation import Worker, WorkerFailure
-from xeforge.problem import (DISTRIBUTIONS, Code, Problem, Variant, default_tolerance, generate_inputs, plan_inputs,
-                             source_hash)
+from xeforge.inputs import DISTRIBUTIONS, generate_inputs
+from xeforge.problem import Code, Problem, Variant, default_tolerance, plan_inputs, source_hash
 from xeforge.settings import Settings
 from xeforge.static_checks import ConstraintHook, StaticChecker
 from xeforge.timing import ShapeVerdict, decide, decide_shapes, noise_margin, paired_ratios, roofline_floor
@@ -88,6 +91,7 @@ class Verdict:
     speedup: float | None = None
     margin: float | None = None
     note: str = ""
+    diagnosis: dict[str, Any] | None = None  # compiler facts and the KB's findings (xeforge.diagnosis); advisory
 
     @property
     def failed_gate(self) -> GateResult | None:
@@ -120,8 +124,10 @@ class Verifier:
     """Verifies candidates of one problem on one device. Use as a context manager (owns a worker)."""
 
     def __init__(self, problem: Problem, device: DeviceInfo, settings: Settings, workdir: Path,
-                 constraint_hooks: list[ConstraintHook] | None = None, device_entry: Any = None) -> None:
+                 constraint_hooks: list[ConstraintHook] | None = None, device_entry: Any = None,
+                 diagnoser: Diagnoser | None = None) -> None:
         self.problem = problem
+        self.diagnoser = diagnoser  # None: no compiler facts are collected
         self.device = device
         self.settings = settings
         self.workdir = Path(workdir).resolve()  # the worker runs in it: every path it is given must be absolute
@@ -147,6 +153,8 @@ class Verifier:
         self._weight_order: dict[str, list[str]] = {}  # variant -> the reference's parameter names, in order
         self._start_traces: dict[str, Any] = {}  # variant -> the starting kernel's traced call (run-time checks)
         self.runtime_notes: list[str] = []  # where the run-time checks could not be made
+        self._diagnoses: dict[str, dict] = {}  # source hash -> its diagnosis (compiler facts, findings)
+        self._facts_traces: dict[str, Any] = {}  # source hash -> the trace of the call that wrote its kernels
         self.weights_by_position: dict[str, dict[str, str]] = {}  # source hash -> reference name -> kernel name
         self.last_timing: dict = {}  # launch-overhead delay of the latest timing request (see timing.delay_flushes)
         # the float64 reference runs where fp64 is native; on an Intel part without it, on the host
@@ -192,6 +200,7 @@ class Verifier:
         if not (g0.passed and g2 is not None and g2.passed):
             return verdict
         verdict.correct = True
+        verdict.diagnosis = self.diagnose(cand)
         if incumbent_path is None or not time_it:
             return verdict
         t0 = time.monotonic()
@@ -439,11 +448,16 @@ class Verifier:
 
     def _slot_and_timeout(self, code: Code, variant: Variant) -> tuple[str, float]:
         """The slot for one call of ``code``, and its timeout: the compile timeout for the first call (it compiles)."""
+        slot, timeout, _ = self._slot_call(code, variant)
+        return slot, timeout
+
+    def _slot_call(self, code: Code, variant: Variant) -> tuple[str, float, bool]:
+        """:meth:`_slot_and_timeout`, and whether this is the slot's first call."""
         slot = self._ensure_loaded(code, variant)
         key = (code.hash, variant.name, None, 0)
-        timeout = self.settings.compile_timeout_s if key in self._first else self.settings.run_timeout_s
+        first = key in self._first
         self._first.discard(key)
-        return slot, timeout
+        return slot, self.settings.compile_timeout_s if first else self.settings.run_timeout_s, first
 
     def _io_file(self, worker: Worker, what: str) -> Path:
         path = worker.workdir / "io" / f"{what}-{secrets.token_hex(6)}.safetensors"
@@ -453,13 +467,82 @@ class Verifier:
     def _max_file_bytes(self) -> int:
         return int(self.settings.max_tensor_file_gib * (1 << 30))
 
+    # ------------------------------------------------------------------------------------------ diagnosis
+    def _facts_variant(self) -> str | None:
+        """The variant whose first call writes its compiled kernels: the primary timed shape where gate 2 runs
+        it, else the first variant gate 2 runs."""
+        names = [v.name for v, _ in self.correctness_variants()]
+        primary = self.problem.timing_variant(self.device.kind).name
+        return primary if primary in names else (names[0] if names else None)
+
+    def _compiled_dir(self, code: Code) -> Path:
+        return self.worker.workdir / "compiled" / code.hash[:16]
+
+    def diagnose(self, code: Code) -> dict[str, Any] | None:
+        """What the compiler made of ``code`` at the facts variant, and the KB's findings (read from the files its
+        first call wrote; the files are removed once read). None without a diagnoser."""
+        if self.diagnoser is None:
+            return None
+        if code.hash in self._diagnoses:
+            return self._diagnoses[code.hash]
+        folder = self._compiled_dir(code)
+        trace = None
+        raw = self._facts_traces.pop(code.hash, None)
+        if raw is not None:
+            try:
+                trace = Trace.from_json(self._facts_variant() or "", raw)
+            except TraceError:
+                trace = None
+        try:
+            model = parse_kernel(code.text, code.filename)
+        except KernelSourceError:
+            model = None
+        out = self.diagnoser.read(folder, trace, model)
+        if self.settings.keep_compiled and folder.is_dir():
+            out["kept"] = str(folder)
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+        if out.get("available") or self.device.interpreter:
+            self._diagnoses[code.hash] = out
+        return out
+
+    def profile(self, path: Path | Code, variant: Variant, iters: int = 10) -> dict[str, Any]:
+        """Where ``path``'s device time goes at ``variant`` (:mod:`xeforge.diagnosis.profile`), from the profiler
+        in the candidate worker; on the interpreter, why there is none. Advisory, like the compiler facts."""
+        if self.device.interpreter:
+            return {"available": False, "why": "the CPU interpreter has no device timeline"}
+        code = self.code(path)
+        slot, timeout = self._slot_and_timeout(code, variant)
+        try:
+            reply = self.worker.request("profile", max(timeout, self.settings.run_timeout_s), slot=slot,
+                                        plan=[tp.wire() for tp in plan_inputs(self.problem, variant)], seed=0,
+                                        iters=iters)
+        except WorkerFailure as exc:
+            return {"available": False, "why": f"the profile failed: {exc.detail[:300]}"}
+        if reply.get("why"):
+            return {"available": False, "why": str(reply["why"])[:300]}
+        try:
+            names = set(parse_kernel(code.text, code.filename).functions)
+        except KernelSourceError:
+            names = set()
+        events = reply.get("events") or []
+        return {**breakdown(events, names), "events": events}
+
     def _run(self, code: Code, variant: Variant, seed: int, dist: str, rerun: bool) -> tuple[dict, dict]:
         """Run ``code`` once in the candidate worker: (the tensors it wrote, the facts it replied)."""
-        slot, timeout = self._slot_and_timeout(code, variant)
+        slot, timeout, first = self._slot_call(code, variant)
         out_file = self._io_file(self.worker, "out")
+        compiled = None
+        if (self.diagnoser is not None and not self.device.interpreter and first and code.hash not in self._diagnoses
+                and variant.name == self._facts_variant()):
+            compiled = self._compiled_dir(code)
+            shutil.rmtree(compiled, ignore_errors=True)
         try:
             facts = self.worker.request("run", timeout, slot=slot, plan=[tp.wire() for tp in plan_inputs(self.problem, variant)],
-                                        seed=seed, distribution=dist, out_file=str(out_file), rerun=rerun)
+                                        seed=seed, distribution=dist, out_file=str(out_file), rerun=rerun,
+                                        compiled_dir=str(compiled) if compiled else None)
+            if compiled is not None:
+                self._facts_traces[code.hash] = facts.get("trace")
             n = facts.get("n_outputs")
             if not isinstance(n, int) or not 0 <= n <= 4096 or not isinstance(facts.get("n_rerun_outputs", 0), int):
                 raise WorkerFailure("protocol", f"the worker's reply gave {n!r} outputs")

@@ -28,7 +28,8 @@ from typing import Any
 from xeforge import wire
 from xeforge.devices import Runtime
 from xeforge.analysis.trace import NAMESPACE_ALIASES, record, record_call, register_impls
-from xeforge.problem import TensorPlan, generate_inputs
+from xeforge.diagnosis.capture import dump_compiled
+from xeforge.inputs import TensorPlan, generate_inputs
 from xeforge.timing import delay_flushes
 from xeforge.integrity import CANARY, canary_value, weight_changes
 from xeforge.sandbox import apply_own_limits
@@ -202,7 +203,8 @@ class WorkerState:
             self._buffers.pop(next(iter(self._buffers)))
         return bufs
 
-    def run(self, slot: str, plan: list, seed: int, distribution: str, out_file: str, rerun: bool) -> dict:
+    def run(self, slot: str, plan: list, seed: int, distribution: str, out_file: str, rerun: bool,
+            compiled_dir: str | None = None) -> dict:
         """Call the model once (twice with ``rerun``) and write what it returned and its input buffers after it.
 
         ``out_file`` holds ``out.i`` (the outputs), ``rerun.i`` (a second call on pristine copies of the same
@@ -222,7 +224,18 @@ class WorkerState:
         weights_before = {k: v.detach().clone() for k, v in model.state_dict().items()}
         first_call = slot not in self._called
         self._called.add(slot)
-        data, out = record_call(model, args, torch, "src")  # the call, observed: what launched, what torch computed
+        dump = None
+        if compiled_dir:  # what the compiler made of each kernel this call launched (read back as data)
+            import triton  # lazy: as torch, in the worker only
+
+            seen: set[int] = set()
+
+            def dump(name, kernel):
+                if id(kernel) not in seen:
+                    seen.add(id(kernel))
+                    dump_compiled(name, kernel, Path(compiled_dir), triton.__version__)
+        # the call, observed: what launched, what torch computed
+        data, out = record_call(model, args, torch, "src", on_compiled=dump)
         self.rt.synchronize()
         outs = _outputs(out)
         facts: dict[str, Any] = {"ok": True, "container": type(out).__name__, "n_outputs": len(outs),
@@ -419,6 +432,38 @@ class WorkerState:
         return {"ok": True, "times_ms": times, "rotated_sets": n_sets, "calls": calls,
                 "host_ms_max": max(host_ms, default=0.0), "flush_ms": flush_ms, "delay_flushes": delay}
 
+    def profile(self, slot: str, plan: list, seed: int, iters: int) -> dict:
+        """Per-kernel device times of ``iters`` calls (torch.profiler, after one warm-up call): the events with
+        device time, averaged per call, largest first. A device-timeline view for the diagnosis, not gate 3's
+        timer (no L2 flush, no interleaving)."""
+        torch = self.torch
+        from torch.profiler import ProfilerActivity, profile  # lazy: torch, in the worker only
+
+        acts = [a for name in ("CUDA", "XPU")
+                if self.device == name.lower() and (a := getattr(ProfilerActivity, name, None))]
+        if not acts:
+            return {"ok": True, "events": [], "iters": 0, "why": f"no device timeline on {self.device}"}
+        inputs = generate_inputs([TensorPlan.from_wire(d) for d in plan], seed, "normal", self.device)
+        model = self.models[slot]
+        self._called.add(slot)
+        with torch.no_grad():
+            model(*inputs)
+            self.rt.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, *acts]) as prof:
+                for _ in range(iters):
+                    model(*inputs)
+                self.rt.synchronize()
+        events = []
+        for e in prof.key_averages():
+            dev = getattr(e, "self_device_time_total", None)
+            if dev is None:
+                dev = getattr(e, "self_cuda_time_total", 0)
+            if dev and dev > 0:
+                events.append({"name": str(e.key)[:300], "device_us": float(dev) / iters,
+                               "calls": int(e.count) / iters})
+        events.sort(key=lambda e: -e["device_us"])
+        return {"ok": True, "events": events[:64], "iters": iters}
+
     def _flush_ms(self, l2_bytes: int | None) -> float:
         """Device time of one L2-flush write (median of 5; measured on the worker's first timing request)."""
         if l2_bytes in self._flush_ms_by_size:
@@ -459,7 +504,10 @@ def main(argv: list[str] | None = None) -> int:
         except wire.ProtocolError:
             return 1
         if req is None or req.get("op") == "exit":
-            return 0
+            # nothing of the worker's is kept: skip the interpreter's teardown (a second with torch loaded, paid
+            # for every worker a port or the test suite closes)
+            sys.stderr.flush()
+            os._exit(0)
         op = req.pop("op")
         try:
             if op not in OPS:
@@ -473,7 +521,8 @@ def main(argv: list[str] | None = None) -> int:
         wire.write_message(proto_out, reply)
 
 
-OPS = frozenset({"load", "run", "time", "trace", "trace_meta", "reference", "oracle", "param_shapes", "kernelbench"})
+OPS = frozenset({"load", "run", "time", "trace", "trace_meta", "reference", "oracle", "param_shapes", "kernelbench",
+                 "profile"})
 
 
 def failure_reply(exc: BaseException, state: Any) -> dict:

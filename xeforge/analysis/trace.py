@@ -29,11 +29,14 @@ constexprs.
 
 from __future__ import annotations
 
+import ast
 import inspect
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from xeforge.kernel_model import parse_python
 
 MAX_EVENTS = 2048  # launches + torch ops kept per trace (a forward with more is cut, and says so)
 
@@ -52,8 +55,10 @@ VIEWS = {"view", "reshape", "contiguous", "t", "transpose", "permute", "flatten"
 class _Recorder:
     """Installed for one call: records launches and torch ops into ``events`` (worker side)."""
 
-    def __init__(self, torch: Any, code_dir: str, execute: bool = True) -> None:
+    def __init__(self, torch: Any, code_dir: str, execute: bool = True,
+                 on_compiled: Callable[[str, Any], None] | None = None) -> None:
         self.torch = torch
+        self.on_compiled = on_compiled  # called with (kernel name, compiled kernel) after each launch that ran
         self.code_dir = code_dir
         self.execute = execute  # False: launches are recorded, not run (a trace on the meta device)
         self.events: list[dict] = []
@@ -194,9 +199,12 @@ class _Recorder:
                     return None
                 rec._inside += 1  # torch calls Triton's launcher makes are its own, not the program's
                 try:
-                    return _original(self, *args, **kwargs)
+                    ret = _original(self, *args, **kwargs)
                 finally:
                     rec._inside -= 1
+                if rec.on_compiled is not None and not rec._benchmarking and ret is not None:
+                    rec.on_compiled(getattr(getattr(self, "fn", self), "__name__", "kernel"), ret)
+                return ret
 
             self.patch(cls, "run", run)
         tuner_run, tuner_bench = autotuner.Autotuner.run, autotuner.Autotuner._bench
@@ -281,11 +289,10 @@ def register_impls(module: Any, source: str, filename: str) -> None:
     hand back (the decorator returns None), and on the meta device its fake would run instead of it. Each such
     function is compiled again from the file, undecorated, with the module's globals: the same code, at the same
     lines."""
-    import ast  # lazy: only for files that register op implementations
 
     if ".impl(" not in source:
         return
-    for node in ast.parse(source).body:
+    for node in parse_python(source).body:
         if not isinstance(node, ast.FunctionDef):
             continue
         quals = [d.args[0].value for d in node.decorator_list
@@ -336,9 +343,11 @@ def record(model: Any, args: list, torch: Any, code_dir: str, execute: bool = Tr
     return record_call(model, args, torch, code_dir, execute)[0]
 
 
-def record_call(model: Any, args: list, torch: Any, code_dir: str, execute: bool = True) -> tuple[dict, Any]:
-    """:func:`record`, and what the call returned (the worker's correctness run observes the call it checks)."""
-    rec = _Recorder(torch, str(Path(code_dir).resolve()) + "/", execute)
+def record_call(model: Any, args: list, torch: Any, code_dir: str, execute: bool = True,
+                on_compiled: Callable[[str, Any], None] | None = None) -> tuple[dict, Any]:
+    """:func:`record`, and what the call returned (the worker's correctness run observes the call it checks).
+    ``on_compiled`` receives each launch's compiled kernel (:mod:`xeforge.diagnosis.capture` writes them out)."""
+    rec = _Recorder(torch, str(Path(code_dir).resolve()) + "/", execute, on_compiled)
     params = {name: rec.tensor(t) for name, t in list(model.named_parameters()) + list(model.named_buffers())}
     inputs = [rec.value(a) for a in args]
     with torch.no_grad(), rec:

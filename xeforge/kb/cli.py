@@ -90,7 +90,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
     print(
         f"kb lint: OK — {checked} path{'s' if checked != 1 else ''} checked; base has {len(kb.devices)} devices, "
         f"{len(kb.constraints)} constraints, {len(kb.patterns)} patterns, {len(kb.space_entries)} spaces, "
-        f"{len(kb.sources)} sources"
+        f"{len(kb.recognizers)} recognizers, {len(kb.diagnoses)} diagnoses, {len(kb.sources)} sources"
     )
     return 0
 

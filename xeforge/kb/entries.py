@@ -1,7 +1,8 @@
 """One loaded entry of the knowledge base, and what is said of a gated entry's spec.
 
 Owns: :class:`Entry` (a validated spec with where it was written) and its kinds :class:`Constraint`,
-:class:`Pattern` and :class:`SpaceEntry`; :func:`gate_applies` (whether a gated spec applies to a device under a
+:class:`Pattern`, :class:`SpaceEntry`,
+:class:`Recognizer` and :class:`Diagnosis`; :func:`gate_applies` (whether a gated spec applies to a device under a
 Triton version), :func:`applies_to_text` (the same condition in words) and :func:`fill` (a constraint's message
 or fix with its placeholders filled). :mod:`xeforge.kb.render` (the text views) and :mod:`xeforge.kb.knowledge`
 (the loaded base, which measures its selections through those views) both build on it.
@@ -15,7 +16,7 @@ from typing import Any
 
 from xeforge.kb.checks import CHECKS
 from xeforge.kb.facts import DeviceEntry
-from xeforge.kb.schema import ConstraintSpec, Gated, PatternSpec, SpaceSpec
+from xeforge.kb.schema import ConstraintSpec, DiagnosisSpec, Gated, PatternSpec, RecognizerSpec, SpaceSpec
 from xeforge.kb.versions import TritonInfo, version_applies
 
 
@@ -109,3 +110,19 @@ class SpaceEntry(Entry):
         return device.id in self.spec.devices and version_applies(
             self.spec.range("triton"), self.spec.range("triton_xpu"), triton
         )
+
+
+@dataclass
+class Recognizer(Entry):
+    spec: RecognizerSpec
+
+    def applies(self, device: DeviceEntry, triton: TritonInfo) -> bool:
+        return gate_applies(self.spec, device, triton)
+
+
+@dataclass
+class Diagnosis(Entry):
+    spec: DiagnosisSpec
+
+    def applies(self, device: DeviceEntry, triton: TritonInfo) -> bool:
+        return gate_applies(self.spec, device, triton)

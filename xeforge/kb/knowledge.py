@@ -21,7 +21,7 @@ from typing import Any
 from xeforge.errors import KnowledgeBaseError
 from xeforge.kb._base import DTYPE_BYTES, FAMILIES, STAGES, dtype_key
 from xeforge.kb.checks import CheckContext, OptionSpelling, evaluate
-from xeforge.kb.entries import Constraint, Entry, Pattern, SpaceEntry, fill
+from xeforge.kb.entries import Constraint, Diagnosis, Entry, Pattern, Recognizer, SpaceEntry, fill
 from xeforge.kb.facts import DeviceEntry
 from xeforge.kb.kernel_facts import LaunchConfig, config_for, launch_configs
 from xeforge.kb.render import explain_entry, render_selection, selection_dict
@@ -228,6 +228,8 @@ class KnowledgeBase:
         constraints: list[Constraint],
         patterns: list[Pattern],
         spaces: list[SpaceEntry],
+        recognizers: list[Recognizer] | None = None,
+        diagnoses: list[Diagnosis] | None = None,
     ) -> None:
         self.root = root
         self.files = files
@@ -236,6 +238,8 @@ class KnowledgeBase:
         self.constraints = constraints
         self.patterns = patterns
         self.space_entries = spaces
+        self.recognizers = list(recognizers or [])
+        self.diagnoses = list(diagnoses or [])
         self._applicable: dict[tuple[str, TritonInfo], list[Constraint]] = {}
 
     def __repr__(self) -> str:
@@ -256,7 +260,7 @@ class KnowledgeBase:
             ) from None
 
     def entry(self, entry_id: str) -> Entry | DeviceEntry | SourceSpec | None:
-        for group in (self.constraints, self.patterns, self.space_entries):
+        for group in (self.constraints, self.patterns, self.space_entries, self.recognizers, self.diagnoses):
             for item in group:
                 if item.id == entry_id:
                     return item

@@ -26,15 +26,15 @@ from pydantic import ValidationError
 from xeforge.errors import KnowledgeBaseError
 from xeforge.kb._base import FAMILIES
 from xeforge.kb.checks import CHECKS, COMMON_PLACEHOLDERS
-from xeforge.kb.entries import Constraint, Pattern, SpaceEntry
+from xeforge.kb.entries import Constraint, Diagnosis, Pattern, Recognizer, SpaceEntry
 from xeforge.kb.facts import FACT_NAMES, DeviceEntry
 from xeforge.kb.knowledge import KnowledgeBase
-from xeforge.kb.schema import FILE_KINDS, SourceSpec, sources_of
+from xeforge.kb.schema import FILE_KINDS, METADATA_FACTS, SourceSpec, sources_of
 from xeforge.kb.versions import TritonInfo, version_applies
 from xeforge.kb.yamlio import LineDict, LineList, YamlSyntaxError, load_yaml
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "knowledge_base"
-KIND_FOLDERS = ("devices", "constraints", "patterns", "spaces")
+KIND_FOLDERS = ("devices", "constraints", "patterns", "spaces", "recognizers", "diagnoses")
 README_HINT = "see knowledge_base/README.md"
 
 
@@ -288,7 +288,7 @@ def _items(f: LoadedFile) -> list[tuple[Any, LineDict, list[Any]]]:
     """(spec, its YAML mapping, its location) for each entry of a file."""
     if f.kind == "device":
         return [(f.model.device, f.data["device"], ["device"])]
-    if f.kind in ("constraints", "patterns", "spaces"):
+    if f.kind in ("constraints", "patterns", "spaces", "recognizers", "diagnoses"):
         specs = getattr(f.model, f.kind)
         return [(spec, f.data[f.kind][i], [f.kind, i]) for i, spec in enumerate(specs)]
     return []
@@ -328,6 +328,8 @@ def build(files: list[LoadedFile], root: Path | None = None) -> tuple[KnowledgeB
     constraints: list[Constraint] = []
     patterns: list[Pattern] = []
     spaces: list[SpaceEntry] = []
+    recognizers: list[Recognizer] = []
+    diagnoses: list[Diagnosis] = []
     for f in files:
         for spec, node, loc in _items(f):
             where = f"{f.display}:{_line(node)}"
@@ -344,6 +346,10 @@ def build(files: list[LoadedFile], root: Path | None = None) -> tuple[KnowledgeB
                 constraints.append(Constraint(spec, f.display, _line(node)))
             elif f.kind == "patterns":
                 patterns.append(Pattern(spec, f.display, _line(node)))
+            elif f.kind == "recognizers":
+                recognizers.append(Recognizer(spec, f.display, _line(node)))
+            elif f.kind == "diagnoses":
+                diagnoses.append(Diagnosis(spec, f.display, _line(node)))
             else:
                 spaces.append(SpaceEntry(spec, f.display, _line(node)))
 
@@ -354,7 +360,9 @@ def build(files: list[LoadedFile], root: Path | None = None) -> tuple[KnowledgeB
             errors += _check_references(f, spec, node, key, known_devices, sources)
 
     errors += _check_space_overlap(spaces, devices)
-    kb = KnowledgeBase(root, [f.display for f in files], sources, devices, constraints, patterns, spaces)
+    errors += _check_diagnosis_facts(files, recognizers)
+    kb = KnowledgeBase(root, [f.display for f in files], sources, devices, constraints, patterns, spaces,
+                       recognizers, diagnoses)
     return kb, errors
 
 
@@ -423,6 +431,28 @@ def _check_references(
                     errors.append(_err(d, _line(node, field_name), f"{key}.{field_name}",
                                        f"placeholder {{{name}}} is not filled by check kind {kind.name!r}",
                                        f"use one of: {', '.join('{' + p + '}' for p in sorted(allowed))}"))
+    return errors
+
+
+def _check_diagnosis_facts(files: list[LoadedFile], recognizers: list[Recognizer]) -> list[KnowledgeBaseError]:
+    """Every fact a diagnosis tests is one a compiled kernel has or a recognizer finds."""
+    known = set(METADATA_FACTS) | {r.spec.fact for r in recognizers} | {r.spec.capture for r in recognizers
+                                                                         if r.spec.capture}
+    errors = []
+    for f in files:
+        if f.kind != "diagnoses":
+            continue
+        for spec, node, loc in _items(f):
+            for i, cond in enumerate(spec.when):
+                names = [cond.fact] + [v for v in (cond.above, cond.below) if isinstance(v, str)]
+                for name in names:
+                    if name not in known:
+                        close = difflib.get_close_matches(name, sorted(known), n=1)
+                        hint = f"did you mean {close[0]!r}? " if close else ""
+                        errors.append(_err(f.display, _item_line(node, "when", i), f"{_keypath(loc)}.when[{i}]",
+                                           f"unknown fact {name!r}",
+                                           f"{hint}name a compiled kernel's fact ({', '.join(METADATA_FACTS)}) "
+                                           "or one a recognizer in knowledge_base/recognizers/ defines"))
     return errors
 
 

@@ -11,9 +11,10 @@ duplicate ids) are checked by :mod:`xeforge.kb.loader`, which has the whole base
 from __future__ import annotations
 
 import functools
-from typing import Any
+import re
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from xeforge.kb._base import ID_PATTERN, Backend, Confidence, Family, KBModel, Severity, Stage
@@ -160,6 +161,73 @@ class SpaceSpec(SpaceValues, Gated):
     note: str | None = None
 
 
+#: IR texts a recognizer may read (the keys of Triton's ``kernel.asm``; ``sass`` disassembled from the cubin)
+IR_KINDS = ("ttir", "ttgir", "llir", "ptx", "sass", "amdgcn")
+IrKind = Literal["ttir", "ttgir", "llir", "ptx", "sass", "amdgcn"]
+#: facts every compiled kernel has (from its metadata and the driver), beside the recognizers' own
+METADATA_FACTS = ("regs", "spills", "shared_bytes", "num_warps", "num_stages", "threads_per_warp", "grf_mode",
+                  "max_threads", "dot_calls", "programs", "device_cores", "launches", "grf_recompiled")
+
+
+class RecognizerSpec(Gated):
+    """A fact read from one IR of a compiled kernel: how many times ``pattern`` (a Python regex) matches, and with
+    ``capture``, the distinct values of its groups (joined by ``.``) as a second fact."""
+
+    id: str = Field(pattern=ID_PATTERN)
+    title: str
+    ir: IrKind
+    pattern: str
+    fact: str = Field(pattern=r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)*$")
+    capture: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)*$")
+    source: str | list[str]
+    confidence: Confidence
+    note: str | None = None
+
+    @field_validator("pattern")
+    @classmethod
+    def check_pattern(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise PydanticCustomError("regex", "not a valid regular expression: {problem}",
+                                      {"problem": str(exc)}) from None
+        return value
+
+
+class Condition(KBModel):
+    """One test of a fact: ``above`` / ``below`` a number or another fact's value (named as a string),
+    ``equals`` a value, ``has`` an item (a captured list), or ``missing`` (the fact was not found)."""
+
+    fact: str
+    above: float | str | None = None
+    below: float | str | None = None
+    equals: bool | int | float | str | None = None
+    has: str | None = None
+    missing: bool | None = None
+
+    @model_validator(mode="after")
+    def one_test(self) -> "Condition":
+        tests = [k for k in ("above", "below", "equals", "has", "missing") if getattr(self, k) is not None]
+        if len(tests) != 1:
+            raise PydanticCustomError("condition", "give exactly one of above, below, equals, has, missing "
+                                      "(got {got})", {"got": ", ".join(tests) or "none"})
+        return self
+
+
+class DiagnosisSpec(Gated):
+    """A cause read from a compiled kernel's facts (every ``when`` condition holds), and what addresses it: a stage
+    and, for the rules engine, the tactics it tries first."""
+
+    id: str = Field(pattern=ID_PATTERN)
+    title: str
+    when: list[Condition] = Field(min_length=1)
+    cause: str
+    stage: Stage
+    tactics: list[str] = Field(default_factory=list)
+    source: str | list[str]
+    confidence: Confidence
+
+
 class SourcesFile(KBModel):
     sources: dict[str, SourceSpec]
 
@@ -180,6 +248,14 @@ class SpacesFile(KBModel):
     spaces: list[SpaceSpec]
 
 
+class RecognizersFile(KBModel):
+    recognizers: list[RecognizerSpec]
+
+
+class DiagnosesFile(KBModel):
+    diagnoses: list[DiagnosisSpec]
+
+
 #: top-level key -> (file model, the folder it normally lives in)
 FILE_KINDS: dict[str, tuple[type[KBModel], str]] = {
     "sources": (SourcesFile, ""),
@@ -187,6 +263,8 @@ FILE_KINDS: dict[str, tuple[type[KBModel], str]] = {
     "constraints": (ConstraintsFile, "constraints"),
     "patterns": (PatternsFile, "patterns"),
     "spaces": (SpacesFile, "spaces"),
+    "recognizers": (RecognizersFile, "recognizers"),
+    "diagnoses": (DiagnosesFile, "diagnoses"),
 }
 
 

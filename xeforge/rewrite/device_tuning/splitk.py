@@ -33,7 +33,7 @@ import ast
 
 import libcst as cst
 
-from xeforge.kernel_model import parse_kernel
+from xeforge.kernel_model import parse_kernel, parse_python
 from xeforge.rewrite.cst_tools import Edits, Parsed, apply_edits, expr, set_call_kwargs, statements, walk
 from xeforge.rewrite.device_tuning.splitk_plan import (EPILOGUE, PARAM, SUM_KERNEL, Increment, SplitPlan, find, plan,
                                                       sizes)
@@ -66,7 +66,7 @@ def {name}(
 
 
 def _scaled(factor: str, delta: str) -> str:
-    node = ast.parse(delta, mode="eval").body
+    node = parse_python(delta, mode="eval").body
     if isinstance(node, ast.Constant) and node.value == 0:
         return "0"
     simple = isinstance(node, (ast.Name, ast.Attribute, ast.Call, ast.Subscript, ast.Constant)) or \

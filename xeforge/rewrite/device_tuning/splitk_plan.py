@@ -14,7 +14,7 @@ import ast
 from dataclasses import dataclass
 from typing import Any
 
-from xeforge.kernel_model import KernelModel, dotted_name, parse_kernel
+from xeforge.kernel_model import KernelModel, dotted_name, parse_kernel, parse_python
 from xeforge.rewrite.memory import launch_facts
 from xeforge.rewrite.persistent import is_persistent, launched_programs
 from xeforge.rewrite.tiling import (BlockPtr, KernelAnalysis, NotApplicable, Ptr, _assign_counts, _kw, assigned_names,
@@ -472,7 +472,7 @@ def sizes(source: str, plan_: SplitPlan, problem: Any, variant: Any) -> tuple[in
     fn = model.functions[plan_.kernel].node
     defs = {st.targets[0].id: st.value for st in fn.body if isinstance(st, ast.Assign) and len(st.targets) == 1
             and isinstance(st.targets[0], ast.Name)}
-    ev = lambda text, default: default if text is None else _int(ast.parse(text, mode="eval").body, values, defs)
+    ev = lambda text, default: default if text is None else _int(parse_python(text, mode="eval").body, values, defs)
     start, stop, step = ev(plan_.start, 0), ev(plan_.stop, None), ev(plan_.step, 1)
     if None in (start, stop, step) or step <= 0:
         raise NotApplicable(f"the K-loop length of {plan_.kernel} at {variant.name} cannot be evaluated statically")

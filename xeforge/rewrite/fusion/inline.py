@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from xeforge.kernel_model import parse_python
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.context import fresh_namer
 from xeforge.rewrite.cst_tools import Parsed, code, dotted, names_in, rename, walk
@@ -202,7 +203,7 @@ def _simple(e: cst.BaseExpression) -> bool:
 
 def _bound_names(fn_source: str) -> tuple[set[str], set[str]]:
     """(names the function binds, names it reads) — nested functions and lambdas keep their own."""
-    tree = ast.parse(fn_source).body[0]
+    tree = parse_python(fn_source).body[0]
     bound, read = set(), set()
 
     def visit(n: ast.AST, top: bool) -> None:

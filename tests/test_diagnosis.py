@@ -1,0 +1,311 @@
+"""Diagnosis (issue 16): compiler facts read from what the worker wrote, the knowledge base's diagnoses, and how
+the engines use them.
+
+The fixtures under tests/fixtures/compiled/ are compiled kernels of bundled problems as the worker captured
+them on the H200 (Triton 3.6; see their README): the recognizers and diagnoses are tested on real IR. What the
+capture writes is tested on a stand-in compiled kernel (the interpreter compiles nothing).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import namedtuple
+from types import SimpleNamespace
+
+import pytest
+
+from tests.conftest import FIXTURES, ROOT
+from xeforge.diagnosis.capture import dump_compiled
+from xeforge.diagnosis.compiler import read_folder, read_kernel
+from xeforge.diagnosis.rules import NO_COMPILER, Diagnoser, describe, holds, tactic_order
+from xeforge.kb import TritonInfo, load_kb
+from xeforge.kb.loader import lint_paths
+from xeforge.kb.schema import Condition
+from xeforge.kernel_model import parse_kernel
+
+COMPILED = FIXTURES / "compiled"
+H200 = SimpleNamespace(kind="cuda", name="NVIDIA H200", cores=132, interpreter=False)
+
+
+@pytest.fixture(scope="module")
+def kb():
+    return load_kb()
+
+
+def _diagnoser(kb, device_id="h200", device=H200, triton="3.6.0"):
+    return Diagnoser(kb, kb.devices[device_id], TritonInfo.parse(triton, is_xpu=device.kind == "xpu"), device)
+
+
+def _launch(kernel, grid):
+    return SimpleNamespace(kernel=kernel, grid=grid)
+
+
+def _read(kb, problem, launches=(), **kw):
+    model = parse_kernel((ROOT / "kernels" / problem.split("-")[0] / "kernel.py").read_text())
+    trace = SimpleNamespace(launches=list(launches))
+    return _diagnoser(kb, **kw).read(COMPILED / problem, trace, model)
+
+
+def _facts(diagnosis, kernel):
+    return next(k["facts"] for k in diagnosis["kernels"] if k["kernel"] == kernel)
+
+
+def _ids(diagnosis):
+    return {f["id"] for f in diagnosis["findings"]}
+
+
+# ---------------------------------------------------------------------------------------- recognizers
+def test_the_starting_gemm_runs_tf32_mma_sync_without_tma_on_the_h200(kb):
+    """gemm_relu's start multiplies fp32 tiles: on the H200 its PTX has mma.sync with tf32 operands (not wgmma),
+    cp.async loads and no TMA; its registers and shared memory come from the driver and the metadata."""
+    d = _read(kb, "gemm_relu", [_launch("matmul_kernel", (16384, 1, 1)), _launch("relu_kernel", (16384,))])
+    f = _facts(d, "matmul_kernel")
+    assert f["mma.sync"] == 8 and f["mma.types"] == ["f32.tf32.tf32"] and "mma.wgmma" not in f
+    assert f["load.cp_async"] == 6 and "load.tma" not in f
+    assert (f["regs"], f["spills"], f["shared_bytes"], f["num_warps"], f["num_stages"]) == (46, 0, 8192, 4, 3)
+    assert f["dot_calls"] == 1 and f["launches"] == 2 and f["programs"] == 16384 and f["device_cores"] == 132
+    assert _facts(d, "relu_kernel")["dot_calls"] == 0
+
+
+def test_the_ported_gemm_runs_bf16_wgmma_fed_by_tma(kb):
+    d = _read(kb, "gemm_relu-candidate", [_launch("matmul_kernel", (132,))])
+    f = _facts(d, "matmul_kernel")
+    assert f["mma.wgmma"] == 4 and f["mma.wgmma.types"] == ["f32.bf16.bf16"] and f["mma.types"] == ["f32.bf16.bf16"]
+    assert f["load.tma"] == 6 and f["regs"] == 155
+    assert not _ids(d) & {"dx-cuda-dot-tf32", "dx-cuda-hopper-no-tma", "dx-cuda-dot-on-fma"}
+
+
+def test_kernels_without_tl_dot_have_no_mma_and_vector_loads(kb):
+    d = _read(kb, "softmax")
+    f = _facts(d, "softmax_kernel")
+    assert "mma.any" not in f and f["load.vector.widths"] == ["4"] and f["dot_calls"] == 0
+    assert not _ids(d) & {"dx-cuda-dot-on-fma", "dx-cuda-hopper-no-tma"}
+
+
+# ---------------------------------------------------------------------------------------- diagnoses
+def test_the_start_is_diagnosed_with_its_causes_and_the_stages_that_address_them(kb):
+    d = _read(kb, "gemm_relu", [_launch("matmul_kernel", (16384, 1, 1)), _launch("relu_kernel", (16384,))])
+    by_id = {f["id"]: f for f in d["findings"]}
+    assert set(by_id) == {"dx-cuda-dot-tf32", "dx-cuda-hopper-no-tma", "dx-several-launches"}
+    assert by_id["dx-cuda-dot-tf32"]["stage"] == "dtype" and "f32.tf32.tf32" in by_id["dx-cuda-dot-tf32"]["cause"]
+    assert by_id["dx-cuda-hopper-no-tma"]["tactics"] == ["tensor-descriptor"]
+    # a fact of the call is said once, with every kernel it holds on
+    assert by_id["dx-several-launches"]["kernel"] == "matmul_kernel, relu_kernel"
+    assert by_id["dx-cuda-dot-tf32"]["where"].startswith("knowledge_base/diagnoses/cuda.yaml:")
+    lines = describe(d)
+    assert any(x.startswith("compiler: matmul_kernel: regs 46, spills 0") and "MMA mma.sync x8" in x for x in lines)
+    assert any(x.startswith("diagnosis: [dx-cuda-dot-tf32] matmul_kernel:") for x in lines)
+
+
+def test_a_grid_smaller_than_the_device_is_diagnosed_for_split_k(kb):
+    d = _read(kb, "gemm_tall_k", [_launch("matmul_kernel", (64,))])
+    f = next(f for f in d["findings"] if f["id"] == "dx-fewer-programs-than-cores")
+    assert f["tactics"][0] == "split-k" and "64 programs for 132 cores" in f["cause"]
+    assert "dx-fewer-programs-than-cores" not in _ids(_read(kb, "gemm_tall_k", [_launch("matmul_kernel", (264,))]))
+
+
+def test_a_device_entry_and_a_triton_version_gate_recognizers_and_diagnoses(kb):
+    # TMA is Hopper's: the diagnosis does not apply to an H100-less, H200-less entry (an Intel part here)
+    b580 = SimpleNamespace(kind="xpu", name="Intel Arc B580", cores=20, interpreter=False)
+    dx = _diagnoser(kb, "arc-b580", b580)
+    assert "dx-cuda-hopper-no-tma" not in {d.id for d in dx.diagnoses}
+    assert "llir-2d-block-load" in {r.id for r in dx.recognizers} and "ptx-wgmma" not in {r.id for r in dx.recognizers}
+    # Triton 2.x has no recognizer for wgmma / TMA (>= 3.0): their facts are unknown, never "missing"
+    old = _diagnoser(kb, triton="2.3.0")
+    d = old.read(COMPILED / "gemm_relu", SimpleNamespace(launches=[]),
+                 parse_kernel((ROOT / "kernels/gemm_relu/kernel.py").read_text()))
+    assert "ptx-tma-load" not in {r.id for r in old.recognizers}
+    assert "load.tma" in d["kernels"][0]["unknown"] and "dx-cuda-hopper-no-tma" not in _ids(d)
+
+
+def test_an_unread_ir_proves_nothing(tmp_path, kb):
+    """A kernel whose PTX is not there: the facts read from PTX are unknown, and 'missing' conditions fail."""
+    src = next((COMPILED / "gemm_relu").glob("matmul_kernel-*"))
+    dst = tmp_path / "calls" / src.name
+    dst.mkdir(parents=True)
+    (dst / "meta.json").write_text((src / "meta.json").read_text())
+    kf = read_kernel(dst, _diagnoser(kb).recognizers)
+    assert "mma.any" in kf.unknown and "ptx" in kf.unknown["mma.any"]
+    assert not holds(Condition(fact="mma.any", missing=True), kf)
+    assert kf.facts["regs"] == 46
+
+
+def test_conditions(kb):
+    kf = read_folder(COMPILED / "gemm_relu", _diagnoser(kb).recognizers)[0]
+    kf.facts.update({"programs": 64, "device_cores": 132})
+    assert holds(Condition(fact="programs", below="device_cores"), kf)
+    assert not holds(Condition(fact="programs", above="device_cores"), kf)
+    assert holds(Condition(fact="mma.types", has="tf32"), kf) and not holds(Condition(fact="mma.types", has="bf16"), kf)
+    assert holds(Condition(fact="load.tma", missing=True), kf) and not holds(Condition(fact="regs", missing=True), kf)
+    assert holds(Condition(fact="num_warps", equals=4), kf) and not holds(Condition(fact="nope", above=0), kf)
+
+
+def test_the_interpreter_says_there_are_no_compiler_facts(kb):
+    cpu = SimpleNamespace(kind="cpu", name="interpreter", cores=2, interpreter=True)
+    d = Diagnoser(kb, kb.devices["cpu-interpreter"], TritonInfo.parse("3.6.0"), cpu).read(COMPILED / "gemm_relu")
+    assert d == {"available": False, "why": NO_COMPILER}
+    assert describe(d) == [f"compiler facts: none ({NO_COMPILER})"]
+
+
+# ---------------------------------------------------------------------------------------- capture
+def test_the_capture_writes_metadata_and_text_irs_and_records_what_it_could_not(tmp_path, kb):
+    Meta = namedtuple("Meta", "name num_warps num_stages shared hash target build_flags")
+    target = SimpleNamespace(backend="xpu", arch="bmg", warp_size=16)
+
+    class Asm(dict):
+        def __missing__(self, key):
+            raise FileNotFoundError("cuobjdump not found")
+
+    kernel = SimpleNamespace(
+        metadata=Meta("k", 8, 2, 65536, "ab" * 32, target, " -cl-intel-256-GRF-per-thread"),
+        asm=Asm(ttgir="#ttig.dpas<{repeatCount = 8}>\n", llir="call @_Z__spirv_Subgroup2DBlockLoadINTEL\n" * 3,
+                spv=b"\x03\x02#\x07", cubin=b"x"),
+        n_regs=128, n_spills=12, n_max_threads=512)
+    folder = dump_compiled("k", kernel, tmp_path, "3.6.0")
+    meta = json.loads((folder / "meta.json").read_text())
+    assert meta["binaries"] == {"spv": 4, "cubin": 1} and "sass" in meta["unavailable"]
+    assert sorted(meta["irs"]) == ["llir", "ttgir"] and meta["n_spills"] == 12
+    b580 = SimpleNamespace(kind="xpu", name="Intel Arc B580", cores=20, interpreter=False)
+    dx = _diagnoser(kb, "arc-b580", b580)
+    d = dx.read(tmp_path, SimpleNamespace(launches=[]), None)
+    f = d["kernels"][0]["facts"]
+    assert f["grf_mode"] == "256" and f["load.block2d"] == 3 and f["dot.dpas_layout"] == 1 and f["spills"] == 12
+    assert "dx-register-spills" in _ids(d) and "dx-xpu-spills-default-grf" not in _ids(d)  # 256 already
+    # a launch that asked for no grf_mode and got 256: the backend recompiled it after spilling
+    plain = SimpleNamespace(kernel="k", grid=(4,), options={"num_warps": 8})
+    assert "dx-xpu-grf-recompiled" in _ids(dx.read(tmp_path, SimpleNamespace(launches=[plain]), None))
+    asked = SimpleNamespace(kernel="k", grid=(4,), options={"grf_mode": "256"})
+    assert "dx-xpu-grf-recompiled" not in _ids(dx.read(tmp_path, SimpleNamespace(launches=[asked]), None))
+    assert dump_compiled("k", SimpleNamespace(metadata=None), tmp_path / "none", "3.6.0") is None  # the interpreter
+
+
+def test_ir_files_are_read_capped(tmp_path, kb, monkeypatch):
+    import xeforge.diagnosis.compiler as compiler
+
+    src = next((COMPILED / "gemm_relu").glob("matmul_kernel-*"))
+    dst = tmp_path / src.name
+    dst.mkdir()
+    (dst / "meta.json").write_text((src / "meta.json").read_text())
+    (dst / "ptx.txt").write_text("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 " * 1000)
+    monkeypatch.setattr(compiler, "MAX_IR_BYTES", 5200)  # the first 5200 bytes: 102 of the 1000 instructions
+    assert read_kernel(dst, _diagnoser(kb).recognizers).facts["mma.sync"] == 102
+
+
+# ---------------------------------------------------------------------------------------- the engines
+def test_the_rules_engine_tries_the_diagnosed_tactics_first_and_says_why(kb):
+    tactics = [SimpleNamespace(name=n) for n in ("launch-params", "split-k", "group-swizzle", "rows-per-program")]
+    d = _read(kb, "gemm_tall_k", [_launch("matmul_kernel", (64,))])
+    order, why = tactic_order(tactics, "device_tuning", d)
+    assert [t.name for t in order] == ["split-k", "launch-params", "group-swizzle", "rows-per-program"]
+    assert why["split-k"].startswith("diagnosis dx-fewer-programs-than-cores:")
+    same, none = tactic_order(tactics, "device_tuning", None)
+    assert same == tactics and none == {}
+
+
+def test_run_stage_follows_the_incumbents_diagnosis(kb):
+    from stages.base import Applicability, Stage, Tactic
+    from xeforge.engines import RulesEngine
+
+    seen = []
+
+    class T(Tactic):
+        def __init__(self, name):
+            self.name = name
+
+        def check(self, ctx):
+            seen.append(self.name)
+            return Applicability(False, "test")
+
+        def propose(self, ctx):
+            return []
+
+    stage = Stage("device_tuning", 7, "test", [])
+    stage.tactics = [T("launch-params"), T("split-k")]
+    ctx = SimpleNamespace(diagnosis=_read(kb, "gemm_tall_k", [_launch("matmul_kernel", (64,))]))
+    records = RulesEngine().run_stage(stage, ctx, evaluate=None, choose=None)
+    assert seen == ["split-k", "launch-params"]
+    assert records[0].note.startswith("tried first: diagnosis dx-fewer-programs-than-cores")
+
+
+def test_the_llm_prompt_carries_the_incumbents_compiler_facts(kb):
+    import stages
+    from cover_agent.prompts import render_stage_prompt
+    from stages.base import StageContext
+    from tests.test_cover_prompts import _normalise, check_golden
+    from xeforge.devices import DeviceInfo
+    from xeforge.problem import load_problem
+    from xeforge.settings import Settings
+
+    problem = load_problem(ROOT / "kernels" / "gemm_relu")
+    h200 = DeviceInfo("cuda", "NVIDIA H200", cores=132, l2_bytes=50331648, shared_mem_bytes=232448,
+                      subgroup_sizes=[32], has_fp64=True, architecture="sm_90")
+    kbc = SimpleNamespace(kb=kb, device_id="h200", triton=TritonInfo.parse("3.6.0"), entry=None, note="")
+    ctx = StageContext(problem, problem.kernel_source, problem.kernel_source, h200, "h200", kb, kbc.triton, Settings())
+    ctx.diagnosis = _read(kb, "gemm_relu", [_launch("matmul_kernel", (16384, 1, 1)), _launch("relu_kernel", (16384,))])
+    stage = stages.BY_NAME["dtype"]
+    text = render_stage_prompt(stage, ctx, [], kbc, [])
+    assert "## What the compiler made of the current kernel" in text
+    assert "- diagnosis: [dx-cuda-dot-tf32] matmul_kernel:" in text and "mma.sync x8 (f32.tf32.tf32.f32)" in text
+    check_golden("dtype-h200-diagnosed", _normalise(text, stage, ctx, kbc))
+
+
+def test_a_correct_candidates_feedback_ends_with_its_compiler_facts(kb):
+    from cover_agent.feedback import verdict_feedback
+    from xeforge.verifier import GateResult, Verdict
+
+    gates = [GateResult("0-isolation", "pass", "ok"), GateResult("1-static", "pass", "ok"),
+             GateResult("2-correctness", "pass", "matches"),
+             GateResult("3-performance", "fail", "not faster", {"speedup": 0.97, "margin": 0.02})]
+    v = Verdict("0" * 16, gates, correct=True, diagnosis=_read(kb, "gemm_relu", [_launch("matmul_kernel", (1,))]))
+    status, _, text = verdict_feedback(v, True)
+    assert status == "slower" and "diagnosis: [dx-cuda-dot-tf32]" in text and "compiler: matmul_kernel" in text
+    assert text.index("diagnosis:") < text.index("compiler:")  # the findings first: they say what to change
+
+
+# ---------------------------------------------------------------------------------------- the knowledge base
+def test_a_diagnosis_naming_an_unknown_fact_or_a_bad_pattern_is_a_lint_error(tmp_path):
+    root = tmp_path / "kb"
+    import shutil
+
+    shutil.copytree(ROOT / "knowledge_base", root)
+    (root / "diagnoses" / "extra.yaml").write_text(
+        "diagnoses:\n  - id: dx-typo\n    title: t\n    when:\n      - {fact: spils, above: 0}\n"
+        "    cause: c\n    stage: device_tuning\n    source: xeforge-design\n    confidence: derived\n")
+    (root / "recognizers" / "extra.yaml").write_text(
+        "recognizers:\n  - id: bad-regex\n    title: t\n    ir: ptx\n    pattern: 'wgmma(('\n    fact: x.y\n"
+        "    source: xeforge-design\n    confidence: derived\n")
+    errors = [e.render() for e in lint_paths([root])]
+    assert any("extra.yaml:5" in e and "unknown fact 'spils'" in e and "did you mean 'spills'" in e for e in errors)
+    assert any("recognizers/extra.yaml" in e and "regular expression" in e for e in errors)
+
+
+# ---------------------------------------------------------------------------------------- the profile
+def test_the_profile_breakdown_groups_the_files_kernels_library_kernels_and_copies():
+    from xeforge.diagnosis.profile import breakdown, describe as describe_profile
+
+    events = [{"name": "matmul_kernel", "device_us": 600.0, "calls": 1.0},
+              {"name": "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int)",
+               "device_us": 300.0, "calls": 2.0},
+              {"name": "Memcpy HtoD (Pageable -> Device)", "device_us": 100.0, "calls": 1.0},
+              {"name": "bogus", "device_us": -1}, {"device_us": 5.0}, "not an event"]
+    view = breakdown(events, {"matmul_kernel"})
+    assert view["total_us"] == 1000.0 and view["triton_share"] == 0.6
+    assert [(r["name"], r["kind"], r["share"]) for r in view["rows"]] == [
+        ("matmul_kernel", "triton", 0.6), ("at::native::vectorized_elementwise_kernel", "library", 0.3),
+        ("Memcpy HtoD", "copy", 0.1)]
+    assert describe_profile(view).endswith("Triton kernels 60% of 1000.0 us of device time per call")
+    many = breakdown([{"name": f"k{i}", "device_us": 1.0} for i in range(20)], set())
+    assert len(many["rows"]) == 13 and many["rows"][-1]["name"] == "8 other kernel(s)"
+    assert breakdown([], {"k"}) == {"available": False, "why": "the profiler recorded no device time"}
+
+
+def test_the_interpreter_has_no_device_timeline(tmp_path):
+    from xeforge.devices import describe as describe_device
+    from xeforge.problem import load_problem
+    from xeforge.settings import Settings
+    from xeforge.verifier import Verifier
+
+    p = load_problem(ROOT / "kernels" / "vector_add")
+    with Verifier(p, describe_device("cpu"), Settings(), tmp_path) as v:
+        out = v.profile(p.kernel_path, p.variant("ci"))
+    assert out == {"available": False, "why": "the CPU interpreter has no device timeline"}
