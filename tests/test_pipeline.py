@@ -56,6 +56,7 @@ def test_port_on_cpu_runs_every_stage_and_claims_no_speedup(tmp_path):
     assert VADD.joinpath("kernel.py").read_text() == (run / "baseline" / "kernel.py").read_text()
 
 
+@pytest.mark.slow  # a port of two stages (about 20 s): CI runs it with make test-slow
 def test_named_stage_always_runs(tmp_path):
     proc = _port(str(VADD), "--device", "cpu", "--stages", "device_tuning,fusion", "--run-dir", str(tmp_path / "r"),
                  "--json")

@@ -297,7 +297,8 @@ def test_split_is_not_proposed_for_a_mean():
     ("kb37_matmul_swish_sum_groupnorm", None, False),  # then the swish kernel folds into the GEMM (verified below)
     ("kb62_matmul_groupnorm_leakyrelu_sum", None, True),  # the Triton kernel reading it afterwards is folded in
     ("kb75_gemm_groupnorm_min_biasadd", None, True),  # the row min after it: per-group partials
-    ("kb88_gemm_groupnorm_swish_multiply_swish", None, True),  # folded in, with its per-column weight (offs % N)
+    pytest.param("kb88_gemm_groupnorm_swish_multiply_swish", None, True,  # folded in, with its per-column weight
+                 marks=pytest.mark.slow),  # (offs % N); about 25 s: make test-slow
     ("kb94_gemm_biasadd_hardtanh_mish_groupnorm", None, False),
 ])
 def test_group_norm_becomes_one_generated_kernel(verify, name, tail, run):

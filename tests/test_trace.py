@@ -117,7 +117,8 @@ def test_style_coverage_of_the_tactics_that_apply_to_the_direct_style(style):
     assert {"drop-upcast-before-dot", "dot-accumulate-in-place"} <= direct - set(missing)
 
 
-@pytest.mark.parametrize("style", list(EXPECT))
+@pytest.mark.parametrize("style", [pytest.param(s, marks=pytest.mark.slow) if s == "autograd" else s
+                                   for s in EXPECT])  # autograd: about 25 s, make test-slow
 def test_the_dropped_upcast_verifies_in_every_style(style, tmp_path):
     """The dtype rewrite reads the operands' dtypes from the trace (bf16 at bench-gpu) wherever the launch is."""
     from stages import dtype
