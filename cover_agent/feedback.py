@@ -112,8 +112,10 @@ def verdict_feedback(verdict: Any, can_time: bool) -> tuple[str, str, str]:
     """(status, headline, text) for a verdict. ``can_time``: the device runs gate 3 at all. A correct verdict's
     text ends with its compiler facts and findings (what the compiler made of it; why it may not be faster)."""
     status, headline, text = _verdict_feedback(verdict, can_time)
-    extra = compiler_lines(getattr(verdict, "diagnosis", None)) if getattr(verdict, "correct", False) else []
-    if extra and (getattr(verdict, "diagnosis", None) or {}).get("available"):
+    diagnosis = getattr(verdict, "diagnosis", None)
+    available = getattr(verdict, "correct", False) and (diagnosis or {}).get("available")
+    extra = compiler_lines(diagnosis) if available else []
+    if extra:
         text = text.rstrip() + "\n" + "\n".join(extra)
     return status, headline, text
 

@@ -331,8 +331,9 @@ def _record_verdict(e: dict, verdict) -> None:
     e["verified"] = VERIFIED if verdict.correct else FAILED
     e["verification"] = verdict.feedback()
     e["gates"] = [{"gate": g.gate, "status": g.status, "summary": g.summary} for g in verdict.gates]
-    if (getattr(verdict, "diagnosis", None) or {}).get("available"):  # on the interpreter: none (the header says so)
-        e["compiler"] = describe_diagnosis(verdict.diagnosis)
+    lines = describe_diagnosis(getattr(verdict, "diagnosis", None), quiet=True)  # the CPU header says "none" once
+    if lines:
+        e["compiler"] = lines
     g2 = next((g for g in verdict.gates if g.gate == "2-correctness"), None)
     if g2 is not None and g2.status == "pass":
         e["verification"] = g2.summary

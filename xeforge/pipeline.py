@@ -545,7 +545,7 @@ def _stage_dict(r: StageRecord) -> dict[str, Any]:
         "issues": r.issues, "kb_entries": r.kb_entries, "speedup": r.speedup,
         "adopted_unmeasured": r.adopted_unmeasured, "incumbent_before": r.incumbent_before,
         "incumbent_after": r.incumbent_after,
-        "diagnosis": describe_diagnosis(r.diagnosis) if (r.diagnosis or {}).get("available") else [],
+        "diagnosis": describe_diagnosis(r.diagnosis, quiet=True),
         "tactics": [{
             "name": t.name, "engine": t.engine, "applies": t.applies, "reason": t.reason, "note": t.note,
             "best": t.best.trial if t.best else None, "tally": dict(getattr(t, "tally", {}) or {}),
@@ -556,8 +556,7 @@ def _stage_dict(r: StageRecord) -> dict[str, Any]:
                 "margin": o.verdict.margin, "feedback": o.verdict.feedback(),
                 "gates": [{"gate": g.gate, "status": g.status} for g in o.verdict.gates],
                 "timing": next((g.details for g in o.verdict.gates if g.gate == "3-performance"), None),
-                "compiler": (describe_diagnosis(o.verdict.diagnosis)
-                             if o.adopted and (o.verdict.diagnosis or {}).get("available") else []),
+                "compiler": describe_diagnosis(o.verdict.diagnosis, quiet=True) if o.adopted else [],
             } for o in t.outcomes],
         } for t in r.tactics],
     }

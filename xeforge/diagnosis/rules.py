@@ -172,12 +172,13 @@ def tactic_order(tactics: list[Any], stage: str, diagnosis: dict[str, Any] | Non
     return first + [t for t in tactics if t not in first], {t.name: reasons[t.name] for t in first}
 
 
-def describe(diagnosis: dict[str, Any] | None) -> list[str]:
-    """The lines a user reads: each kernel's facts, each finding, or why there are none."""
+def describe(diagnosis: dict[str, Any] | None, *, quiet: bool = False) -> list[str]:
+    """The lines a user reads: each kernel's facts, each finding, or why there are none (``quiet``: [] then,
+    for views that say it once elsewhere)."""
     if not diagnosis:
         return []
     if not diagnosis.get("available"):
-        return [f"compiler facts: none ({diagnosis.get('why', 'not collected')})"]
+        return [] if quiet else [f"compiler facts: none ({diagnosis.get('why', 'not collected')})"]
     lines = [f"compiler: {KernelFacts.from_dict(k).summary()}" for k in diagnosis.get("kernels", [])]
     found = findings_of(diagnosis)
     lines += [f"diagnosis: {f.render()}" for f in found] or ["diagnosis: no knowledge-base diagnosis holds"]

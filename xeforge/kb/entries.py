@@ -36,6 +36,10 @@ class Entry:
     def where(self) -> str:
         return f"{self.path}:{self.line}"
 
+    def applies(self, device: DeviceEntry, triton: TritonInfo) -> bool:
+        """Whether the entry applies to ``device`` under ``triton`` (its gating; a space overrides this)."""
+        return gate_applies(self.spec, device, triton)
+
 
 def gate_applies(spec: Gated, device: DeviceEntry, triton: TritonInfo) -> bool:
     """Whether a gated entry applies to ``device`` under ``triton`` (see :mod:`xeforge.kb.versions`)."""
@@ -83,9 +87,6 @@ class Constraint(Entry):
     def severity(self) -> str:
         return self.spec.severity
 
-    def applies(self, device: DeviceEntry, triton: TritonInfo) -> bool:
-        return gate_applies(self.spec, device, triton)
-
     def for_stage(self, stage: str) -> bool:
         return not self.spec.stages or stage in self.spec.stages
 
@@ -97,9 +98,6 @@ class Constraint(Entry):
 @dataclass
 class Pattern(Entry):
     spec: PatternSpec
-
-    def applies(self, device: DeviceEntry, triton: TritonInfo) -> bool:
-        return gate_applies(self.spec, device, triton)
 
 
 @dataclass
@@ -116,13 +114,7 @@ class SpaceEntry(Entry):
 class Recognizer(Entry):
     spec: RecognizerSpec
 
-    def applies(self, device: DeviceEntry, triton: TritonInfo) -> bool:
-        return gate_applies(self.spec, device, triton)
-
 
 @dataclass
 class Diagnosis(Entry):
     spec: DiagnosisSpec
-
-    def applies(self, device: DeviceEntry, triton: TritonInfo) -> bool:
-        return gate_applies(self.spec, device, triton)
