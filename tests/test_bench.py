@@ -591,3 +591,31 @@ def test_redo_replaces_the_named_rows_and_each_row_says_which_call_measured_it(t
     write_bench_reports(out, data)
     assert "measured by call 2 of 3" in (out / "bench.md").read_text() and "timed as: an older order" in \
         (out / "bench.md").read_text()
+
+
+def test_final_given_on_the_command_line_is_verified_and_timed_as_the_port_result(tmp_path):
+    """--final 'dir/{problem}/kernel.py': a kernel file stands for the port result (no runs folder needed); a
+    problem without such a file says where it looked."""
+    problems, _ = _write_synthetic(tmp_path)
+    gemm = next(p for p in problems if p.name == "gemm_fake")
+    soft = next(p for p in problems if p.name == "softmax_fake")
+    given = tmp_path / "given" / "runs" / "gemm_fake" / "final-kernel.py"  # "runs": the scripted verifier's final
+    given.parent.mkdir(parents=True)
+    given.write_text("# a hand-made port result of gemm_fake\n")
+    template = str(tmp_path / "given" / "runs" / "{problem}" / "final-kernel.py")
+    device = DeviceInfo("cuda", "NVIDIA H200 (synthetic)", cores=132, l2_bytes=50 * 2**20, architecture="sm_90")
+    opt = bench.BenchOptions(problems=[str(gemm), str(soft)], device="cuda", runs_dir=tmp_path / "no-runs",
+                             final=template, argv=["bench"])
+    kbc = SimpleNamespace(kb=None, device_id="fake-h200", entry=FakeEntry(), note="", triton=SimpleNamespace(text="3.x"))
+    ctx = bench.BenchContext(device, kbc, Settings(), opt, tmp_path / "work", ScriptedVerifier)
+    row = bench.bench_problem(gemm, ctx)
+    assert row["port_run"]["given"] == str(given) and row["entries"]["final"]["path"] == str(given)
+    assert row["entries"]["final"]["verified"] == "verified"  # verified afresh: no port verdict to reuse
+    assert row["speedups"]["final_vs_start"]["value"] == pytest.approx(1.40 / 0.20)
+    missing = bench.bench_problem(soft, ctx)
+    assert missing["port_run"] is None and "final_vs_start" not in missing["speedups"]
+    assert "softmax_fake/final-kernel.py (--final)" in missing["entries"]["final"]["verification"]
+    argv = bench.child_argv(opt, gemm, "cuda", tmp_path / "o")
+    assert argv[argv.index("--final") + 1] == template  # --workers children bench the same files
+    proc = _bench_cli(str(gemm), "--port", "--final", template, "--device", "cpu")
+    assert proc.returncode == 2 and "not allowed with argument" in proc.stderr

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.conftest import FIXTURES, ROOT
-from xeforge.diagnosis.capture import dump_compiled
+from xeforge.diagnosis.capture import dump_compiled, write_call_cost
 from xeforge.diagnosis.compiler import read_folder, read_kernel
 from xeforge.diagnosis.rules import NO_COMPILER, Diagnoser, describe, holds, tactic_order
 from xeforge.kb import TritonInfo, load_kb
@@ -177,6 +177,11 @@ def test_the_capture_writes_metadata_and_text_irs_and_records_what_it_could_not(
     asked = SimpleNamespace(kernel="k", grid=(4,), options={"grf_mode": "256"})
     assert "dx-xpu-grf-recompiled" not in _ids(dx.read(tmp_path, SimpleNamespace(launches=[asked]), None))
     assert dump_compiled("k", SimpleNamespace(metadata=None), tmp_path / "none", "3.6.0") is None  # the interpreter
+    # what the capture cost, against the call that compiled the kernel
+    assert d["kernels"][0]["capture_s"] == meta["capture_s"] and "cost" in d and d["cost"]["first_call_s"] is None
+    write_call_cost(tmp_path, 2.0)
+    cost = dx.read(tmp_path, SimpleNamespace(launches=[]), None)["cost"]
+    assert cost == {"capture_s": meta["capture_s"], "first_call_s": 2.0, "share": round(meta["capture_s"] / 2.0, 4)}
 
 
 def test_ir_files_are_read_capped(tmp_path, kb, monkeypatch):

@@ -117,6 +117,7 @@ class BenchOptions:
     llm_argv: list[str] = field(default_factory=list)  # --model/--api-base/... to hand to worker subprocesses
     json: bool = False
     argv: list[str] = field(default_factory=list)
+    final: str | None = None  # a kernel file benched as the port result; "{problem}" -> each problem's name
 
 
 def say(msg: str) -> None:
@@ -184,6 +185,17 @@ def find_port_result(runs_dir: Path, name: str, start_hash: str, device_kind: st
     if fallback is not None:
         notes.append(f"no verified port run on {device_kind}; using the newest one, made on {fallback['device']}")
     return fallback, notes + _stale_note(stale)
+
+
+def given_final(template: str, name: str) -> dict | None:
+    """``--final``: a kernel file named on the command line stands for the port result (``{problem}`` in the
+    path becomes the problem's name). It is verified afresh like any port result found in a runs folder."""
+    path = Path(template.format(problem=name))
+    if not path.is_file():
+        return None
+    return {"run_dir": None, "given": str(path), "path": str(path), "device": None, "engine": None,
+            "claim": "given with --final, verified and timed by this bench", "improved": None, "is_start": None,
+            "source_hash": None}
 
 
 def _stale_note(n: int) -> list[str]:
@@ -334,6 +346,9 @@ def _record_verdict(e: dict, verdict) -> None:
     lines = describe_diagnosis(getattr(verdict, "diagnosis", None), quiet=True)  # the CPU header says "none" once
     if lines:
         e["compiler"] = lines
+    cost = (getattr(verdict, "diagnosis", None) or {}).get("cost")
+    if cost:
+        e["capture_cost"] = cost  # the compiler-facts capture against the first call that compiled
     g2 = next((g for g in verdict.gates if g.gate == "2-correctness"), None)
     if g2 is not None and g2.status == "pass":
         e["verification"] = g2.summary
@@ -380,7 +395,12 @@ def _bench_problem(path: Path, ctx: BenchContext, row: dict, workdir: Path) -> N
     final = _entry(ENTRY_LABELS["final"], None)
     entries["final"] = final
     port = None
-    if opt.port:
+    if opt.final:
+        port = given_final(opt.final, problem.name)
+        if port is None:
+            final["verification"] = f"no kernel file at {opt.final.format(problem=problem.name)} (--final)"
+            final["not_timed"] = "no port result"
+    elif opt.port:
         try:
             port = _run_port(problem, opt, device.kind)
         except XeforgeError as exc:
@@ -940,6 +960,8 @@ def child_argv(opt: BenchOptions, problem: Path, device_kind: str, out: Path) ->
             argv += [flag, str(val)]
     if opt.port:
         argv += ["--port", *opt.llm_argv]
+    if opt.final:
+        argv += ["--final", opt.final]
     return argv
 
 
@@ -1036,7 +1058,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                        stages=[s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None,
                        budget=args.budget, resume=args.resume, redo=args.redo, stop_after=args.stop_after,
                        target=args.target, triton=args.triton, llm=llm, llm_argv=llm_argv,
-                       json=args.json, argv=sys.argv[1:])
+                       json=args.json, argv=sys.argv[1:], final=args.final)
     report = run_bench(opt)
     if args.json:
         print(json.dumps(report, indent=2, default=str))
@@ -1059,7 +1081,12 @@ def register(subparsers) -> None:
     p.add_argument("--device", default="auto", help="auto (xpu, then cuda, then cpu), xpu, cuda or cpu")
     p.add_argument("--target", default=None, help="knowledge-base device id for the roofline and checks (default: matched)")
     p.add_argument("--triton", default=None, help="Triton version to gate the knowledge base on (default: installed)")
-    p.add_argument("--port", action="store_true", help="run `xeforge port` on each problem first and bench its result")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--port", action="store_true", help="run `xeforge port` on each problem first and bench its result")
+    how.add_argument("--final", default=None, metavar="KERNEL",
+                     help="bench this kernel file as the port result instead of the latest port run; '{problem}' in "
+                          "the path becomes each problem's name (--final 'ports/{problem}/final-kernel.py'); "
+                          "verified afresh")
     p.add_argument("--engine", default="auto", choices=["rules", "llm", "auto", "both"], help="engine for --port")
     p.add_argument("--stages", default=None, help="comma-separated stages for --port")
     p.add_argument("--budget", type=int, default=None, help="hardware evaluations per search tactic, for --port")

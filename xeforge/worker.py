@@ -28,7 +28,7 @@ from typing import Any
 from xeforge import wire
 from xeforge.devices import Runtime
 from xeforge.analysis.trace import NAMESPACE_ALIASES, record, record_call, register_impls
-from xeforge.diagnosis.capture import dump_compiled
+from xeforge.diagnosis.capture import dump_compiled, write_call_cost
 from xeforge.inputs import TensorPlan, generate_inputs
 from xeforge.timing import delay_flushes
 from xeforge.integrity import CANARY, canary_value, weight_changes
@@ -235,8 +235,11 @@ class WorkerState:
                     seen.add(id(kernel))
                     dump_compiled(name, kernel, Path(compiled_dir), triton.__version__)
         # the call, observed: what launched, what torch computed
+        t_call = time.perf_counter()
         data, out = record_call(model, args, torch, "src", on_compiled=dump)
         self.rt.synchronize()
+        if compiled_dir:
+            write_call_cost(Path(compiled_dir), time.perf_counter() - t_call)
         outs = _outputs(out)
         facts: dict[str, Any] = {"ok": True, "container": type(out).__name__, "n_outputs": len(outs),
                                  "types": [type(o).__module__ + "." + type(o).__qualname__ for o in outs],

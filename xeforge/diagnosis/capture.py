@@ -5,6 +5,8 @@ compiled metadata Triton keeps: warps, stages, shared memory, target, build flag
 spills and thread limit) and one ``<ir>.txt`` per text IR in ``kernel.asm`` (TTIR, TTGIR, LLIR, PTX; SASS through
 Triton's own disassembler where it works), each cut at a size cap. Binaries (cubin, SPIR-V, zebin) are not
 copied; their size is recorded. The interpreter compiles nothing, so nothing is written there.
+:func:`write_call_cost` records how long the whole first call took (compiles and capture included), so the
+capture's cost can be read against it.
 """
 
 from __future__ import annotations
@@ -77,3 +79,12 @@ def dump_compiled(name: str, kernel: Any, folder: Path, triton_version: str, cap
     meta.update({"irs": irs, "binaries": binaries, "cut": cut, "capture_s": round(time.perf_counter() - t0, 4)})
     (out / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
     return out
+
+
+def write_call_cost(folder: Path, first_call_s: float) -> None:
+    """``call.json`` beside the kernels' folders: the wall time of the call that compiled and captured them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / COST_FILE).write_text(json.dumps({"first_call_s": round(first_call_s, 4)}))
+
+
+COST_FILE = "call.json"

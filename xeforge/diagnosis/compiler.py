@@ -36,6 +36,7 @@ class KernelFacts:
     triton: str | None = None
     facts: dict[str, Any] = field(default_factory=dict)
     unknown: dict[str, str] = field(default_factory=dict)
+    capture_s: float | None = None  # what writing this kernel's files cost in the worker
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,6 +113,8 @@ def read_kernel(folder: Path, recognizers: Iterable[Any]) -> KernelFacts | None:
                      str(target.get("arch")) if target.get("arch") is not None else None,
                      str(meta.get("triton")) if meta.get("triton") else None)
     kf.facts.update(_metadata_facts(meta))
+    if isinstance(meta.get("capture_s"), (int, float)):
+        kf.capture_s = float(meta["capture_s"])
     texts: dict[str, str | None] = {}
     for rec in recognizers:
         spec = rec.spec
@@ -146,3 +149,19 @@ def read_folder(folder: Path, recognizers: Iterable[Any]) -> list[KernelFacts]:
         if kf is not None:
             out.append(kf)
     return out
+
+
+def read_cost(folder: Path, kernels: list[KernelFacts]) -> dict[str, Any] | None:
+    """What the capture cost against the call that compiled the kernels (``call.json``, written by the worker):
+    ``capture_s`` summed over the kernels, ``first_call_s`` (compiles and capture included) and the share."""
+    raw = _read_text(folder / "call.json", 4096)
+    try:
+        first = float(json.loads(raw)["first_call_s"]) if raw else None
+    except (ValueError, KeyError, TypeError):
+        first = None
+    spent = [k.capture_s for k in kernels if k.capture_s is not None]
+    if not spent:
+        return None
+    capture = round(sum(spent), 4)
+    return {"capture_s": capture, "first_call_s": first,
+            "share": round(capture / first, 4) if first else None}

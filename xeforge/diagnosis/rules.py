@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xeforge.diagnosis.compiler import KernelFacts, read_folder
+from xeforge.diagnosis.compiler import KernelFacts, read_cost, read_folder
 from xeforge.kb.entries import fill
 from xeforge.kb.versions import version_applies
 
@@ -136,8 +136,11 @@ class Diagnoser:
             if model is not None:
                 kf.facts["dot_calls"] = sum(1 for c in model.calls_to("tl.dot") if c.function == kf.kernel)
         findings = merge([f for kf in kernels for d in self.diagnoses if (f := evaluate(d, kf)) is not None])
-        return {"available": True, "kernels": [k.as_dict() for k in kernels],
-                "findings": [asdict(f) for f in findings]}
+        out = {"available": True, "kernels": [k.as_dict() for k in kernels], "findings": [asdict(f) for f in findings]}
+        cost = read_cost(folder, kernels)
+        if cost is not None:
+            out["cost"] = cost
+        return out
 
 
 def merge(findings: list[Finding]) -> list[Finding]:
