@@ -617,5 +617,8 @@ def test_final_given_on_the_command_line_is_verified_and_timed_as_the_port_resul
     assert "softmax_fake/final-kernel.py (--final)" in missing["entries"]["final"]["verification"]
     argv = bench.child_argv(opt, gemm, "cuda", tmp_path / "o")
     assert argv[argv.index("--final") + 1] == template  # --workers children bench the same files
+    opt.argv = ["bench", str(gemm), "--final", template, "--rounds", "1", "--resume", "--redo", "--out", "o"]
+    again = bench.continue_command(opt, "cuda", tmp_path / "o")  # what --stop-after tells the user to run next
+    assert "--final" in again and "--rounds 1" in again and "--redo" not in again and again.count("--resume") == 1
     proc = _bench_cli(str(gemm), "--port", "--final", template, "--device", "cpu")
     assert proc.returncode == 2 and "not allowed with argument" in proc.stderr

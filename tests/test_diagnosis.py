@@ -177,6 +177,11 @@ def test_the_capture_writes_metadata_and_text_irs_and_records_what_it_could_not(
     asked = SimpleNamespace(kernel="k", grid=(4,), options={"grf_mode": "256"})
     assert "dx-xpu-grf-recompiled" not in _ids(dx.read(tmp_path, SimpleNamespace(launches=[asked]), None))
     assert dump_compiled("k", SimpleNamespace(metadata=None), tmp_path / "none", "3.6.0") is None  # the interpreter
+    # only the IRs the recognizers read are written (SASS is never disassembled for nothing)
+    assert dx.irs == {"ttgir", "llir"}
+    few = dump_compiled("k", kernel, tmp_path / "few", "3.6.0", irs=sorted(dx.irs))
+    fmeta = json.loads((few / "meta.json").read_text())
+    assert sorted(fmeta["irs"]) == ["llir", "ttgir"] and "sass" in fmeta["not_written"] and "unavailable" not in fmeta
     # what the capture cost, against the call that compiled the kernel
     assert d["kernels"][0]["capture_s"] == meta["capture_s"] and "cost" in d and d["cost"]["first_call_s"] is None
     write_call_cost(tmp_path, 2.0)

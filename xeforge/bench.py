@@ -33,6 +33,7 @@ import json
 import math
 import os
 import queue
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -849,8 +850,8 @@ def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
         report["pending"] = [str(p) for p in paths if str(p) not in benched]
         report["status"] = "partial" if report["pending"] else "done"
         if report["pending"]:
-            say(f"--stop-after: {len(report['pending'])} problem(s) not started; continue with: xeforge bench "
-                f"{' '.join(opt.problems)} --device {kind} --out {out} --resume")
+            say(f"--stop-after: {len(report['pending'])} problem(s) not started; continue with: "
+                f"{continue_command(opt, kind, out)}")
     except KeyboardInterrupt:
         report["status"] = "interrupted"
         raise
@@ -868,6 +869,18 @@ def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
             write_json(out / "bench.json", report)
             say(f"warning: could not render bench.md/bench.html ({type(exc).__name__}: {exc}); bench.json is written")
     return report
+
+
+def continue_command(opt: BenchOptions, kind: str, out: Path) -> str:
+    """The command that continues a stopped bench with the same options (``--final``, ``--rounds``, ...): the
+    call's own arguments with ``--out`` and ``--resume`` (``--redo`` dropped: it would start the rows again)."""
+    args = [a for a in opt.argv if a != "--redo"] if opt.argv[:1] == ["bench"] else \
+        ["bench", *opt.problems, "--device", kind]
+    if "--out" not in args:
+        args += ["--out", str(out)]
+    if "--resume" not in args:
+        args.append("--resume")
+    return shlex.join(["xeforge", *args])
 
 
 def tool_hash() -> str:

@@ -540,7 +540,9 @@ class Verifier:
         try:
             facts = self.worker.request("run", timeout, slot=slot, plan=[tp.wire() for tp in plan_inputs(self.problem, variant)],
                                         seed=seed, distribution=dist, out_file=str(out_file), rerun=rerun,
-                                        compiled_dir=str(compiled) if compiled else None)
+                                        compiled_dir=str(compiled) if compiled else None,
+                                        compiled_irs=None if compiled is None or self.settings.keep_compiled
+                                        else sorted(self.diagnoser.irs))
             if compiled is not None:
                 self._facts_traces[code.hash] = facts.get("trace")
             n = facts.get("n_outputs")

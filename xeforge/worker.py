@@ -204,7 +204,7 @@ class WorkerState:
         return bufs
 
     def run(self, slot: str, plan: list, seed: int, distribution: str, out_file: str, rerun: bool,
-            compiled_dir: str | None = None) -> dict:
+            compiled_dir: str | None = None, compiled_irs: list[str] | None = None) -> dict:
         """Call the model once (twice with ``rerun``) and write what it returned and its input buffers after it.
 
         ``out_file`` holds ``out.i`` (the outputs), ``rerun.i`` (a second call on pristine copies of the same
@@ -233,7 +233,7 @@ class WorkerState:
             def dump(name, kernel):
                 if id(kernel) not in seen:
                     seen.add(id(kernel))
-                    dump_compiled(name, kernel, Path(compiled_dir), triton.__version__)
+                    dump_compiled(name, kernel, Path(compiled_dir), triton.__version__, irs=compiled_irs)
         # the call, observed: what launched, what torch computed
         t_call = time.perf_counter()
         data, out = record_call(model, args, torch, "src", on_compiled=dump)

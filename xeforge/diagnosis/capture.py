@@ -23,6 +23,8 @@ META_FIELDS = ("name", "num_warps", "num_stages", "num_ctas", "shared", "threads
 #: the driver's figures, set on the kernel object when it is loaded
 HANDLE_FIELDS = ("n_regs", "n_spills", "n_max_threads")
 IR_CAP_BYTES = 4 << 20
+#: binaries: their size is recorded, never their bytes
+BINARY_KEYS = ("cubin", "spv", "zebin", "hsaco")
 
 
 def _scalar(v: Any) -> Any:
@@ -45,9 +47,12 @@ def metadata_of(kernel: Any) -> dict[str, Any]:
     return out
 
 
-def dump_compiled(name: str, kernel: Any, folder: Path, triton_version: str, cap: int = IR_CAP_BYTES) -> Path | None:
+def dump_compiled(name: str, kernel: Any, folder: Path, triton_version: str, cap: int = IR_CAP_BYTES,
+                  irs: list[str] | None = None) -> Path | None:
     """Write ``kernel`` (a Triton ``CompiledKernel``) under ``folder``; the folder written, or None when
-    ``kernel`` is not a compiled kernel (the interpreter's launches return none)."""
+    ``kernel`` is not a compiled kernel (the interpreter's launches return none). ``irs``: only these text IRs
+    (those the knowledge base's recognizers read; the disassembly of SASS alone took most of a second per kernel
+    on the H200); None: every one, SASS included."""
     asm = getattr(kernel, "asm", None)
     if asm is None or getattr(kernel, "metadata", None) is None:
         return None
@@ -58,10 +63,16 @@ def dump_compiled(name: str, kernel: Any, folder: Path, triton_version: str, cap
     digest = str(meta.get("hash") or "")[:12] or f"{id(kernel):x}"
     out = folder / f"{re.sub(r'[^A-Za-z0-9_]', '_', name)[:64]}-{digest}"
     out.mkdir(parents=True, exist_ok=True)
+    wanted = irs
     irs, binaries, cut = [], {}, []
     keys = list(asm.keys())
     if "cubin" in keys and "sass" not in keys:
         keys.append("sass")  # Triton disassembles the cubin on request (cuobjdump); absent tools are recorded
+    if wanted is not None:
+        skipped = [k for k in keys if k not in wanted and k not in BINARY_KEYS]
+        keys = [k for k in keys if k in wanted or k in BINARY_KEYS]
+        if skipped:
+            meta["not_written"] = skipped  # no recognizer reads them; XEFORGE_KEEP_COMPILED=1 writes them all
     for key in keys:
         try:
             value = asm[key]

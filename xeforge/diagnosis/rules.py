@@ -98,6 +98,8 @@ class Diagnoser:
 
         self.recognizers = [r for r in getattr(kb, "recognizers", []) if applies(r)]
         self.diagnoses = [d for d in getattr(kb, "diagnoses", []) if applies(d)]
+        # the IRs a capture must write for these recognizers (the rest, SASS above all, cost time and say nothing)
+        self.irs = {r.spec.ir for r in self.recognizers}
         # facts this backend's recognizers read under other Triton versions only: unknown here, never "missing"
         found = {n for r in self.recognizers for n in (r.spec.fact, r.spec.capture) if n}
         self.unrecognized: dict[str, str] = {}
