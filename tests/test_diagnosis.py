@@ -24,6 +24,7 @@ from xeforge.kb.schema import Condition
 from xeforge.kernel_model import parse_kernel
 
 COMPILED = FIXTURES / "compiled"
+DEEP_CSV = FIXTURES / "ncu" / "gemm_relu-start.csv"
 H200 = SimpleNamespace(kind="cuda", name="NVIDIA H200", cores=132, interpreter=False)
 
 
@@ -319,3 +320,49 @@ def test_the_interpreter_has_no_device_timeline(tmp_path):
     with Verifier(p, describe_device("cpu"), Settings(), tmp_path) as v:
         out = v.profile(p.kernel_path, p.variant("ci"))
     assert out == {"available": False, "why": "the CPU interpreter has no device timeline"}
+    assert v.deep_profile(p.kernel_path, p.variant("ci")) == {"available": False,
+                                                             "why": "no hardware counters on the CPU interpreter"}
+
+
+def test_the_deep_profile_reads_ncus_raw_csv_page():
+    """The fixed set per kernel from ncu's raw page (DEEP_CSV: recorded on the H200 where present, see its README)."""
+    from xeforge.diagnosis.deep import describe as describe_deep, read_ncu_csv
+
+    view = read_ncu_csv(DEEP_CSV)
+    assert view["available"] and view["tool"] == "ncu" and view["kernels"]
+    k = next(k for k in view["kernels"] if "matmul" in k["kernel"])
+    assert 0 < k["time_us"] < 10_000 and all(0 <= k[m] <= 100 for m in ("compute_pct", "memory_pct", "occupancy_pct"))
+    assert 1 <= len(k["stalls"]) <= 3 and k["stalls"] == sorted(k["stalls"], key=lambda s: -s["cycles"])
+    line = describe_deep(view)[0]
+    assert line.startswith("deep profile (ncu): ") and "SM throughput" in line and "top stalls: " in line
+
+
+def test_the_deep_profile_says_why_there_is_none(tmp_path, monkeypatch):
+    from xeforge.diagnosis.deep import describe as describe_deep, read_ncu_csv, tool_for
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no ncu, no unitrace
+    assert tool_for("cuda") == (None, "ncu (Nsight Compute) is not on PATH: install Nsight Compute or put its "
+                                      "folder on PATH for --profile deep")
+    assert tool_for("xpu")[0] is None and "unitrace or VTune (neither is on PATH)" in tool_for("xpu")[1]
+    assert read_ncu_csv(tmp_path / "none.csv")["why"] == "ncu wrote no report (its log file is missing)"
+    log = tmp_path / "ncu.csv"
+    log.write_text("==PROF== Connected to process 12 (/usr/bin/python3)\n==ERROR== ERR_NVGPUCTRPERM - The user "
+                   "does not have permission to access NVIDIA GPU Performance Counters\n")
+    why = read_ncu_csv(log)["why"]
+    assert why.startswith("ncu profiled no kernel: ==ERROR== ERR_NVGPUCTRPERM")
+    assert describe_deep({"available": False, "why": why}) == [f"deep profile: none ({why})"]
+
+
+def test_a_worker_runs_under_a_profiler_prefix_inside_its_sandbox(tmp_path):
+    """The deep worker's prefix (ncu there) runs the worker as its child; the protocol is untouched."""
+    from xeforge.isolation import Worker
+
+    marker = tmp_path / "w" / "prefix-ran"
+    (tmp_path / "w").mkdir()
+    script = tmp_path / "w" / "fake-profiler"  # inside the sandbox /tmp is empty: the worker's own folder is not
+    script.write_text(f'#!/bin/sh\necho "profiler args: $1" > {marker}\nshift\nexec "$@"\n')
+    script.chmod(0o755)
+    with Worker("cpu", tmp_path / "w", prefix=(str(script), "--clock-control")) as w:
+        w.start(timeout=60)
+        assert w.alive()
+    assert marker.read_text() == "profiler args: --clock-control\n"

@@ -52,6 +52,7 @@ from tabulate import tabulate
 
 from xeforge import devices
 from xeforge.cli_args import add_llm_args
+from xeforge.diagnosis.deep import describe as describe_deep
 from xeforge.diagnosis.profile import describe as describe_profile
 from xeforge.diagnosis.rules import describe as describe_diagnosis
 from xeforge.errors import UsageError, XeforgeError
@@ -119,6 +120,7 @@ class BenchOptions:
     json: bool = False
     argv: list[str] = field(default_factory=list)
     final: str | None = None  # a kernel file benched as the port result; "{problem}" -> each problem's name
+    profile: str = "basic"  # basic: torch.profiler's breakdown on a GPU; deep: also the vendor profiler's counters
 
 
 def say(msg: str) -> None:
@@ -466,6 +468,12 @@ def _bench_problem(path: Path, ctx: BenchContext, row: dict, workdir: Path) -> N
                 except Exception as exc:  # noqa: BLE001 — an advisory view; it never costs the problem its row
                     view = {"available": False, "why": f"the profile failed: {type(exc).__name__}: {exc}"[:300]}
                 row.setdefault("breakdown", {})[key] = {**view, "line": describe_profile(view)}
+                if opt.profile == "deep":  # the vendor profiler's counters (ncu), in a worker of its own
+                    try:
+                        dv = v.deep_profile(Path(e["path"]), variant)
+                    except Exception as exc:  # noqa: BLE001 — advisory, as above
+                        dv = {"available": False, "why": f"the deep profile failed: {type(exc).__name__}: {exc}"[:300]}
+                    row["breakdown"][key].update(deep=dv, deep_lines=describe_deep(dv))
         if not opt.variant:
             _time_shapes(v, problem.timed_variants(device.kind)[1:], row, ctx)
 
@@ -975,6 +983,8 @@ def child_argv(opt: BenchOptions, problem: Path, device_kind: str, out: Path) ->
         argv += ["--port", *opt.llm_argv]
     if opt.final:
         argv += ["--final", opt.final]
+    if opt.profile != "basic":
+        argv += ["--profile", opt.profile]
     return argv
 
 
@@ -1071,7 +1081,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                        stages=[s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None,
                        budget=args.budget, resume=args.resume, redo=args.redo, stop_after=args.stop_after,
                        target=args.target, triton=args.triton, llm=llm, llm_argv=llm_argv,
-                       json=args.json, argv=sys.argv[1:], final=args.final)
+                       json=args.json, argv=sys.argv[1:], final=args.final,
+                       profile=args.profile)
     report = run_bench(opt)
     if args.json:
         print(json.dumps(report, indent=2, default=str))
@@ -1119,6 +1130,9 @@ def register(subparsers) -> None:
                    help="with --resume: bench the problems named here again, replacing their rows in --out")
     p.add_argument("--stop-after", type=float, default=None, metavar="MINUTES",
                    help="start no new problem after this many minutes; the rest are listed and --resume continues")
+    p.add_argument("--profile", default="basic", choices=["basic", "deep"],
+                   help="basic: where the device time goes (torch.profiler, on a GPU); deep: also the vendor "
+                        "profiler's counters per kernel (ncu on cuda: throughput, occupancy, stall reasons)")
     p.add_argument("--json", action="store_true", help="print bench.json on stdout instead of the table")
     add_llm_args(p)
     p.set_defaults(func=cmd_bench)

@@ -70,8 +70,9 @@ class Worker:
 
     def __init__(self, device: str, workdir: Path, log_path: Path | None = None, *, settings: Any = None,
                  writable: tuple[Path, ...] = (), readable: tuple[Path, ...] = (), hidden: tuple[Path, ...] = (),
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()) -> None:
         self.device = device
+        self.prefix = tuple(prefix)  # a profiler the worker runs under, inside the sandbox (--profile deep)
         self.workdir = Path(workdir).resolve()
         self.log_path = Path(log_path or self.workdir / "worker.log").resolve()
         self.settings = settings or load_settings()
@@ -118,7 +119,7 @@ class Worker:
     def _launch(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        argv = sandbox.wrap([sys.executable, "-m", "xeforge.worker", "--device", self.device], self.device,
+        argv = sandbox.wrap([*self.prefix, sys.executable, "-m", "xeforge.worker", "--device", self.device], self.device,
                             self.workdir, list(self.writable), list(self.readable), self.sandbox, list(self.hidden))
         env = scrubbed_env(self.device, {**os.environ, **self.extra_env, **sandbox.limits_env(self.limits)})
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -151,11 +152,12 @@ class Worker:
                 self._drain.join(timeout=5)  # the log is complete before the failure is read from it
         self.proc = None
 
-    def close(self) -> None:
+    def close(self, wait: float = 5.0) -> None:
+        """Ask the worker to exit and wait ``wait`` seconds (a profiler it runs under writes its report then)."""
         if self.alive():
             try:
                 self._write({"op": "exit"})
-                self.proc.wait(timeout=5)
+                self.proc.wait(timeout=wait)
             except (OSError, subprocess.TimeoutExpired, BrokenPipeError):
                 pass
         self.kill()

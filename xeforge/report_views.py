@@ -189,7 +189,8 @@ def bench_view(report: dict[str, Any]) -> dict[str, Any]:
                         **{k: speedup_text((sh.get("speedups") or {}).get(k)) for k in _SHAPE_SPEEDUPS},
                         "errors": "; ".join(f"{k}: {m}" for k, m in (sh.get("errors") or {}).items())}
                        for sh in r.get("shapes") or []],
-            "breakdown": [{"entry": k, "line": b.get("line", ""), "rows": b.get("rows") or []}
+            "breakdown": [{"entry": k, "line": b.get("line", ""), "rows": b.get("rows") or [],
+                           "deep": b.get("deep_lines") or []}
                           for k, b in (r.get("breakdown") or {}).items()],
             "compiler": [{"entry": k, "lines": e.get("compiler")} for k, e in (r.get("entries") or {}).items()
                          if e.get("compiler")],

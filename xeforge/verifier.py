@@ -28,6 +28,7 @@ from xeforge import integrity, wire
 from xeforge.analysis.observe import trace_at
 from xeforge.analysis.trace import Trace, TraceError
 from xeforge.compare import compare_outputs
+from xeforge.diagnosis import deep
 from xeforge.diagnosis.profile import breakdown
 from xeforge.diagnosis.rules import Diagnoser
 from xeforge.devices import DeviceInfo
@@ -432,19 +433,21 @@ class Verifier:
             + (f"~{alias}" if alias else "")
         if self._slots.get(key) == self.worker.generation and self.worker.alive():
             return self._slot_names[key]  # the name it was loaded under (the same text from another file name)
-        weights = self._weights_file(variant)
-        # built from the oracle's seed: what __init__ draws outside the state_dict is then the oracle's too
-        reply = self.worker.request("load", self.settings.compile_timeout_s, slot=slot, source=code.text,
-                                    filename=code.filename, init_args=self.problem.init_args(variant),
-                                    weights_file=str(weights) if weights else None, dtype=variant.dtype,
-                                    compile_mode=compile_mode, weight_order=self._weight_order.get(variant.name),
-                                    seed=self.weight_seed)
+        reply = self.worker.request("load", self.settings.compile_timeout_s,
+                                    **self._load_payload(code, variant, slot, compile_mode))
         if reply.get("weights_by_position"):
             self.weights_by_position[code.hash] = {str(k): str(v) for k, v in reply["weights_by_position"].items()}
         self._slots[key] = self.worker.generation
         self._slot_names[key] = slot
         self._first.add(key)
         return slot
+
+    def _load_payload(self, code: Code, variant: Variant, slot: str, compile_mode: str | None = None) -> dict:
+        weights = self._weights_file(variant)
+        # built from the oracle's seed: what __init__ draws outside the state_dict is then the oracle's too
+        return dict(slot=slot, source=code.text, filename=code.filename, init_args=self.problem.init_args(variant),
+                    weights_file=str(weights) if weights else None, dtype=variant.dtype, compile_mode=compile_mode,
+                    weight_order=self._weight_order.get(variant.name), seed=self.weight_seed)
 
     def _slot_and_timeout(self, code: Code, variant: Variant) -> tuple[str, float]:
         """The slot for one call of ``code``, and its timeout: the compile timeout for the first call (it compiles)."""
@@ -527,6 +530,38 @@ class Verifier:
             names = set()
         events = reply.get("events") or []
         return {**breakdown(events, names), "events": events}
+
+    def deep_profile(self, path: Path | Code, variant: Variant) -> dict[str, Any]:
+        """``--profile deep``: the vendor profiler's counters of one call of ``path`` at ``variant``
+        (:mod:`xeforge.diagnosis.deep`), from a worker of its own started under the profiler inside the same
+        sandbox (the candidate worker is never run under it: gate 3's times stay free of its overhead)."""
+        if self.device.interpreter:
+            return {"available": False, "why": "no hardware counters on the CPU interpreter"}
+        tool, why = deep.tool_for(self.device.kind)
+        if tool is None:
+            return {"available": False, "why": why}
+        code = self.code(path)
+        folder = self.workdir / "deep" / code.hash[:16]
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        report = folder / "ncu.csv"
+        worker = Worker(self.device.kind, folder, folder / "worker.log", settings=self.settings,
+                        writable=(self._cache,), readable=(self.workdir / "oracle" / "weights",),
+                        hidden=(self.workdir,), env={"TRITON_CACHE_DIR": str(self._cache)},
+                        prefix=tuple(deep.ncu_prefix(tool, report)))
+        limit = self.settings.compile_timeout_s + self.settings.run_timeout_s
+        try:
+            worker.start(timeout=limit)
+            worker.request("load", self.settings.compile_timeout_s, **self._load_payload(code, variant, "deep"))
+            reply = worker.request("deep", limit, slot="deep",
+                                   plan=[tp.wire() for tp in plan_inputs(self.problem, variant)], seed=0)
+        except WorkerFailure as exc:
+            worker.kill()
+            return {"available": False, "why": f"the deep profile failed: {exc.detail[:300]}"}
+        worker.close(wait=120.0)  # the profiler writes its report once the worker has exited
+        if reply.get("why"):
+            return {"available": False, "why": str(reply["why"])[:300]}
+        return deep.read_ncu_csv(report)
 
     def _run(self, code: Code, variant: Variant, seed: int, dist: str, rerun: bool) -> tuple[dict, dict]:
         """Run ``code`` once in the candidate worker: (the tensors it wrote, the facts it replied)."""

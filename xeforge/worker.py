@@ -467,6 +467,27 @@ class WorkerState:
         events.sort(key=lambda e: -e["device_us"])
         return {"ok": True, "events": events[:64], "iters": iters}
 
+    def deep(self, slot: str, plan: list, seed: int) -> dict:
+        """One call inside the ``xeforge_deep`` NVTX range, after a warm-up call outside it (which compiles):
+        the vendor profiler the worker runs under (``--profile deep``) collects the kernels of that call only."""
+        torch = self.torch
+        from xeforge.diagnosis.deep import RANGE  # lazy: only this request needs it
+
+        inputs = generate_inputs([TensorPlan.from_wire(d) for d in plan], seed, "normal", self.device)
+        model = self.models[slot]
+        self._called.add(slot)
+        nvtx = getattr(getattr(torch, self.device, None), "nvtx", None)
+        if nvtx is None:
+            return {"ok": True, "why": f"no NVTX ranges on {self.device}"}
+        with torch.no_grad():
+            model(*inputs)
+            self.rt.synchronize()
+            nvtx.range_push(RANGE)
+            model(*inputs)
+            self.rt.synchronize()
+            nvtx.range_pop()
+        return {"ok": True}
+
     def _flush_ms(self, l2_bytes: int | None) -> float:
         """Device time of one L2-flush write (median of 5; measured on the worker's first timing request)."""
         if l2_bytes in self._flush_ms_by_size:
@@ -525,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 OPS = frozenset({"load", "run", "time", "trace", "trace_meta", "reference", "oracle", "param_shapes", "kernelbench",
-                 "profile"})
+                 "profile", "deep"})
 
 
 def failure_reply(exc: BaseException, state: Any) -> dict:
