@@ -221,7 +221,7 @@ class LLMEngine:
                                                       log_dir, f"c{chain}-r{rnd}")
                 return result
 
-            def verify(result, chain=chain, attempts=attempts, state=state) -> Check:
+            def verify(result, _problem=None, chain=chain, attempts=attempts, state=state) -> Check:
                 attempt, outcome = self._attempt(stage, ctx, state["rendered"], result, chain, len(attempts) + 1,
                                                  seen, evaluate, log_dir)
                 attempts.append(attempt)

@@ -745,3 +745,40 @@ def test_port_auto_falls_back_and_the_report_says_why(tmp_path, fake_server, mon
     md = (tmp_path / "run" / "report.md").read_text()
     engine_line = next(line for line in md.splitlines() if line.startswith("| engine |"))
     assert "fell back from the llm engine" in engine_line and "lacks /v1" in engine_line
+
+
+# ------------------------------------------------------------------------------------------------ compiling the prompts
+def test_compile_with_bootstrap_fewshot_end_to_end(shared, tmp_path):
+    """docs/llm.md's compile (scripts/compile_prompts.py -> cover_agent.optimize), against the scripted model and
+    the real verifier: the brief is the stage's real one, the verifier judges the answer, the metric reads its
+    verdict, and the answer it passed becomes the optimize predictor's demo (the other predictors get none)."""
+    import importlib.util
+
+    from cover_agent import optimize
+
+    spec = importlib.util.spec_from_file_location("compile_prompts", ROOT / "scripts" / "compile_prompts.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    device, kbc, verifier = shared
+    trainset, problems = script.trainset_for([VADD], "memory_access", device, kbc, SETTINGS)
+    assert list(problems) == ["00-vadd"]
+    verify_code = script.verify_with({"00-vadd": verifier}, tmp_path)
+    verdicts = []
+
+    def recording(problem, code):
+        verdicts.append(verify_code(problem, code))
+        return verdicts[-1]
+
+    model = scripted([kernel_answer(WRONG, "subtract"), kernel_answer(GOOD, "bigger blocks")])
+    log = optimize.MetricLog()
+    compiled = optimize.compile_cover(trainset, recording, model.lm(), rounds=2, log=log)
+    assert "# Stage 4 of 9: memory_access" in model.prompts()[0]  # the brief xeforge port would send
+    # the real verifier rejected the subtraction at gate 2; the refine round read it and was correct
+    assert [v.correct for v in verdicts] == [False, True] and verdicts[0].failed_gate.gate == "2-correctness"
+    assert "REJECTED at gate 2-correctness" in model.prompts()[1]
+    assert log.scores == [("00-vadd", 5 / 6)]  # the metric read the verdict on the best answer (correct)
+    demos = compiled.optimize.demos
+    assert len(demos) == 1 and demos[0].changes == "bigger blocks" and "BLOCK=128" in demos[0].kernel_code
+    assert all(not p.demos for name, p in compiled.named_predictors() if name != "optimize")
+    compiled.save(str(tmp_path / "compiled.json"))
+    assert len(json.loads((tmp_path / "compiled.json").read_text())["optimize"]["demos"]) == 1
