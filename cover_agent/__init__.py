@@ -9,13 +9,15 @@ Map of the package, and what each module owns:
 3. :mod:`cover_agent.feedback`   verdict -> the words the model reads; attempts, ranking, trimming.
 4. :mod:`cover_agent.extract`    lenient extraction of the kernel file from an answer, strict validation.
 5. :mod:`cover_agent.signatures` the DSPy signatures: analysis, optimization, algorithmic, discovery.
-6. :mod:`cover_agent.client`     one model call: dspy.LM on one route (DSPy's own client or LiteLLM), timeout,
-                                 retries with backoff, budget, usage; one meaning per failure on every route.
+6. :mod:`cover_agent.client`     one model call: dspy.LM on one route (DSPy's own client or LiteLLM) with DSPy's
+                                 retries and usage tracking; budget, records; one meaning per failure on every route.
 7. :mod:`cover_agent.probe`      before the first call: the server's model list (URL, missing /v1, unknown model).
                                  No dspy import.
-8. :mod:`cover_agent.engine`     :class:`~cover_agent.engine.LLMEngine` — the CoVeR loop behind
+8. :mod:`cover_agent.module`     :class:`~cover_agent.module.CoVeR`, the loop as a ``dspy.Module`` (one predictor per
+                                 signature; generate -> verify -> refine); :mod:`cover_agent.optimize` compiles it.
+9. :mod:`cover_agent.engine`     :class:`~cover_agent.engine.LLMEngine` — the CoVeR loop behind
                                  ``run_stage(stage, ctx, evaluate, choose)``, and its records in the run folder.
-9. :mod:`cover_agent.scripted`   a scripted model (a dspy engine) for tests and demos without a network.
+10. :mod:`cover_agent.scripted`   a scripted model (a dspy engine) for tests and demos without a network.
 
 Only the verifier accepts: the engine proposes, ``evaluate`` verifies, ``choose`` adopts.
 """

@@ -1,19 +1,32 @@
-"""One call to the model: build the ``dspy.LM``, run a signature, retry, count, record.
+"""One call to the model: build the ``dspy.LM``, run one predictor, count, record.
 
 Owns: :func:`build_lm` (a ``dspy.LM`` from an :class:`~cover_agent.config.LMConfig`: LiteLLM model string,
-base URL, key, temperature, output tokens, timeout, and the one route every call takes —
+base URL, key, temperature, output tokens, timeout, retries, and the one route every call takes —
 ``engine="lm15"``, DSPy's own HTTP client, or ``engine="litellm"``, chosen by ``LMConfig.client_route`` and
-shown by ``xeforge env``; DSPy's cache and retries off, because this module retries and every answer must be
-fresh), :class:`LMClient` (the client started before its first call — LiteLLM's import is seconds —, retries
-with exponential backoff on rate limits, timeouts, server and network errors — honouring ``retry_after`` —,
-the per-run budget in calls, tokens and dollars, and a :class:`CallRecord` per attempt with the messages sent,
-the answer, token counts and cost), :func:`classify` (one meaning per failure on either route: a read timeout
-is a timeout however the route spells it; a context-length 400 is an overflow in vLLM's, OpenAI's or
-llama.cpp's words), and the failures the engine reacts to: :class:`ModelUnavailable`, :class:`BudgetExhausted`,
-:class:`ContextOverflow`. The per-call timeout is the HTTP client's own (``XEFORGE_LLM_TIMEOUT``): a call that
-overruns it is closed, so the server sees the request cancelled. A model answer that does not follow the
-signature's field format is not a failure here: it comes back with ``parse_error`` set and its raw text, for
-lenient extraction.
+shown by ``xeforge env``; DSPy's cache off, because every answer must be fresh), :class:`LMClient` (the client
+started before its first call — LiteLLM's import is seconds —, the per-run budget in calls, tokens and dollars,
+and a :class:`CallRecord` per call with the messages sent, the answer, token counts and cost), :func:`classify`
+(one meaning per failure on either route: a read timeout is a timeout however the route spells it; a
+context-length 400 is an overflow in vLLM's, OpenAI's or llama.cpp's words), and the failures the engine reacts
+to: :class:`ModelUnavailable`, :class:`BudgetExhausted`, :class:`ContextOverflow`.
+
+What the libraries do (none of it is written here):
+
+- **Retries and backoff**: ``dspy.LM(num_retries=XEFORGE_LLM_RETRIES)``. DSPy owns the retry loop on both
+  routes (its engines, LiteLLM's included, make one attempt each): rate limits, timeouts, server and network
+  errors are retried, after the server's ``Retry-After`` when it sends one, else 1, 2, 4 ... 60 s.
+- **Timeout**: the HTTP client's own (``dspy.LM(timeout=XEFORGE_LLM_TIMEOUT)``): a call that overruns it is
+  closed, so the server sees the request cancelled.
+- **Usage**: ``dspy.track_usage()`` totals each call's tokens (answered, unparseable or failed); the call's
+  messages, answer, finish reason and cost are read from the LM's own ``history`` entry.
+
+What stays here, and why: DSPy reports neither its attempts nor the errors it retried, so a record is one per
+call (its final outcome) and the call budget counts calls, each of which may send up to
+``1 + XEFORGE_LLM_RETRIES`` requests; DSPy's own client reports a read timeout as a transport error and keeps
+a vLLM context-length message only in the error text, so :func:`classify` reads the exception chain and the
+message to give each failure one meaning on both routes; and an answer that does not follow the signature's
+field format is not a failure here: it comes back with ``parse_error`` set and its raw text, for lenient
+extraction.
 """
 
 from __future__ import annotations
@@ -31,8 +44,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import dspy  # noqa: E402
 from dspy.utils.exceptions import (AdapterParseError, ContextWindowExceededError, LMAuthError,  # noqa: E402
                                    LMBillingError, LMError, LMRateLimitError, LMServerError, LMTimeoutError,
-                                   LMTransportError, LMUnexpectedError, LMUnsupportedModelError,
-                                   is_retryable_lm_error)
+                                   LMTransportError, LMUnexpectedError, LMUnsupportedModelError)
 
 from cover_agent.config import LMConfig  # noqa: E402
 from cover_agent.prompts import CHARS_PER_TOKEN  # noqa: E402
@@ -60,11 +72,10 @@ class ContextOverflow(Exception):
 
 @dataclass
 class CallRecord:
-    """One attempt at one call, as written to the run folder (never the key)."""
+    """One call (with DSPy's retries inside it), as written to the run folder (never the key)."""
 
     purpose: str
     signature: str
-    attempt: int
     started: str
     elapsed_s: float
     messages: list[dict[str, Any]] = field(default_factory=list)
@@ -99,7 +110,6 @@ class Usage:
     calls: int = 0
     answered: int = 0
     failed: int = 0
-    retries: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
@@ -119,7 +129,7 @@ class Usage:
     def describe(self) -> str:
         tokens = f"{self.total_tokens:,} tokens" + (" (some estimated)" if self.tokens_estimated else "")
         cost = f", ${self.cost_usd:.4f}" if self.cost_known else ""
-        return f"{self.calls} call(s) ({self.answered} answered, {self.failed} failed, {self.retries} retried), {tokens}{cost}"
+        return f"{self.calls} call(s) ({self.answered} answered, {self.failed} failed), {tokens}{cost}"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -129,9 +139,10 @@ def build_lm(config: LMConfig) -> Any:
     """The ``dspy.LM`` for a configuration (or the injected one). Raises ValueError/TypeError from DSPy for
     settings it refuses (the engine turns them into an EngineError)."""
     if config.lm is not None:
-        return config.lm
+        # an injected dspy.LM (a scripted engine) retries as configured too; another BaseLM is taken as it is
+        return config.lm.copy(num_retries=config.retries) if isinstance(config.lm, dspy.LM) else config.lm
     kwargs: dict[str, Any] = {"temperature": config.temperature, "max_tokens": config.max_tokens, "cache": False,
-                              "num_retries": 0, "timeout": config.timeout_s}
+                              "num_retries": config.retries, "timeout": config.timeout_s}
     if config.api_base:
         kwargs["api_base"] = config.api_base
     key = config.key_for_client()
@@ -191,10 +202,6 @@ def classify(exc: BaseException) -> str:
     return "request"
 
 
-def _retryable(exc: BaseException) -> bool:
-    return classify(exc) in ("timeout", "rate-limit", "server", "transport") or is_retryable_lm_error(exc)
-
-
 def _message(exc: BaseException, config: LMConfig) -> str:
     """The failure in words a user can act on: a timeout names its setting; an error without a message says
     the HTTP status and the URL."""
@@ -230,16 +237,23 @@ def _finish_reason(response: Any) -> str | None:
     return str(reason) if reason is not None else None
 
 
+def _tokens(rec: CallRecord, tracker: Any) -> None:
+    """The call's tokens, from DSPy's usage tracker (:func:`dspy.track_usage`, every model the call used)."""
+    for usage in tracker.get_total_tokens().values():
+        rec.prompt_tokens += int(usage.get("prompt_tokens") or 0)
+        rec.completion_tokens += int(usage.get("completion_tokens") or 0)
+        rec.total_tokens += int(usage.get("total_tokens") or 0)
+    rec.total_tokens = rec.total_tokens or rec.prompt_tokens + rec.completion_tokens
+
+
 class LMClient:
     """Calls the model for the llm engine; one per run, so the budget is per run."""
 
-    def __init__(self, config: LMConfig, *, sleep: Callable[[float], None] = time.sleep,
-                 progress: Callable[[str], None] | None = None) -> None:
+    def __init__(self, config: LMConfig, *, progress: Callable[[str], None] | None = None) -> None:
         self.config = config
         self.lm = build_lm(config)
         self.adapter = dspy.ChatAdapter(use_json_adapter_fallback=False)
         self.usage = Usage()
-        self.sleep = sleep
         self.say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.startup_s = self._start()
 
@@ -268,80 +282,58 @@ class LMClient:
             return f"the budget of ${c.max_cost_usd:g} per run is spent (${u.cost_usd:.4f} used; XEFORGE_LLM_MAX_COST)"
         return None
 
-    def call(self, kind: str, brief: str, purpose: str) -> CallResult:
-        """Run signature ``kind`` on ``brief``. Raises :class:`BudgetExhausted`, :class:`ContextOverflow` or
-        :class:`ModelUnavailable` (after the configured retries); every attempt is in the returned (or the
-        exception's ``records``) list."""
+    def call(self, kind: str, brief: str, purpose: str, predictor: Any = None) -> CallResult:
+        """Run signature ``kind`` on ``brief`` through ``predictor`` (one of :class:`cover_agent.module.CoVeR`'s;
+        a plain ``dspy.Predict`` of the signature when None). DSPy retries transient failures
+        (``XEFORGE_LLM_RETRIES``). Raises :class:`BudgetExhausted`, :class:`ContextOverflow` or
+        :class:`ModelUnavailable`; the call's record is in the result (or the exception's ``records``)."""
         signature = SIGNATURES[kind][0]
-        records: list[CallRecord] = []
-        for attempt in range(self.config.retries + 1):
-            problem = self.budget_problem()
-            if problem:
-                exc = BudgetExhausted(problem)
-                exc.records = records  # type: ignore[attr-defined]
-                raise exc
-            lm = self.lm.copy()
-            self.usage.calls += 1
-            started = time.strftime("%Y-%m-%dT%H:%M:%S")
-            t0 = time.monotonic()
+        predictor = predictor if predictor is not None else dspy.Predict(signature)
+        problem = self.budget_problem()
+        if problem:
+            exc = BudgetExhausted(problem)
+            exc.records = []  # type: ignore[attr-defined]
+            raise exc
+        lm = self.lm.copy()  # its own history: the entry read below is this call's
+        self.usage.calls += 1
+        started = time.strftime("%Y-%m-%dT%H:%M:%S")
+        t0 = time.monotonic()
+        with dspy.track_usage() as tracker:
             try:
-                pred = self._predict(lm, signature, brief)
-                rec = self._record(lm, purpose, kind, attempt, started, time.monotonic() - t0, brief)
-                records.append(rec)
-                self.usage.answered += 1
-                return CallResult({k: pred.get(k) for k in signature.output_fields}, rec.response or "", None, records)
+                with dspy.context(lm=lm, adapter=self.adapter):
+                    pred = predictor(brief=brief)
             except AdapterParseError as exc:
-                rec = self._record(lm, purpose, kind, attempt, started, time.monotonic() - t0, brief,
+                rec = self._record(lm, tracker, purpose, kind, started, time.monotonic() - t0, brief,
                                    fallback_response=exc.lm_response)
-                records.append(rec)
                 self.usage.answered += 1
                 expected = ", ".join(signature.output_fields)
                 return CallResult(None, _text(exc.lm_response), f"the answer did not follow the field format "
-                                  f"(expected [[ ## field ## ]] sections for: {expected})", records)
-            except Exception as exc:  # classified below: retry, overflow, or give up with the reason
-                elapsed = time.monotonic() - t0
+                                  f"(expected [[ ## field ## ]] sections for: {expected})", [rec])
+            except Exception as exc:  # DSPy retried what was worth retrying; classified: overflow, or the reason
                 kind_of = classify(exc)
-                rec = CallRecord(purpose, kind, attempt, started, round(elapsed, 3),
+                rec = CallRecord(purpose, kind, started, round(time.monotonic() - t0, 3),
                                  messages=[{"role": "user", "content": brief}], error=_message(exc, self.config),
                                  error_kind=kind_of)
-                records.append(rec)
+                _tokens(rec, tracker)
+                self.usage.add(rec)
                 self.usage.failed += 1
-                if kind_of == "context":
-                    err = ContextOverflow(rec.error)
-                    err.records = records  # type: ignore[attr-defined]
-                    raise err from None
-                if _retryable(exc) and attempt < self.config.retries:
-                    delay = min(self.config.backoff_max_s, self.config.backoff_s * (2 ** attempt))
-                    hint = getattr(exc, "retry_after", None)
-                    if isinstance(hint, (int, float)) and hint > 0:
-                        delay = min(self.config.backoff_max_s, max(delay, float(hint)))
-                    self.usage.retries += 1
-                    self.say(f"  llm: {purpose} call failed ({kind_of}: {rec.error}); retry "
-                             f"{attempt + 1}/{self.config.retries} in {delay:g} s")
-                    self.sleep(delay)
-                    continue
-                err = ModelUnavailable(kind_of, rec.error or kind_of)
-                err.records = records  # type: ignore[attr-defined]
+                err: Exception = ContextOverflow(rec.error) if kind_of == "context" else ModelUnavailable(
+                    kind_of, rec.error or kind_of)
+                err.records = [rec]  # type: ignore[attr-defined]
                 raise err from None
-        raise AssertionError("unreachable: the retry loop returns or raises")
+        rec = self._record(lm, tracker, purpose, kind, started, time.monotonic() - t0, brief)
+        self.usage.answered += 1
+        return CallResult({k: pred.get(k) for k in signature.output_fields}, rec.response or "", None, [rec])
 
-    def _predict(self, lm: Any, signature: Any, brief: str) -> Any:
-        with dspy.context(lm=lm, adapter=self.adapter):
-            return dspy.Predict(signature)(brief=brief)
-
-    def _record(self, lm: Any, purpose: str, kind: str, attempt: int, started: str, elapsed: float, brief: str,
+    def _record(self, lm: Any, tracker: Any, purpose: str, kind: str, started: str, elapsed: float, brief: str,
                 fallback_response: Any = None) -> CallRecord:
         history = list(getattr(lm, "history", []) or [])
-        rec = CallRecord(purpose, kind, attempt, started, round(elapsed, 3))
+        rec = CallRecord(purpose, kind, started, round(elapsed, 3))
         if history:
             entry = history[-1]
             rec.messages = [dict(m) for m in (entry.get("messages") or [])]
             outputs = entry.get("outputs") or []
             rec.response = _text(outputs[0]) if outputs else None
-            usage = entry.get("usage") or {}
-            rec.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-            rec.completion_tokens = int(usage.get("completion_tokens") or 0)
-            rec.total_tokens = int(usage.get("total_tokens") or 0) or rec.prompt_tokens + rec.completion_tokens
             cost = entry.get("cost")
             rec.cost_usd = float(cost) if isinstance(cost, (int, float)) else None
             rec.finish_reason = _finish_reason(entry.get("response"))
@@ -349,6 +341,7 @@ class LMClient:
             rec.response = _text(fallback_response)
         if not rec.messages:
             rec.messages = [{"role": "user", "content": brief}]
+        _tokens(rec, tracker)
         if rec.total_tokens == 0:  # the server reported no usage (some local servers): estimate, and say so
             sent = sum(len(str(m.get("content", ""))) for m in rec.messages)
             rec.prompt_tokens = int(sent / CHARS_PER_TOKEN) + 1

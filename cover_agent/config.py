@@ -3,7 +3,7 @@
 Owns: :class:`LMConfig` — the LiteLLM model string (``--model`` or ``XEFORGE_MODEL``), the base URL and key
 (``--api-base`` / ``XEFORGE_LLM_API_BASE`` / the provider's own variables such as ``OPENAI_API_BASE``,
 ``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``), sampling and transport settings (temperature, output tokens,
-per-call timeout, retries with backoff), the per-run budget (calls, tokens, dollars), and the CoVeR loop's
+per-call timeout, retries — DSPy's, with its backoff —), the per-run budget (calls, tokens, dollars), and the CoVeR loop's
 bounds (``--max-iters``, ``--best-k``). Every ``XEFORGE_LLM_*`` variable is listed in :data:`ENV_VARS` and
 documented in ``docs/llm.md``; parsing is strict and names the variable, what it expects and the fix.
 
@@ -29,10 +29,10 @@ ENV_VARS: dict[str, tuple[str, type, str]] = {
     "XEFORGE_LLM_CONTEXT_TOKENS": ("context_tokens", int,
                                    "the model's context window; older attempts are trimmed to fit"),
     "XEFORGE_LLM_TIMEOUT": ("timeout_s", float, "seconds one call may take before it counts as failed"),
-    "XEFORGE_LLM_RETRIES": ("retries", int, "retries of a call after a rate limit, timeout or server/network error"),
-    "XEFORGE_LLM_BACKOFF": ("backoff_s", float, "first retry delay in seconds; doubles per retry"),
-    "XEFORGE_LLM_BACKOFF_MAX": ("backoff_max_s", float, "longest retry delay in seconds"),
-    "XEFORGE_LLM_MAX_CALLS": ("max_calls", int, "budget: model calls per run (retries count)"),
+    "XEFORGE_LLM_RETRIES": ("retries", int, "DSPy's retries of a call after a rate limit, timeout or server/network "
+                            "error (dspy.LM num_retries)"),
+    "XEFORGE_LLM_MAX_CALLS": ("max_calls", int, "budget: model calls per run (DSPy's retries of a call are not "
+                              "counted apart)"),
     "XEFORGE_LLM_MAX_TOTAL_TOKENS": ("max_total_tokens", int, "budget: prompt + completion tokens per run"),
     "XEFORGE_LLM_MAX_COST": ("max_cost_usd", float,
                              "budget: US dollars per run, where the provider reports a cost (0: no limit)"),
@@ -40,6 +40,12 @@ ENV_VARS: dict[str, tuple[str, type, str]] = {
     "XEFORGE_LLM_BEST_K": ("best_k", int, "independent candidates per stage (same as --best-k)"),
     "XEFORGE_LLM_ANALYZE": ("analyze", bool, "1: one analysis call per stage before proposing; 0: propose directly"),
     "XEFORGE_LLM_ROUTE": ("route", str, "auto, dspy or litellm: the client DSPy calls the model through"),
+}
+
+#: variables earlier versions read, -> why they are gone (setting one is an error, so it is not silently ignored)
+REMOVED_VARS: dict[str, str] = {
+    var: "DSPy's retry loop sets the delays now: the server's Retry-After when it sends one, else 1, 2, 4 ... 60 s"
+    for var in ("XEFORGE_LLM_BACKOFF", "XEFORGE_LLM_BACKOFF_MAX")
 }
 
 #: XEFORGE_LLM_ROUTE values. ``dspy``: DSPy's own HTTP client (``dspy.LM(engine="lm15")``); ``litellm``: LiteLLM
@@ -90,8 +96,6 @@ class LMConfig:
     context_tokens: int = 32768
     timeout_s: float = 300.0
     retries: int = 3
-    backoff_s: float = 2.0
-    backoff_max_s: float = 60.0
     max_calls: int = 200
     max_total_tokens: int = 3_000_000
     max_cost_usd: float = 0.0
@@ -107,6 +111,10 @@ class LMConfig:
         """From an argparse Namespace (``model``, ``api_base``, ``max_iters``, ``best_k``; any may be missing)
         and the environment. Raises :class:`UsageError` for a malformed value."""
         env = os.environ if env is None else env
+        for var, why in REMOVED_VARS.items():
+            if (env.get(var) or "").strip():
+                raise UsageError(f"environment variable {var}", f"{var} is no longer read: {why}",
+                                 f"unset {var}; XEFORGE_LLM_RETRIES sets how many retries (docs/llm.md)")
         values: dict[str, Any] = {}
         for var, (name, typ, meaning) in ENV_VARS.items():
             raw = env.get(var)
@@ -164,8 +172,6 @@ class LMConfig:
              "set XEFORGE_LLM_CONTEXT_TOKENS to the model's context window (e.g. 32768)"),
             ("XEFORGE_LLM_TIMEOUT", self.timeout_s > 0, f"timeout {self.timeout_s} s is not positive", "set e.g. 300"),
             ("XEFORGE_LLM_RETRIES", self.retries >= 0, f"retries {self.retries} is negative", "set e.g. 3"),
-            ("XEFORGE_LLM_BACKOFF", self.backoff_s >= 0 and self.backoff_max_s >= 0, "backoff delays must not be negative",
-             "set XEFORGE_LLM_BACKOFF=2 and XEFORGE_LLM_BACKOFF_MAX=60"),
             ("XEFORGE_LLM_MAX_CALLS", self.max_calls >= 0, f"max calls {self.max_calls} is negative", "set e.g. 200"),
             ("XEFORGE_LLM_MAX_TOTAL_TOKENS", self.max_total_tokens >= 0, "the token budget is negative", "set e.g. 3000000"),
             ("XEFORGE_LLM_MAX_COST", self.max_cost_usd >= 0, "the cost budget is negative", "set e.g. 5 (dollars) or 0 for no limit"),

@@ -6,7 +6,8 @@ Owns: :class:`LLMEngine` — the same contract as :class:`xeforge.engines.RulesE
 1. Detect the stage's issues; render the brief (:mod:`cover_agent.prompts`).
 2. Analysis (unless ``XEFORGE_LLM_ANALYZE=0``): one call plans the stage; when the model finds nothing worth
    trying and the stage's detectors found nothing either, the stage is skipped with the model's reason.
-3. ``--best-k`` independent candidates, each refined for up to ``--max-iters`` rounds:
+3. ``--best-k`` independent candidates, each one run of the :class:`~cover_agent.module.CoVeR` module
+   (a ``dspy.Module``; its predictors make every call, the analysis too), refined for up to ``--max-iters`` rounds:
    propose (:mod:`cover_agent.client`) -> extract leniently, validate strictly (:mod:`cover_agent.extract`;
    a failed validation is feedback, never a silent repair) -> ``evaluate`` (the real verifier and trial store)
    -> feedback (:mod:`cover_agent.feedback`) -> the next round's brief, with the oldest attempts trimmed
@@ -35,6 +36,7 @@ from cover_agent.client import BudgetExhausted, CallResult, ContextOverflow, LMC
 from cover_agent.config import LMConfig
 from cover_agent.extract import extract_code, normalise_code, validate_code
 from cover_agent.feedback import Attempt, verdict_feedback
+from cover_agent.module import Check, CoVeR
 from cover_agent.prompts import RenderedPrompt, budget_chars_for, render_stage
 from cover_agent.probe import ProbeFailure, probe
 from cover_agent.signatures import SIGNATURES
@@ -89,6 +91,7 @@ class LLMEngine:
         self.config = config
         self.client = client
         self.say = progress
+        self.module = CoVeR(rounds=config.max_iters)  # its predictors make every call (cover_agent.module)
 
     @classmethod
     def from_options(cls, options: Any, progress: Callable[[str], None] = _say) -> "LLMEngine":
@@ -194,23 +197,43 @@ class LLMEngine:
 
     # ------------------------------------------------------------------------------------------------ CoVeR
     def _candidates(self, stage, ctx, issues, kbc, budget, log_dir, plan, evaluate, outcomes, notes) -> None:
+        """``--best-k`` chains, each one run of the :class:`~cover_agent.module.CoVeR` module: its predictor asks
+        through the client (``ask``), each answer is verified here (``verify``), the next brief is the stage
+        template rendered with the attempts so far (``revise``)."""
         cfg = self.config
         seen: dict[str, Attempt] = {}
         for chain in range(1, cfg.best_k + 1):
             attempts: list[Attempt] = []
-            for rnd in range(1, cfg.max_iters + 1):
-                label = f"candidate {chain} round {rnd}"
-                rendered, result = self._ask(stage, ctx, issues, kbc, budget, attempts, plan, label, log_dir,
-                                             f"c{chain}-r{rnd}")
-                attempt, outcome = self._attempt(stage, ctx, rendered, result, chain, rnd, seen, evaluate, log_dir)
+
+            def render(shrink: int = 1, attempts=attempts) -> RenderedPrompt:
+                return render_stage(stage, ctx, issues, kbc, attempts, plan=plan, budget_chars=budget // shrink)
+
+            state = {"rendered": render()}
+
+            def revise(_brief: str, _rounds: list, state=state, render=render) -> str:
+                state["rendered"] = render()
+                return state["rendered"].text
+
+            def ask(predictor, _text: str, chain=chain, attempts=attempts, state=state, render=render):
+                rnd = len(attempts) + 1
+                state["label"] = f"candidate {chain} round {rnd}"
+                state["rendered"], result = self._ask(stage, state["rendered"], render, predictor, state["label"],
+                                                      log_dir, f"c{chain}-r{rnd}")
+                return result
+
+            def verify(result, _problem=None, chain=chain, attempts=attempts, state=state) -> Check:
+                attempt, outcome = self._attempt(stage, ctx, state["rendered"], result, chain, len(attempts) + 1,
+                                                 seen, evaluate, log_dir)
                 attempts.append(attempt)
                 _count(self._tally, f"rejected: {attempt.failed_gate}" if attempt.status == "rejected"
                        and attempt.failed_gate else attempt.status)
-                self.say(f"  llm: {label}: {attempt.headline}")
+                self.say(f"  llm: {state['label']}: {attempt.headline}")
                 if outcome is not None:
                     outcomes.append(outcome)
-                if attempt.status in ("accepted", "correct-unmeasured"):
-                    break
+                return Check(attempt.feedback, attempt.score, done=attempt.status in ("accepted", "correct-unmeasured"))
+
+            self.module(brief=state["rendered"].text, kind=state["rendered"].signature, verify=verify,
+                        rounds=cfg.max_iters, ask=ask, revise=revise)
             if not ctx.device.can_time and any(a.status == "correct-unmeasured" for a in seen.values()):
                 if chain < cfg.best_k:
                     notes.append(f"stopped after candidate {chain}: a correct candidate was found and further ones "
@@ -219,27 +242,31 @@ class LLMEngine:
         if not outcomes:
             notes.append("no answer produced a kernel that reached the verifier")
 
-    def _ask(self, stage, ctx, issues, kbc, budget, attempts, plan, label, log_dir, tag):
-        """Render and call; on a context overflow, trim harder (twice) before giving up on the stage."""
-        previous = None
+    def _ask(self, stage, first: RenderedPrompt, render: Callable[[int], RenderedPrompt], predictor, label, log_dir,
+             tag):
+        """Call with the brief ``first``; on a context overflow, trim harder (twice) before giving up on the stage."""
+        rendered, previous = first, None
         for shrink in (1, 2, 4):
-            rendered = render_stage(stage, ctx, issues, kbc, attempts, plan=plan, budget_chars=budget // shrink)
+            if shrink > 1:
+                rendered = render(shrink)
             if previous is not None and rendered.text == previous:
                 break
             previous = rendered.text
             self.say(f"  llm: {label}: asking {self.config.model} (~{rendered.approx_tokens:,} tokens"
                      + (f"; trimmed: {'; '.join(rendered.trimmed)}" if rendered.trimmed else "") + ")")
             try:
-                return rendered, self._call(rendered.signature, rendered, f"{stage.name} {label}", log_dir, tag)
+                return rendered, self._call(rendered.signature, rendered, f"{stage.name} {label}", log_dir, tag,
+                                            predictor)
             except ContextOverflow as exc:
                 self.say(f"  llm: {label}: the prompt does not fit the model's context ({exc}); trimming")
         raise _StopStage(f"stopped: the brief (~{rendered.approx_tokens:,} tokens) does not fit the model's context "
                          "window even with earlier attempts trimmed: set XEFORGE_LLM_CONTEXT_TOKENS to the model's real "
                          "window, or use a model with a larger one", "context")
 
-    def _call(self, kind: str, rendered: RenderedPrompt, purpose: str, log_dir: Path | None, tag: str) -> CallResult:
+    def _call(self, kind: str, rendered: RenderedPrompt, purpose: str, log_dir: Path | None, tag: str,
+              predictor: Any = None) -> CallResult:
         try:
-            result = self.client.call(kind, rendered.text, purpose)
+            result = self.client.call(kind, rendered.text, purpose, predictor or self.module.predictor(kind))
             self._count_failed_calls(result.records)
             return result
         except BudgetExhausted as exc:
@@ -278,7 +305,7 @@ class LLMEngine:
                        "local model",
             "auth": f"check the API key ({'from ' + cfg.key_source if cfg.key_source else 'none was found'})",
             "billing": "check the provider account's credit and quota",
-            "rate-limit": "the provider kept rate-limiting: wait, or raise XEFORGE_LLM_RETRIES / XEFORGE_LLM_BACKOFF",
+            "rate-limit": "the provider kept rate-limiting through DSPy's retries: wait, or raise XEFORGE_LLM_RETRIES",
             "model": "check the model name (--model / XEFORGE_MODEL) against what the server serves",
             "not-found": f"check that the base URL ends with /v1 ({where}) and that the model name is one the server "
                          "serves (curl <base>/models); see docs/llm.md",
@@ -362,7 +389,7 @@ def _write(folder: Path | None, name: str, data: dict[str, Any]) -> None:
 
 def _delta(before: Usage, after: Usage) -> str:
     d = Usage(calls=after.calls - before.calls, answered=after.answered - before.answered,
-              failed=after.failed - before.failed, retries=after.retries - before.retries,
+              failed=after.failed - before.failed,
               total_tokens=after.total_tokens - before.total_tokens, tokens_estimated=after.tokens_estimated,
               cost_usd=after.cost_usd - before.cost_usd, cost_known=after.cost_known)
     return d.describe()

@@ -43,6 +43,11 @@ class Attempt:
                 self.round)
 
     @property
+    def score(self) -> float:
+        """The attempt's status as a score in [0, 1] (1: accepted), the CoVeR module's measure of a round."""
+        return STATUS_RANK.get(self.status, 0) / max(STATUS_RANK.values())
+
+    @property
     def label(self) -> str:
         return f"attempt {self.round}" + (f" (candidate {self.chain})" if self.chain > 1 else "")
 

@@ -80,15 +80,15 @@ def test_engine_refuses_without_a_model():
 def test_every_setting_parses_from_the_environment():
     env = {"XEFORGE_MODEL": "openai/gpt-4o", "XEFORGE_LLM_API_KEY": "x", "XEFORGE_LLM_API_BASE": "https://h/v1",
            "XEFORGE_LLM_TEMPERATURE": "0.2", "XEFORGE_LLM_MAX_TOKENS": "4096", "XEFORGE_LLM_CONTEXT_TOKENS": "65536",
-           "XEFORGE_LLM_TIMEOUT": "60", "XEFORGE_LLM_RETRIES": "5", "XEFORGE_LLM_BACKOFF": "1",
-           "XEFORGE_LLM_BACKOFF_MAX": "30", "XEFORGE_LLM_MAX_CALLS": "10", "XEFORGE_LLM_MAX_TOTAL_TOKENS": "50000",
+           "XEFORGE_LLM_TIMEOUT": "60", "XEFORGE_LLM_RETRIES": "5",
+           "XEFORGE_LLM_MAX_CALLS": "10", "XEFORGE_LLM_MAX_TOTAL_TOKENS": "50000",
            "XEFORGE_LLM_MAX_COST": "2.5", "XEFORGE_LLM_MAX_ITERS": "4", "XEFORGE_LLM_BEST_K": "3",
            "XEFORGE_LLM_ANALYZE": "0", "XEFORGE_LLM_ROUTE": "litellm"}
     assert set(ENV_VARS) <= set(env)
     cfg = LMConfig.from_args(ns(), env=env)
-    assert (cfg.temperature, cfg.max_tokens, cfg.context_tokens, cfg.timeout_s, cfg.retries, cfg.backoff_s,
-            cfg.backoff_max_s, cfg.max_calls, cfg.max_total_tokens, cfg.max_cost_usd, cfg.max_iters, cfg.best_k,
-            cfg.analyze) == (0.2, 4096, 65536, 60.0, 5, 1.0, 30.0, 10, 50000, 2.5, 4, 3, False)
+    assert (cfg.temperature, cfg.max_tokens, cfg.context_tokens, cfg.timeout_s, cfg.retries,
+            cfg.max_calls, cfg.max_total_tokens, cfg.max_cost_usd, cfg.max_iters, cfg.best_k,
+            cfg.analyze) == (0.2, 4096, 65536, 60.0, 5, 10, 50000, 2.5, 4, 3, False)
     assert cfg.key_source == "XEFORGE_LLM_API_KEY" and cfg.base_source == "XEFORGE_LLM_API_BASE"
     assert "$2.5" in cfg.describe() and "no analysis call" in cfg.describe()
     assert cfg.client_route == "litellm" and "via LiteLLM (XEFORGE_LLM_ROUTE)" in cfg.describe()
@@ -184,3 +184,12 @@ def test_one_route_per_provider_shown_by_describe(model, route):
     assert ("via DSPy's own client (auto)" if route == "dspy" else "via LiteLLM (auto)") in cfg.describe()
     forced = LMConfig.from_args(ns(model=model), env={"XEFORGE_LLM_ROUTE": "litellm"})
     assert forced.client_route == "litellm"
+
+
+@pytest.mark.parametrize("var", ["XEFORGE_LLM_BACKOFF", "XEFORGE_LLM_BACKOFF_MAX"])
+def test_the_removed_backoff_variables_are_refused_not_ignored(var):
+    """DSPy's retry loop sets the delays; a variable that no longer does anything says so instead of being ignored."""
+    with pytest.raises(UsageError) as err:
+        LMConfig.from_args(ns(), env={"XEFORGE_MODEL": "openai/gpt-4o", var: "2"})
+    text = err.value.render()
+    assert var in text and "no longer read" in text and "Retry-After" in text and f"unset {var}" in text

@@ -62,7 +62,7 @@ class Run:
         cpu, self.kbc, self.verifier = shared
         self.device = device or cpu
         self.model = model
-        defaults = {"max_iters": 3, "best_k": 1, "retries": 0, "backoff_s": 0.0, "timeout_s": 30.0}
+        defaults = {"max_iters": 3, "best_k": 1, "retries": 0, "timeout_s": 30.0}
         self.config = LMConfig(**{**defaults, **cfg}).with_lm(model.lm())
         self.pipe = Pipeline(PROBLEM, PortOptions(device="cpu", engine="llm", llm=self.config, settings=SETTINGS))
         self.store = RunStore(tmp_path / "run")
@@ -74,9 +74,7 @@ class Run:
         self.ctx = self.pipe.context(self.device, self.kbc, START, self.store.root)
         self.wrap = wrap
         self.log: list[str] = []
-        self.sleeps: list[float] = []
-        self.engine = LLMEngine(self.config, LMClient(self.config, sleep=self.sleeps.append, progress=self.log.append),
-                                progress=self.log.append)
+        self.engine = LLMEngine(self.config, LMClient(self.config, progress=self.log.append), progress=self.log.append)
         self.evaluated = 0
 
     def evaluate(self, cand):
@@ -178,21 +176,26 @@ def test_exception_from_the_model_at_first_call_is_an_engine_error(shared, tmp_p
 
 
 def test_exception_after_the_model_answered_stops_the_stage_with_a_note(shared, tmp_path):
-    model = scripted([kernel_answer(WRONG), lm15.ServerError("upstream 500"), lm15.ServerError("upstream 500")])
+    # retry_after=0: DSPy's retry loop waits what the provider says (here nothing) instead of its 1 s backoff
+    boom = lm15.ServerError("upstream 500", retry_after=0.0)
+    model = scripted([kernel_answer(WRONG), boom, boom, kernel_answer(GOOD)])
     run = Run(shared, tmp_path, model, retries=1)
     rec = run.go()
-    # one retry with backoff, then the stage stops honestly; nothing adopted
-    assert run.sleeps == [0.0] and rec.best is None and len(rec.outcomes) == 1
+    # DSPy retried once (XEFORGE_LLM_RETRIES=1), then the stage stops honestly; nothing adopted
+    assert model.remaining == 1 and rec.best is None and len(rec.outcomes) == 1
     assert "stopped: the model stopped answering (server)" in rec.note and "upstream 500" in rec.note
-    assert any("retry 1/1" in line for line in run.log)
+    assert rec.tally["call server"] == 1 and run.engine.client.usage.failed == 1
 
 
-def test_rate_limit_is_retried_with_backoff(shared, tmp_path):
-    model = scripted([lm15.RateLimitError("slow down"), lm15.RateLimitError("slow down"), kernel_answer(GOOD)])
-    run = Run(shared, tmp_path, model, retries=3, backoff_s=1.5, backoff_max_s=2.0)
+def test_rate_limit_is_retried_by_dspy(shared, tmp_path):
+    slow = lm15.RateLimitError("slow down", retry_after=0.0)
+    model = scripted([slow, slow, kernel_answer(GOOD)])
+    run = Run(shared, tmp_path, model, retries=3)
     rec = run.go()
-    assert run.sleeps == [1.5, 2.0]  # doubled, capped by XEFORGE_LLM_BACKOFF_MAX
-    assert rec.best is not None and run.engine.client.usage.retries == 2
+    # the two rate limits were retried inside one call: one call answered, no failure recorded
+    assert rec.best is not None and model.remaining == 0
+    usage = run.engine.client.usage
+    assert (usage.calls, usage.answered, usage.failed) == (2, 2, 0) and "call rate-limit" not in rec.tally
 
 
 def test_budget_exhaustion_stops_the_loop_with_a_note(shared, tmp_path):
@@ -359,6 +362,7 @@ class _FakeOpenAI(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     script: list = []  # str (the answer's text) | Status | Hang, one per POST /v1/chat/completions
     bodies: list[dict] = []  # every chat request's JSON
+    times: list[float] = []  # when each chat request arrived (time.monotonic())
     headers_seen: list[dict] = []
     paths: list[str] = []  # "GET /v1/models", "POST /v1/chat/completions", ...
     cancelled: list[float] = []  # hangs whose client closed the connection before the answer (seconds in)
@@ -396,6 +400,7 @@ class _FakeOpenAI(BaseHTTPRequestHandler):
         if self.path != "/v1/chat/completions":
             return self._reply(404, {"detail": "Not Found"})
         _FakeOpenAI.bodies.append(body)
+        _FakeOpenAI.times.append(time.monotonic())
         item = _FakeOpenAI.script.pop(0) if _FakeOpenAI.script else "no more answers"
         if isinstance(item, Hang):
             t0 = time.monotonic()
@@ -421,7 +426,7 @@ class _FakeOpenAI(BaseHTTPRequestHandler):
 def fake_server():
     server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeOpenAI)
     server.daemon_threads = True
-    for name in ("script", "bodies", "headers_seen", "paths", "cancelled"):
+    for name in ("script", "bodies", "times", "headers_seen", "paths", "cancelled"):
         setattr(_FakeOpenAI, name, [])
     _FakeOpenAI.served = ["test-coder"]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -439,8 +444,8 @@ CONFIGS = ["env", "flags"]
 def _http_config(how: str, base: str, monkeypatch, model: str = "hosted_vllm/test-coder", **env) -> LMConfig:
     import argparse
 
-    settings = {"XEFORGE_LLM_RETRIES": "0", "XEFORGE_LLM_TIMEOUT": "1.5", "XEFORGE_LLM_BACKOFF": "0.25",
-                "XEFORGE_LLM_MAX_ITERS": "2", "XEFORGE_LLM_BEST_K": "1", **env}
+    settings = {"XEFORGE_LLM_RETRIES": "0", "XEFORGE_LLM_TIMEOUT": "1.5", "XEFORGE_LLM_MAX_ITERS": "2",
+                "XEFORGE_LLM_BEST_K": "1", **env}
     if how == "env":  # XEFORGE_MODEL=hosted_vllm/<model> OPENAI_API_BASE=http://host:port/v1, as DSPy also sees it
         monkeypatch.setenv("OPENAI_API_BASE", base)
         args = argparse.Namespace(model=None, api_base=None, max_iters=None, best_k=None)
@@ -456,7 +461,6 @@ def _http_run(shared, tmp_path, cfg: LMConfig, **kw) -> Run:
     run = Run(shared, tmp_path, scripted([]), **kw)
     run.config = cfg
     run.engine = LLMEngine.from_options(argparse.Namespace(llm=cfg), progress=run.log.append)
-    run.engine.client.sleep = run.sleeps.append
     return run
 
 
@@ -504,10 +508,25 @@ def test_http_500_then_success_is_retried(shared, tmp_path, fake_server, monkeyp
     _FakeOpenAI.script = [Status(500, {"error": {"message": "upstream exploded"}}), kernel_answer(GOOD)]
     cfg = _http_config(how, fake_server.base, monkeypatch, XEFORGE_LLM_ANALYZE="0", XEFORGE_LLM_RETRIES="2")
     run = _http_run(shared, tmp_path, cfg)
+    assert run.engine.client.lm.num_retries == 2  # XEFORGE_LLM_RETRIES is DSPy's own retry count
     rec = run.go()
-    assert rec.best is not None and run.sleeps == [0.25]
-    assert any("retry 1/2" in line and "(server" in line and "upstream exploded" in line for line in run.log)
-    assert rec.tally == {"call server": 1, "correct-unmeasured": 1}
+    # DSPy retried the 500 inside the one call, after its first backoff (1 s); the call counts as answered
+    assert rec.best is not None and _FakeOpenAI.paths.count("POST /v1/chat/completions") == 2
+    assert 0.9 <= _FakeOpenAI.times[1] - _FakeOpenAI.times[0] < 1.9
+    assert rec.tally == {"correct-unmeasured": 1} and run.engine.client.usage.calls == 1
+
+
+@pytest.mark.parametrize("how", CONFIGS)
+def test_http_500_without_retries_is_the_failure(shared, tmp_path, fake_server, monkeypatch, how):
+    """The retries are DSPy's: with XEFORGE_LLM_RETRIES=0 the same 500 is not retried, and is reported."""
+    _FakeOpenAI.script = [Status(500, {"error": {"message": "upstream exploded"}}), kernel_answer(GOOD)]
+    cfg = _http_config(how, fake_server.base, monkeypatch, XEFORGE_LLM_ANALYZE="0", XEFORGE_LLM_RETRIES="0")
+    run = _http_run(shared, tmp_path, cfg)
+    assert run.engine.client.lm.num_retries == 0
+    with pytest.raises(EngineError) as err:
+        run.go()
+    assert "did not answer its first call (server)" in err.value.render() and "upstream exploded" in err.value.render()
+    assert _FakeOpenAI.paths.count("POST /v1/chat/completions") == 1
 
 
 @pytest.mark.parametrize("how", CONFIGS)
@@ -517,8 +536,10 @@ def test_http_429_honours_retry_after(shared, tmp_path, fake_server, monkeypatch
     cfg = _http_config(how, fake_server.base, monkeypatch, XEFORGE_LLM_ANALYZE="0", XEFORGE_LLM_RETRIES="1")
     run = _http_run(shared, tmp_path, cfg)
     rec = run.go()
-    assert rec.best is not None and run.sleeps == [1.5]  # the server's Retry-After, not the 0.25 s backoff
-    assert run.engine.client.usage.retries == 1
+    # DSPy waited the server's Retry-After (1.5 s), not its own first backoff (1 s)
+    assert rec.best is not None and len(_FakeOpenAI.times) == 2
+    assert 1.45 <= _FakeOpenAI.times[1] - _FakeOpenAI.times[0] < 2.5
+    assert run.engine.client.usage.calls == 1 and run.engine.client.usage.failed == 0
 
 
 @pytest.mark.parametrize("how", CONFIGS)
@@ -550,7 +571,9 @@ def test_http_timeout_later_stops_the_stage(shared, tmp_path, fake_server, monke
     rec = run.go()
     assert rec.best is None and len(rec.outcomes) == 1
     assert "stopped: the model stopped answering (timeout)" in rec.note and "XEFORGE_LLM_TIMEOUT" in rec.note
-    assert rec.tally == {"rejected: 2-correctness": 1, "call timeout": 2, "stopped: timeout": 1}
+    # DSPy retried the timed-out request once inside the call (the server saw both), then the call failed
+    assert len(_FakeOpenAI.bodies) == 3
+    assert rec.tally == {"rejected: 2-correctness": 1, "call timeout": 1, "stopped: timeout": 1}
 
 
 @pytest.mark.parametrize("how", CONFIGS)
@@ -722,3 +745,40 @@ def test_port_auto_falls_back_and_the_report_says_why(tmp_path, fake_server, mon
     md = (tmp_path / "run" / "report.md").read_text()
     engine_line = next(line for line in md.splitlines() if line.startswith("| engine |"))
     assert "fell back from the llm engine" in engine_line and "lacks /v1" in engine_line
+
+
+# ------------------------------------------------------------------------------------------------ compiling the prompts
+def test_compile_with_bootstrap_fewshot_end_to_end(shared, tmp_path):
+    """docs/llm.md's compile (scripts/compile_prompts.py -> cover_agent.optimize), against the scripted model and
+    the real verifier: the brief is the stage's real one, the verifier judges the answer, the metric reads its
+    verdict, and the answer it passed becomes the optimize predictor's demo (the other predictors get none)."""
+    import importlib.util
+
+    from cover_agent import optimize
+
+    spec = importlib.util.spec_from_file_location("compile_prompts", ROOT / "scripts" / "compile_prompts.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    device, kbc, verifier = shared
+    trainset, problems = script.trainset_for([VADD], "memory_access", device, kbc, SETTINGS)
+    assert list(problems) == ["00-vadd"]
+    verify_code = script.verify_with({"00-vadd": verifier}, tmp_path)
+    verdicts = []
+
+    def recording(problem, code):
+        verdicts.append(verify_code(problem, code))
+        return verdicts[-1]
+
+    model = scripted([kernel_answer(WRONG, "subtract"), kernel_answer(GOOD, "bigger blocks")])
+    log = optimize.MetricLog()
+    compiled = optimize.compile_cover(trainset, recording, model.lm(), rounds=2, log=log)
+    assert "# Stage 4 of 9: memory_access" in model.prompts()[0]  # the brief xeforge port would send
+    # the real verifier rejected the subtraction at gate 2; the refine round read it and was correct
+    assert [v.correct for v in verdicts] == [False, True] and verdicts[0].failed_gate.gate == "2-correctness"
+    assert "REJECTED at gate 2-correctness" in model.prompts()[1]
+    assert log.scores == [("00-vadd", 5 / 6)]  # the metric read the verdict on the best answer (correct)
+    demos = compiled.optimize.demos
+    assert len(demos) == 1 and demos[0].changes == "bigger blocks" and "BLOCK=128" in demos[0].kernel_code
+    assert all(not p.demos for name, p in compiled.named_predictors() if name != "optimize")
+    compiled.save(str(tmp_path / "compiled.json"))
+    assert len(json.loads((tmp_path / "compiled.json").read_text())["optimize"]["demos"]) == 1
