@@ -24,6 +24,7 @@ from typing import Any
 
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic
 from stages.device_tuning_rows import RowsPerProgram
+from stages.device_tuning_shapes import PerShapeConfig
 from stages.device_tuning_splitk import SplitK
 from stages.device_tuning_swizzle import GroupedTileOrder
 from xeforge.analysis.launches import autotune_configs, bindings, block_params, launch_options, live_launches
@@ -197,7 +198,9 @@ STAGE = Stage(
     goal="pick tile sizes, num_warps, num_stages, grf_mode, warp_size and GROUP_SIZE_M for the device",
     kb_topics=("tiles", "warps", "grf", "slm", "swizzle"),
     # split-K first: it needs the 2D grid the swizzle replaces, and the search then tunes the split kernel;
-    # swizzle before the search: GROUP_SIZE_M becomes searchable; row batching last: ROWS is sized from the tuned block
-    tactics=[SplitK(), GroupedTileOrder(), LaunchParamSearch(), RowsPerProgram()],
+    # swizzle before the search: GROUP_SIZE_M becomes searchable; per-shape configurations after it: the primary keeps
+    # the searched configuration and the search's trials are there to draw from; row batching last: ROWS is sized
+    # from the tuned block
+    tactics=[SplitK(), GroupedTileOrder(), LaunchParamSearch(), PerShapeConfig(target_site), RowsPerProgram()],
     detectors=[_detect_defaults],
 )
