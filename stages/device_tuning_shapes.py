@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from stages.base import Applicability, Candidate, StageContext, Tactic, TrialOutcome
 from xeforge.analysis.observe import traces
-from xeforge.kernel_model import KernelModel, LaunchSite, axis_blocks
+from xeforge.kernel_model import KernelModel, LaunchSite, axis_blocks, parse_python
 from xeforge.problem import Variant, source_hash
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling.configs import (OPTION_KEYS, current_config, describe, kb_configs, measured_configs,
@@ -103,7 +103,7 @@ def _pure(expr: str) -> bool:
     """Whether a test may evaluate ``expr`` once more before the launch: names, attributes, indexing, arithmetic and
     :data:`PURE_METHODS` only."""
     try:
-        tree = ast.parse(expr, mode="eval")
+        tree = parse_python(expr, mode="eval")
     except SyntaxError:
         return False
     plain = (ast.Expression, ast.Name, ast.Attribute, ast.Subscript, ast.Constant, ast.BinOp, ast.UnaryOp, ast.Tuple,

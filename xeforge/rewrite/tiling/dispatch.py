@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from xeforge.kernel_model import KernelModel, LaunchSite, parse_kernel
+from xeforge.kernel_model import KernelModel, LaunchSite, parse_kernel, parse_python
 from xeforge.rewrite.cst_tools import expr
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling.configs import apply_config
@@ -115,18 +115,16 @@ def dispatch(source: str, kernel: str, branches: Sequence[Branch]) -> str:
     stmt = launch_statement(model, site)
     indent = stmt.col_offset
     lines = source.splitlines()
-    call_start, call_end = site.node, site.node
-    # the statement's text around the call (``y = `` before it; nothing after, but for a trailing comment)
-    head = lines[stmt.lineno - 1][indent:call_start.col_offset] if call_start.lineno == stmt.lineno else None
-    if head is None:
-        raise NotApplicable(f"the launch of {kernel} at line {site.line} does not start on its statement's first line")
+    call = site.node
+    # the statement's text around the call: ``y = `` or ``return `` before it, nothing after it but a comment
+    if call.lineno != stmt.lineno or call.end_lineno != stmt.end_lineno:
+        raise NotApplicable(f"the launch of {kernel} at line {site.line} does not span its statement's lines")
+    head = lines[stmt.lineno - 1][indent:call.col_offset]
     original = "\n".join([lines[stmt.lineno - 1][indent:], *lines[stmt.lineno:stmt.end_lineno]])
-    tail = lines[stmt.end_lineno - 1][call_end.end_col_offset:].split("#")[0].rstrip() \
-        if stmt.end_lineno == call_end.end_lineno else ""
     out: list[str] = []
     for i, br in enumerate(branches):
         out.append(f"{'if' if i == 0 else 'elif'} {br.test}:")
-        out += _statement_lines(head + branch_call(source, kernel, br.config) + tail, indent)
+        out += _statement_lines(head + branch_call(source, kernel, br.config), indent)
     out.append("else:")
     out += _statement_lines(original, indent)
     new_stmt = cst.parse_statement("\n".join(out) + "\n")
@@ -153,7 +151,7 @@ def _replace_statement(source: str, line: int, new: cst.BaseStatement, kernel: s
     if editor.hits != 1:
         raise NotApplicable(f"the statement launching {kernel} at line {launch_line} could not be located")
     try:
-        ast.parse(code)
+        parse_python(code)
     except SyntaxError as exc:  # never hand on a source that does not parse
         raise NotApplicable(f"the dispatch around line {launch_line} did not parse ({exc.msg}, line {exc.lineno})")
     return code
