@@ -133,11 +133,11 @@ def shape_arguments(ctx: StageContext, site: LaunchSite) -> tuple[dict[str, tupl
         for p, arg in la.args.items():
             if arg.kind == "scalar" and isinstance(arg.value, int) and not isinstance(arg.value, bool):
                 seen.setdefault(p, {})[name] = arg.value
-    if len({v for vals in seen.values() for v in vals}) == 0:
+    if not seen:
         return {}, f"forward was not traced at the timed shapes, so no argument of {site.kernel} is known to carry a dim"
     out: dict[str, tuple[str, str]] = {}
     impure: list[str] = []
-    for dim in {d for v in variants.values() for d, x in v.dims.items() if isinstance(x, int)}:
+    for dim in sorted({d for v in variants.values() for d, x in v.dims.items() if isinstance(x, int)}):
         for p in fn.params:
             vals = seen.get(p)
             if not vals or len(set(vals.values())) < 2:
