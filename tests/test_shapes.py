@@ -224,3 +224,34 @@ def test_the_pipeline_passes_the_request_to_gate_3_only_for_candidates_that_ask(
         cand = Candidate(f"# cand {i}\n", "per-shape-config", "d", time_all_shapes=asks)
         pipe._evaluate(store, Recorder(), STAGE, cand, inc, "# inc\n")
     assert seen == [{"all_shapes": True}, {}]
+
+
+def test_the_final_gate_times_every_shape_after_a_per_shape_adoption(tmp_path):
+    """A per-shape gain is at shapes other than the primary: the final kernel is judged against the start there too
+    (and only then: an ordinary port's final gate is unchanged)."""
+    from xeforge.pipeline import Pipeline, PortOptions
+    from xeforge.problem import load_problem
+    from xeforge.store import RunStore
+    from xeforge.verifier import Verdict
+
+    seen = []
+
+    class Recorder:
+        def restart_worker(self):
+            pass
+
+        def verify(self, path, incumbent=None, *, source_hash="", **kw):
+            seen.append(kw)
+            return Verdict(source_hash, correct=True, timed=True, accepted=True, speedup=1.1)
+
+    pipe = Pipeline(load_problem(_problem(tmp_path, SPEC)), PortOptions(device="cpu"))
+    store = RunStore(tmp_path / "run")
+    start, port = store.root / "baseline" / "kernel.py", store.root / "trials" / "0001" / "candidate.py"
+    for path, text in ((start, "# start\n"), (port, "# port\n")):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for asked in (True, False):
+        final = pipe._final(store, Recorder(), type("D", (), {"can_time": True})(), [start, port], start,
+                            all_shapes=asked)
+        assert final["improved"]
+    assert seen == [{"all_shapes": True}, {}]
