@@ -387,7 +387,8 @@ class Pipeline:
             elif device.can_time:
                 carried = _hidden_gain(rec.tactics) or carried
             rec.incumbent_after = source_hash(incumbent_src)
-        final = self._final(store, verifier, device, history, start_path, records, all_shapes=per_shape)
+        final = self._final(store, verifier, device, history, start_path, records,
+                            **({"all_shapes": True} if per_shape else {}))
         report = self._report(store, device, kbc, engine_name, baseline, records, final)
         write_reports(store.root, report)
         return report
