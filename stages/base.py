@@ -48,6 +48,10 @@ class Candidate:
     description: str
     kind: str = "rewrite"  # rewrite: a transformation adopted when correct (and faster on a GPU); search: one point of a parameter search
     params: dict[str, Any] = field(default_factory=dict)
+    # gate 3 times every timed shape, even when the primary does not improve: only for a candidate that is the
+    # incumbent at the primary shape by construction (a per-shape dispatch whose other branches serve other shapes),
+    # which the primary-first cut would reject unseen; judged by the same rule over every shape
+    time_all_shapes: bool = False
 
 
 @dataclass
@@ -129,6 +133,11 @@ class Tactic:
 
     def propose(self, ctx: StageContext) -> list[Candidate]:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def follow_up(self, ctx: StageContext, outcomes: list[TrialOutcome]) -> list[Candidate]:
+        """Candidates built from the verdicts of this tactic's own candidates (``outcomes``), judged against the same
+        incumbent before the stage chooses (e.g. the per-shape winners combined into one dispatch); none by default."""
+        return []
 
 
 @dataclass

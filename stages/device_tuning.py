@@ -12,8 +12,13 @@ The stage's other tactics live beside it, in this order (each one works on the b
 ``split-k`` (:mod:`stages.device_tuning_splitk`, SPLIT_K programs per output tile over slices of K when a GEMM's
 tiles leave cores idle; first, because the swizzle would make the 2D grid 1D and the search should tune the
 split kernel), ``group-swizzle`` (:mod:`stages.device_tuning_swizzle`, grouped tile order, before the search so
-it tunes GROUP_SIZE_M) and ``rows-per-program`` (:mod:`stages.device_tuning_rows`, ROWS rows per program for
-kernels that start one tiny program per row, last so ROWS is sized from the tuned block).
+it tunes GROUP_SIZE_M), ``per-shape-config`` (:mod:`stages.device_tuning_shapes`, right after the search: where the
+spec times several shapes, another configuration for the class of a shape far from the primary one — a decode-like
+M — as a small dispatch at the launch, ``if M <= 128: kernel[grid_a](..., BLOCK_M=16, ...) else: <the searched
+launch>``, drawn from the search's verified trials and the KB's seeds, every branch reached by a correctness shape,
+gate 3 timing every shape; on the interpreter and at an ``@triton.autotune``'d kernel it does not apply) and
+``rows-per-program`` (:mod:`stages.device_tuning_rows`, ROWS rows per program for kernels that start one tiny
+program per row, last so ROWS is sized from the tuned block).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic
 from stages.device_tuning_rows import RowsPerProgram
+from stages.device_tuning_shapes import PerShapeConfig
 from stages.device_tuning_splitk import SplitK
 from stages.device_tuning_swizzle import GroupedTileOrder
 from xeforge.analysis.launches import autotune_configs, bindings, block_params, launch_options, live_launches
@@ -197,7 +203,9 @@ STAGE = Stage(
     goal="pick tile sizes, num_warps, num_stages, grf_mode, warp_size and GROUP_SIZE_M for the device",
     kb_topics=("tiles", "warps", "grf", "slm", "swizzle"),
     # split-K first: it needs the 2D grid the swizzle replaces, and the search then tunes the split kernel;
-    # swizzle before the search: GROUP_SIZE_M becomes searchable; row batching last: ROWS is sized from the tuned block
-    tactics=[SplitK(), GroupedTileOrder(), LaunchParamSearch(), RowsPerProgram()],
+    # swizzle before the search: GROUP_SIZE_M becomes searchable; per-shape configurations after it: the primary keeps
+    # the searched configuration and the search's trials are there to draw from; row batching last: ROWS is sized
+    # from the tuned block
+    tactics=[SplitK(), GroupedTileOrder(), LaunchParamSearch(), PerShapeConfig(target_site), RowsPerProgram()],
     detectors=[_detect_defaults],
 )

@@ -147,3 +147,111 @@ def test_gate3_accepts_a_candidate_faster_on_the_weighted_objective(scripted):
     speedups = {s["variant"]: s["speedup"] for s in res.details["shapes"]}
     want = math.exp((2 * math.log(1.25) + math.log(1.0) + math.log(1 / 0.9)) / 4)
     assert math.isclose(res.details["objective"], want, rel_tol=1e-9) and speedups["bench-gpu"] == pytest.approx(1.25)
+
+
+# ------------------------------------------------------------------------------------- candidates timed at every shape
+# A per-shape dispatch (device_tuning's per-shape-config) is the incumbent at the primary by construction: it asks gate 3
+# for every shape (Candidate.time_all_shapes -> Verifier.verify/performance(all_shapes=True)), and is judged by the
+# same rule over every shape. An ordinary candidate with the same timings is still cut off at the primary.
+def _adopted(v, res):
+    """What the pipeline adopts of one outcome with gate 3's result ``res`` (its real choice, on a GPU)."""
+    from stages.base import Candidate, TrialOutcome
+    from xeforge.pipeline import Pipeline
+    from xeforge.verifier import Verdict
+
+    verdict = Verdict("h", gates=[res], correct=True, timed=True, accepted=res.status == "pass",
+                      speedup=res.details.get("speedup"), margin=res.details.get("margin"))
+    outcome = TrialOutcome("0001-device_tuning-per-shape-config", Candidate("# cand\n", "per-shape-config", "d",
+                                                                            time_all_shapes=True), verdict)
+    return Pipeline._choose(None, [outcome], v.device) is outcome
+
+
+def test_a_per_shape_candidate_faster_at_the_decode_shape_and_equal_at_the_primary_is_adopted(scripted):
+    v, script, timed = scripted
+    _set(script, {4096: 1.0, 64: 1.0, 1000: 1.0}, {4096: 1.0, 64: 0.5, 1000: 1.0})
+    res = v.performance(Code("# inc\n", "inc.py"), Code("# cand\n", "cand.py"), all_shapes=True)
+    assert res.status == "pass", res.summary
+    assert set(timed) == {4096, 64, 1000} and res.details["untimed"] == [] and res.details["all_shapes"]
+    assert res.details["improved"] == ["bench-gpu-1"] and "faster at bench-gpu-1" in res.summary
+    assert "timed at every shape" in res.summary
+    assert res.details["speedup"] == pytest.approx(2 ** 0.25)  # weights 2, 1, 1: only the decode shape gained 2x
+    assert _adopted(v, res)
+
+
+def test_the_same_timings_do_not_pass_an_ordinary_candidate(scripted):
+    v, script, timed = scripted
+    _set(script, {4096: 1.0, 64: 1.0, 1000: 1.0}, {4096: 1.0, 64: 0.5, 1000: 1.0})
+    res = v.performance(Code("# inc\n", "inc.py"), Code("# cand\n", "cand.py"))
+    assert res.status == "fail" and res.details["untimed"] == ["bench-gpu-1", "bench-gpu-2"] and set(timed) == {4096}
+    assert not res.details["all_shapes"] and not _adopted(v, res)
+
+
+def test_a_per_shape_candidate_slower_at_another_shape_is_rejected_and_the_shape_named(scripted):
+    v, script, _ = scripted
+    _set(script, {4096: 1.0, 64: 1.0, 1000: 1.0}, {4096: 1.0, 64: 0.5, 1000: 1.1})
+    res = v.performance(Code("# inc\n", "inc.py"), Code("# cand\n", "cand.py"), all_shapes=True)
+    assert res.status == "fail" and res.details["blocked_by"] == "bench-gpu-2", res.summary
+    assert "slower at bench-gpu-2" in res.summary and "faster at bench-gpu-1" in res.summary
+    assert not _adopted(v, res)
+
+
+def test_a_per_shape_candidate_must_still_clear_the_weighted_margin(scripted):
+    v, script, _ = scripted
+    _set(script, {4096: 1.0, 64: 1.0, 1000: 1.0}, {4096: 1.0, 64: 0.99, 1000: 1.0})
+    res = v.performance(Code("# inc\n", "inc.py"), Code("# cand\n", "cand.py"), all_shapes=True)
+    assert res.status == "fail" and res.details["blocked_by"] is None and "needed >" in res.summary
+
+
+def test_the_pipeline_passes_the_request_to_gate_3_only_for_candidates_that_ask(tmp_path):
+    from stages.base import Candidate
+    from stages.device_tuning import STAGE
+    from xeforge.pipeline import Pipeline, PortOptions
+    from xeforge.problem import load_problem
+    from xeforge.store import RunStore
+    from xeforge.verifier import Verdict
+
+    seen = []
+
+    class Recorder:
+        def verify(self, path, incumbent=None, *, source_hash="", **kw):
+            seen.append(kw)
+            return Verdict(source_hash, correct=True)
+
+    pipe = Pipeline(load_problem(_problem(tmp_path, SPEC)), PortOptions(device="cpu"))
+    store = RunStore(tmp_path / "run")
+    inc = store.root / "baseline" / "kernel.py"
+    for i, asks in enumerate((True, False)):
+        cand = Candidate(f"# cand {i}\n", "per-shape-config", "d", time_all_shapes=asks)
+        pipe._evaluate(store, Recorder(), STAGE, cand, inc, "# inc\n")
+    assert seen == [{"all_shapes": True}, {}]
+
+
+def test_the_final_gate_times_every_shape_after_a_per_shape_adoption(tmp_path):
+    """A per-shape gain is at shapes other than the primary: the final kernel is judged against the start there too
+    (and only then: an ordinary port's final gate is unchanged)."""
+    from xeforge.pipeline import Pipeline, PortOptions
+    from xeforge.problem import load_problem
+    from xeforge.store import RunStore
+    from xeforge.verifier import Verdict
+
+    seen = []
+
+    class Recorder:
+        def restart_worker(self):
+            pass
+
+        def verify(self, path, incumbent=None, *, source_hash="", **kw):
+            seen.append(kw)
+            return Verdict(source_hash, correct=True, timed=True, accepted=True, speedup=1.1)
+
+    pipe = Pipeline(load_problem(_problem(tmp_path, SPEC)), PortOptions(device="cpu"))
+    store = RunStore(tmp_path / "run")
+    start, port = store.root / "baseline" / "kernel.py", store.root / "trials" / "0001" / "candidate.py"
+    for path, text in ((start, "# start\n"), (port, "# port\n")):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for asked in (True, False):
+        final = pipe._final(store, Recorder(), type("D", (), {"can_time": True})(), [start, port], start,
+                            all_shapes=asked)
+        assert final["improved"]
+    assert seen == [{"all_shapes": True}, {}]

@@ -109,7 +109,7 @@ def test_gpu_candidates_are_powers_of_two_sized_from_the_row(verify):
 
 def test_registered_in_device_tuning_after_the_launch_parameter_search():
     names = [t.name for t in device_tuning.STAGE.tactics]
-    assert names.index("rows-per-program") == names.index("launch-params") + 1
+    assert names[-1] == "rows-per-program" and names.index("launch-params") < names.index("rows-per-program")
 
 
 SCALE = (ROW_SCALE / "kernel.py").read_text()

@@ -69,6 +69,9 @@ class RulesEngine:
             seen = {c.source for c in candidates}
             refits = [c for o in rec.outcomes for c in refit_candidates(ctx, o) if c.source not in seen]
             rec.outcomes += [evaluate(c) for c in {c.source: c for c in refits}.values()]
+            seen |= {c.source for c in refits}
+            more = [c for c in tactic.follow_up(ctx, rec.outcomes) if c.source not in seen]
+            rec.outcomes += [evaluate(c) for c in {c.source: c for c in more}.values()]
             rec.best = choose(rec.outcomes)
             if rec.best is not None:
                 ctx = ctx.with_source(rec.best.candidate.source)

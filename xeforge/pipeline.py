@@ -299,6 +299,7 @@ class Pipeline:
         incumbent_path, incumbent_src = start_path, self.problem.kernel_source
         incumbent_diagnosis = baseline.get("diagnosis")
         history: list[Path] = [start_path]
+        per_shape = False  # a per-shape candidate was adopted: the final gate times every shape too
         records: list[StageRecord] = []
         named = set(self.opt.stages or [])
         # (source, trial) of a correct rewrite whose gain was below the noise margin: tried again as the basis of
@@ -382,10 +383,12 @@ class Pipeline:
                 speedups = [o.verdict.speedup for o in adopted if o.verdict.timed and o.verdict.speedup]
                 rec.speedup = _product(speedups) if speedups else None
                 rec.adopted_unmeasured = any(not o.verdict.timed for o in adopted)
+                per_shape = per_shape or any(o.candidate.time_all_shapes for o in adopted)
             elif device.can_time:
                 carried = _hidden_gain(rec.tactics) or carried
             rec.incumbent_after = source_hash(incumbent_src)
-        final = self._final(store, verifier, device, history, start_path, records)
+        final = self._final(store, verifier, device, history, start_path, records,
+                            **({"all_shapes": True} if per_shape else {}))
         report = self._report(store, device, kbc, engine_name, baseline, records, final)
         write_reports(store.root, report)
         return report
@@ -421,12 +424,14 @@ class Pipeline:
             return TrialOutcome(folder.name, cand, verdict, replayed=True)
         folder = store.new_trial(key, stage.name, cand.tactic, cand.source,
                                  {"description": cand.description, "kind": cand.kind, "params": cand.params,
+                                  **({"time_all_shapes": True} if cand.time_all_shapes else {}),
                                   "incumbent": source_hash(inc_src), "candidate": h})
         self.say(f"  trial {folder.name}: {cand.description}")
         if cand.source == inc_src:
             verdict = Verdict(h, note="identical to the incumbent")
         else:
-            verdict = verifier.verify(folder / "candidate.py", inc_path, source_hash=h)
+            verdict = verifier.verify(folder / "candidate.py", inc_path, source_hash=h,
+                                      **({"all_shapes": True} if cand.time_all_shapes else {}))
         store.finish_trial(folder, key, verdict.as_dict())
         self.say(f"    {verdict.feedback()[:400]}")
         return TrialOutcome(folder.name, cand, verdict)
@@ -440,15 +445,19 @@ class Pipeline:
         return rewrites[0] if rewrites else None
 
     def _final(self, store: RunStore, verifier: Verifier, device, history: list[Path], start_path: Path,
-               records: list[StageRecord] = ()) -> dict:
-        """Re-verify the result from scratch; fall back to earlier passing kernels; never return something worse."""
+               records: list[StageRecord] = (), all_shapes: bool = False) -> dict:
+        """Re-verify the result from scratch; fall back to earlier passing kernels; never return something worse.
+
+        ``all_shapes``: a per-shape candidate was adopted (it gains at shapes other than the primary), so the final
+        kernel is timed against the start at every shape, by the same rule as gate 3."""
         verifier.restart_worker()
         chain = list(reversed(history))
         for path in chain:
             if path == start_path and len(chain) > 1:
                 break
             self.say(f"final gate: re-verifying {path.relative_to(store.root)} from scratch on every variant")
-            v = verifier.verify(path, start_path if path != start_path else None, source_hash=source_hash(path.read_text()))
+            v = verifier.verify(path, start_path if path != start_path else None, source_hash=source_hash(path.read_text()),
+                                **({"all_shapes": True} if all_shapes else {}))
             for g in v.gates:
                 self.say(f"  gate {g.gate}: {g.status} — {g.summary[:300]}")
             if not v.correct:

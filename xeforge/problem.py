@@ -226,6 +226,13 @@ class Problem:
                                              ci.bytes_expr, gpu.rtol, gpu.atol)
         return out
 
+    def correctness_variants(self, device_kind: str, ragged: bool = True) -> list[Variant]:
+        """The shapes gate 2 runs on the device: :meth:`variants_for`, then the ragged shapes derived from the first
+        of them (when ``ragged``). A tactic that dispatches on shapes reads the same list, so each of its branches
+        is known to be verified."""
+        out = self.variants_for(device_kind)
+        return out + (self.ragged_variants(out[0]) if ragged and out else [])
+
     def timing_variant(self, device_kind: str) -> Variant:
         """The variant gate 3 times: ``bench-gpu`` on a GPU, ``ci`` on the interpreter."""
         v = self.spec.variants

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 
 def quantile(xs: list[float], q: float) -> float:
@@ -135,6 +135,7 @@ class ShapesDecision:
     accepted: bool
     blocked_by: str | None  # the shape slower beyond its margin (the worst of them)
     implausible: str | None
+    improved: list[str] = field(default_factory=list)  # the shapes faster beyond their own margin
 
     def summary(self) -> str:
         first = self.shapes[0].decision
@@ -145,13 +146,14 @@ class ShapesDecision:
                          "did not improve)")
             return text
         per = ", ".join(f"{s.variant} {s.decision.speedup:.3f}x" for s in self.shapes)
+        gains = f"; faster at {', '.join(self.improved)}" if self.improved else ""
         if self.blocked_by is not None:
             worst = next(s for s in self.shapes if s.variant == self.blocked_by)
             return (f"not adopted: slower at {self.blocked_by}: {worst.decision.speedup:.3f}x, beyond its margin "
-                    f"(needed >= {1 - worst.decision.margin:.3f}x at every shape); per shape: {per}")
+                    f"(needed >= {1 - worst.decision.margin:.3f}x at every shape){gains}; per shape: {per}")
         verdict = "faster" if self.accepted else "not faster beyond the noise margin"
         return (f"{verdict}: objective {self.objective:.3f}x over {len(self.shapes)} shapes (weighted geometric mean; "
-                f"{per}); needed > {1 + self.margin:.3f}x, no shape below its margin")
+                f"{per}){gains}; needed > {1 + self.margin:.3f}x, no shape below its margin")
 
 
 def decide_shapes(shapes: list[ShapeVerdict], untimed: list[str]) -> ShapesDecision:
@@ -167,11 +169,12 @@ def decide_shapes(shapes: list[ShapeVerdict], untimed: list[str]) -> ShapesDecis
                         for s in shapes if s.decision.implausible), None)
     slower = [s for s in shapes if s.decision.speedup < 1.0 - s.decision.margin]
     blocked = min(slower, key=lambda s: s.decision.speedup).variant if slower else None
+    improved = [s.variant for s in shapes if s.decision.speedup > 1.0 + s.decision.margin]
     if len(shapes) == 1:  # one timed shape (or the primary did not improve): its own decision, as before
         accepted = shapes[0].decision.accepted
     else:
         accepted = implausible is None and blocked is None and objective > 1.0 + margin
-    return ShapesDecision(shapes, list(untimed), objective, margin, accepted, blocked, implausible)
+    return ShapesDecision(shapes, list(untimed), objective, margin, accepted, blocked, implausible, improved)
 
 
 def roofline_floor(flop: float | None, nbytes: float | None, peak_flops: float | None, bw: float | None) -> float | None:

@@ -180,8 +180,9 @@ class Verifier:
 
     # ------------------------------------------------------------------------------------------ gates
     def verify(self, cand_path: Path, incumbent_path: Path | None = None, *, time_it: bool = True,
-               source_hash: str = "") -> Verdict:
-        """Run the cascade. ``incumbent_path`` is what gate 3 times against (None: no gate 3)."""
+               source_hash: str = "", all_shapes: bool = False) -> Verdict:
+        """Run the cascade. ``incumbent_path`` is what gate 3 times against (None: no gate 3); ``all_shapes``: gate 3
+        times every timed shape even when the primary does not improve (see :meth:`performance`)."""
         cand = self.code(cand_path)  # read once: what gate 1 checks is what the worker runs
         verdict = Verdict(source_hash=source_hash)
         t0 = time.monotonic()
@@ -205,7 +206,7 @@ class Verifier:
         if incumbent_path is None or not time_it:
             return verdict
         t0 = time.monotonic()
-        g3 = self.performance(self.code(incumbent_path), cand)
+        g3 = self.performance(self.code(incumbent_path), cand, all_shapes=all_shapes)
         g3.details["seconds"] = round(time.monotonic() - t0, 3)
         verdict.gates.append(g3)
         if g3.status == "fail" and g3.details.get("phase") == "isolation":
@@ -240,10 +241,8 @@ class Verifier:
     # ------------------------------------------------------------------------------------------ gate 2
     def correctness_variants(self) -> list[tuple[Variant, int]]:
         """(variant, rounds) for every variant small enough for the device, then the ragged shapes."""
-        out = [(v, self.settings.correctness_rounds) for v in self.problem.variants_for(self.device.kind)]
-        if self.settings.ragged_shapes and out:
-            out += [(v, 2) for v in self.problem.ragged_variants(out[0][0])]
-        return out
+        return [(v, 2 if v.ragged else self.settings.correctness_rounds)
+                for v in self.problem.correctness_variants(self.device.kind, self.settings.ragged_shapes)]
 
     def correctness(self, cand: Code) -> tuple[GateResult, GateResult | None]:
         rounds_done = 0
@@ -673,9 +672,15 @@ class Verifier:
         return refs, [getattr(torch, n) for n in names]
 
     # ------------------------------------------------------------------------------------------ gate 3
-    def performance(self, inc: Path | Code, cand: Path | Code) -> GateResult:
+    def performance(self, inc: Path | Code, cand: Path | Code, all_shapes: bool = False) -> GateResult:
         """Gate 3 over every timed shape: the primary first, the others only when the candidate beat the incumbent
-        there (one port stays bounded); each shape with its own A/A margin (:func:`xeforge.timing.decide_shapes`)."""
+        there (one port stays bounded); each shape with its own A/A margin (:func:`xeforge.timing.decide_shapes`).
+
+        ``all_shapes``: time every shape whatever the primary shows, for a candidate that asks for it because it is
+        the incumbent at the primary by construction (a per-shape dispatch, ``Candidate.time_all_shapes``): the
+        primary-first cut would reject it unseen. The decision is the same rule over every shape (the weighted
+        objective beyond the weighted margin, no shape slower than its own margin), never the primary's alone; with
+        one timed shape the flag changes nothing."""
         if not self.device.can_time:
             return GateResult(GATES[3], "skipped", "not timed: the CPU interpreter measures nothing about GPU speed "
                               "(correctness only)", {"reason": "interpreter"})
@@ -697,7 +702,7 @@ class Verifier:
             if i == 0:
                 extra = {"aa": aa, "floor_ms": None if floor is None else floor * 1e3, "flagged_over_10x": d.flagged,
                          "launch_delay": dict(self.last_timing)}
-                if not d.accepted:
+                if not d.accepted and not all_shapes:
                     untimed = [v.name for v in variants[1:]]
                     break
         sd = decide_shapes(shapes, untimed)
@@ -705,10 +710,13 @@ class Verifier:
         details = {"variant": shapes[0].variant, "speedup": sd.objective if len(shapes) > 1 else first.speedup,
                    "margin": sd.margin, "incumbent": first.incumbent.as_dict(), "candidate": first.candidate.as_dict(),
                    **extra, "method": self._method(), "shapes": [s.as_dict() for s in shapes],
-                   "objective": sd.objective, "blocked_by": sd.blocked_by, "untimed": sd.untimed}
+                   "objective": sd.objective, "blocked_by": sd.blocked_by, "untimed": sd.untimed,
+                   "improved": sd.improved, "all_shapes": all_shapes}
         if sd.implausible:
             return GateResult(GATES[3], "fail", sd.implausible, details)
-        return GateResult(GATES[3], "pass" if sd.accepted else "fail", sd.summary(), details)
+        why = ("timed at every shape (the candidate asked: it is the incumbent at the primary by construction): "
+               if all_shapes and len(shapes) > 1 else "")
+        return GateResult(GATES[3], "pass" if sd.accepted else "fail", why + sd.summary(), details)
 
     def _method(self) -> str:
         return (f"{self.device.kind} events, full sync, L2 flush (2x L2) repeated to cover the host's launch overhead, "

@@ -14,7 +14,8 @@ The grid side (program ids, tile axes, launch bindings, grid expressions) is in
 :mod:`xeforge.rewrite.tiling.grid`. Both only read. The rewrites (:mod:`xeforge.rewrite.blockio`,
 :mod:`xeforge.rewrite.persistent`, :mod:`xeforge.rewrite.device_tuning.swizzle`, :mod:`xeforge.rewrite.autotune`,
 :mod:`xeforge.rewrite.memory`) build on them; :mod:`xeforge.rewrite.tiling.edit` holds the libcst editing helpers
-they share and :mod:`xeforge.rewrite.tiling.configs` the launch configurations (KB spaces, trial store).
+they share, :mod:`xeforge.rewrite.tiling.configs` the launch configurations (KB spaces, trial store) and
+:mod:`xeforge.rewrite.tiling.dispatch` the per-shape dispatch of one launch over several configurations.
 """
 
 from __future__ import annotations

@@ -247,8 +247,10 @@ def describe(cfg: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in cfg.items())
 
 
-def measured_configs(run_dir: Path | None, kernel: str, limit: int) -> list[dict[str, Any]]:
-    """Configurations that earlier device_tuning trials of this run verified and timed, fastest first."""
+def measured_configs(run_dir: Path | None, kernel: str, limit: int,
+                     tactics: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+    """Configurations that earlier device_tuning trials of this run verified and timed, fastest first (only those of
+    ``tactics`` when given)."""
     if run_dir is None:
         return []
     rows: list[tuple[float, dict[str, Any]]] = []
@@ -260,6 +262,8 @@ def measured_configs(run_dir: Path | None, kernel: str, limit: int) -> list[dict
         except (OSError, ValueError):
             continue
         if not verdict or meta.get("stage") != "device_tuning" or not verdict.get("correct"):
+            continue
+        if tactics is not None and meta.get("tactic") not in tactics:
             continue
         speed = verdict.get("speedup")
         params = meta.get("params") or {}

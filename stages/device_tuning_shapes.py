@@ -1,0 +1,370 @@
+"""Stage 7, device_tuning: the per-shape-config tactic (another launch configuration for another class of shapes).
+
+Owns: the ``per-shape-config`` tactic (KB ``tune-per-shape-dispatch``) and the shape classes it dispatches on. The
+launch-parameter search picks one configuration at the primary timed shape; a problem timed at several shapes
+(``bench-gpu``, ``bench-gpu-1``, ...) may run another one faster at a decode-like shape. For each other timed shape
+whose shape argument differs from the primary's by :data:`CLASS_RATIO` or more:
+
+1. the **shape class**: the launch's scalar argument that carries that dim (found in the traces: its value equals the
+   dim at every traced variant), a test on the host expression the launch passes for it (``M <= 128``), the
+   threshold between the classes derived from the timed shapes' values of the dim (the geometric middle between the
+   shape and the nearest timed value across, rounded down to a power of two);
+2. **coverage**: the correctness gate's own shapes (:meth:`xeforge.problem.Problem.correctness_variants`: every
+   variant and the ragged shapes) must put at least one shape in the branch and one in the rest, or the class is
+   not proposed, and the tactic says why: every configuration is verified at shapes it serves;
+3. **configurations**: the incumbent's and the launch search's verified trials (this run's trial store, fastest
+   first) and the KB's seeds for the device, each also with its tile along the dim fitted to the class's size, each
+   passing ``kb.check_config`` like the search's; at most :data:`CONFIGS_PER_CLASS` per class;
+4. **the candidate**: :func:`xeforge.rewrite.tiling.dispatch.dispatch` at the launch site, wherever it is —
+   ``if M <= 128: kernel[grid_a](..., BLOCK_M=16, ...) else: kernel[grid](...)`` — the incumbent's launch unchanged
+   in the ``else`` branch, so it is the incumbent at the primary shape by construction; it asks gate 3 to time every
+   shape (``Candidate.time_all_shapes``), where the weighted objective must improve beyond the noise and no shape
+   may be slower than its own margin;
+5. **the combination** (:meth:`PerShapeConfig.follow_up`): with winners in two classes or more, one dispatch with
+   every class's winner, judged the same way.
+
+Where it does not apply, it says why: on the interpreter (nothing to rank), with one timed shape, at an
+``@triton.autotune``'d kernel (its key already picks a configuration per shape), at a kernel launched from several
+places, or where no shape argument separates the timed shapes.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from stages.base import Applicability, Candidate, StageContext, Tactic, TrialOutcome
+from xeforge.analysis.observe import traces
+from xeforge.kernel_model import KernelModel, LaunchSite, axis_blocks, parse_python
+from xeforge.problem import Variant, source_hash
+from xeforge.rewrite.tiling import NotApplicable
+from xeforge.rewrite.tiling.configs import (OPTION_KEYS, current_config, describe, kb_configs, measured_configs,
+                                            tunable)
+from xeforge.rewrite.tiling.dispatch import Branch, dispatch, launch_statement
+from xeforge.rewrite.tiling.grid import _cdiv_args, launch_bindings, launch_grid
+
+#: a timed shape is a class of its own when one shape argument differs from the primary's by this factor or more
+CLASS_RATIO = 4
+#: candidates per shape class (each one is timed at every shape)
+CONFIGS_PER_CLASS = 4
+#: the launch search's verified trials and the KB's seeds considered per class
+FROM_SEARCH = 3
+FROM_KB = 3
+#: the smallest tile a fitted configuration uses along the class's dim (tl.dot's minimum on the GPUs xeforge targets;
+#: a smaller seed of the KB, e.g. Intel's 8-row DPAS tile, is taken as the KB gives it)
+MIN_FIT = 16
+#: the host expressions a test may read: names, attributes, indexing, arithmetic and these tensor methods
+PURE_METHODS = {"size", "numel", "dim", "stride"}
+
+
+@dataclass(frozen=True)
+class ShapeClass:
+    """The shapes one branch of the dispatch serves: ``expr op threshold`` on the dim ``dim``."""
+
+    dim: str
+    param: str  # the kernel parameter that carries the dim
+    expr: str  # the host expression the launch passes for it
+    op: str  # "<=" (smaller than the primary's) or ">"
+    threshold: int
+    serves: tuple[str, ...]  # the timed shapes in the class
+    block: str | None = None  # the block size that tiles the dim (the grid axis over it), when one does
+    size: int = 0  # the dim at the (first) timed shape it serves
+    checked: tuple[str, ...] = ()  # the correctness shapes in the class
+
+    @property
+    def test(self) -> str:
+        return f"{self.expr} {self.op} {self.threshold}"
+
+    def holds(self, dims: dict[str, Any]) -> bool:
+        v = dims.get(self.dim)
+        if not isinstance(v, int):
+            return False
+        return v <= self.threshold if self.op == "<=" else v > self.threshold
+
+
+@dataclass
+class Plan:
+    site: LaunchSite
+    classes: list[ShapeClass] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # why a timed shape got no class of its own
+
+
+def _floor_pow2(x: float) -> int:
+    return 1 << max(0, int(math.floor(math.log2(max(x, 1.0)))))
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def _pure(expr: str) -> bool:
+    """Whether a test may evaluate ``expr`` once more before the launch: names, attributes, indexing, arithmetic and
+    :data:`PURE_METHODS` only."""
+    try:
+        tree = parse_python(expr, mode="eval")
+    except SyntaxError:
+        return False
+    plain = (ast.Expression, ast.Name, ast.Attribute, ast.Subscript, ast.Constant, ast.BinOp, ast.UnaryOp, ast.Tuple,
+             ast.Slice, ast.expr_context, ast.operator, ast.unaryop)
+    return all(isinstance(n, plain) or (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                                        and n.func.attr in PURE_METHODS) for n in ast.walk(tree))
+
+
+def shape_arguments(ctx: StageContext, site: LaunchSite) -> tuple[dict[str, tuple[str, str]], str]:
+    """dim -> (kernel parameter, host expression) for the launch's scalar arguments that carry a spec dim (their
+    traced value equals the dim at every traced variant), and why some could not be used."""
+    m = ctx.model
+    fn = m.functions[site.kernel]
+    try:
+        exprs = launch_bindings(site, fn, m.source)
+    except NotApplicable as exc:
+        return {}, str(exc)
+    seen: dict[str, dict[str, Any]] = {}  # parameter -> {variant: value}
+    variants = ctx.problem.spec.variants
+    for name, tr in traces(ctx.problem, ctx.source).items():
+        if isinstance(tr, str):
+            continue
+        la = next((la for la in tr.launches if la.kernel == site.kernel and
+                   (la.site is None or la.site.line == site.line)), None)
+        if la is None:
+            continue
+        for p, arg in la.args.items():
+            if arg.kind == "scalar" and isinstance(arg.value, int) and not isinstance(arg.value, bool):
+                seen.setdefault(p, {})[name] = arg.value
+    if not seen:
+        return {}, f"forward was not traced at the timed shapes, so no argument of {site.kernel} is known to carry a dim"
+    out: dict[str, tuple[str, str]] = {}
+    impure: list[str] = []
+    for dim in sorted({d for v in variants.values() for d, x in v.dims.items() if isinstance(x, int)}):
+        for p in fn.params:
+            vals = seen.get(p)
+            if not vals or len(set(vals.values())) < 2:
+                continue
+            if all(variants[n].dims.get(dim) == v for n, v in vals.items()):
+                if not _pure(exprs.get(p, "")):
+                    impure.append(f"{dim} is passed as {exprs.get(p)!r} (line {site.line}), which a test would "
+                                  "evaluate a second time")
+                    continue
+                if dim not in out or p == dim:
+                    out[dim] = (p, exprs[p])
+    return out, "; ".join(impure)
+
+
+def _block_on(model: KernelModel, site: LaunchSite, expr: str) -> str | None:
+    """The tunable block size that tiles the grid axis ``cdiv(<expr>, BLOCK)``, if one does."""
+    grid = launch_grid(model, site)
+    if grid is None:
+        return None
+    axes = axis_blocks(model.functions[site.kernel])
+    names = tunable(model, site)
+    for ax, el in enumerate(grid.elements):
+        cd = _cdiv_args(el)
+        if cd is None:
+            continue
+        if (ast.get_source_segment(model.source, cd[0]) or ast.unparse(cd[0])).strip() == expr.strip():
+            return next((n for n in axes.get(ax, []) if n in names), None)
+    return None
+
+
+def _classes(ctx: StageContext, site: LaunchSite, args: dict[str, tuple[str, str]], timed: list[Variant],
+             shapes: list[Variant]) -> tuple[list[ShapeClass], list[str]]:
+    primary = timed[0]
+    out: list[ShapeClass] = []
+    skipped: list[str] = []
+    for v in timed[1:]:
+        ratios = []
+        for dim, (param, expr) in sorted(args.items()):
+            a, b = v.dims.get(dim), primary.dims.get(dim)
+            if isinstance(a, int) and isinstance(b, int) and a > 0 and b > 0:
+                ratios.append((max(a, b) / min(a, b), dim, param, expr, a, b))
+        big = [r for r in ratios if r[0] >= CLASS_RATIO]
+        if not big:
+            seen = ", ".join(f"{d} {a} vs {b}" for _, d, _, _, a, b in ratios) or "no dim carried by an argument"
+            skipped.append(f"{v.name}: no shape argument of {site.kernel} (line {site.line}) differs from "
+                           f"{primary.name}'s by {CLASS_RATIO}x or more ({seen})")
+            continue
+        _, dim, param, expr, a, b = max(big, key=lambda r: r[0])
+        values = sorted({t.dims[dim] for t in timed if isinstance(t.dims.get(dim), int)})
+        if a < b:
+            across = min(x for x in values if x > a)
+            op, threshold = "<=", max(_floor_pow2(math.sqrt(a * across)), a)
+        else:
+            across = max(x for x in values if x < a)
+            op, threshold = ">", max(_floor_pow2(math.sqrt(a * across)), across)
+        cls = ShapeClass(dim, param, expr, op, threshold, (), _block_on(ctx.model, site, expr), a)
+        cls = replace(cls, serves=tuple(t.name for t in timed[1:] if cls.holds(t.dims)))
+        if any(c.test == cls.test for c in out):
+            continue
+        checked = tuple(s.name for s in shapes if cls.holds(s.dims))
+        rest = [s.name for s in shapes if not cls.holds(s.dims)]
+        if not checked or not rest:
+            where = ", ".join(f"{s.name} ({dim}={s.dims.get(dim)})" for s in shapes)
+            side = f"into {cls.test}" if not checked else f"outside {cls.test}"
+            skipped.append(f"{v.name}: no correctness shape falls {side} (the correctness gate runs {where}), so "
+                           "that branch's configuration would go unverified")
+            continue
+        out.append(replace(cls, checked=checked))
+    return out, skipped
+
+
+def chain_coverage(classes: list[ShapeClass], shapes: list[Variant]) -> str | None:
+    """Why a dispatch over ``classes`` in this order (the first test that holds wins, the rest to ``else``) would
+    leave a branch no correctness shape reaches; None when every branch is reached."""
+    reached = {c.test: [] for c in classes}
+    rest = []
+    for s in shapes:
+        hit = next((c for c in classes if c.holds(s.dims)), None)
+        (reached[hit.test] if hit is not None else rest).append(s.name)
+    empty = [t for t, names in reached.items() if not names] + (["else"] if not rest else [])
+    return f"no correctness shape reaches the branch(es) {', '.join(empty)}" if empty else None
+
+
+class PerShapeConfig(Tactic):
+    name = "per-shape-config"
+    summary = ("another launch configuration for another class of timed shapes (a decode-like M): a small dispatch on "
+               "the shape arguments at the launch, the incumbent's launch kept for the primary shape")
+
+    def __init__(self, target: Callable[[KernelModel], LaunchSite | None]) -> None:
+        self._target = target  # the launch-parameter search's choice of launch (stages.device_tuning.target_site)
+        self._proposed: dict[str, tuple[ShapeClass, dict[str, Any]]] = {}  # candidate source hash -> (class, config)
+
+    # -------------------------------------------------------------------------------------------------- planning
+    def plan(self, ctx: StageContext) -> Plan:
+        """The shape classes to dispatch on, or NotApplicable with the reason."""
+        if not getattr(ctx.device, "can_time", False):
+            raise NotApplicable("nothing to rank on the interpreter (a per-shape configuration is chosen by timing "
+                                "every timed shape; the CPU interpreter times nothing)")
+        kind = ctx.device.kind
+        timed = ctx.problem.timed_variants(kind)
+        if len(timed) < 2:
+            raise NotApplicable(f"one timed shape ({timed[0].name}): nothing to dispatch on (a spec with bench-gpu-1, "
+                                "... gives other shapes)")
+        m = ctx.model
+        site = self._target(m)
+        if site is None:
+            raise NotApplicable("no launch with block sizes to tune (see launch-params)")
+        fn = m.functions[site.kernel]
+        if fn.is_autotuned:
+            key = ", ".join(fn.autotune_key) or "its key"
+            raise NotApplicable(f"{site.kernel} (line {fn.line}) is @triton.autotune'd: its key ({key}) already picks "
+                                "a configuration per shape")
+        sites = [s.line for s in m.launches if s.kernel == site.kernel]
+        if len(sites) > 1:
+            raise NotApplicable(f"{site.kernel} is launched from {len(sites)} places (lines "
+                                f"{', '.join(map(str, sites))}): a dispatch splits one launch")
+        launch_statement(m, site)
+        if not tunable(m, site):
+            raise NotApplicable(f"{site.kernel} at line {site.line} has no block size a configuration may change")
+        args, why = shape_arguments(ctx, site)
+        if not args:
+            raise NotApplicable(f"no scalar argument of {site.kernel} (line {site.line}) carries a spec dim"
+                                + (f" ({why})" if why else ""))
+        shapes = ctx.problem.correctness_variants(kind, getattr(ctx.settings, "ragged_shapes", True))
+        classes, skipped = _classes(ctx, site, args, timed, shapes)
+        if not classes:
+            raise NotApplicable("; ".join(skipped) or "no timed shape forms a class of its own")
+        return Plan(site, classes, skipped)
+
+    def check(self, ctx: StageContext) -> Applicability:
+        try:
+            plan = self.plan(ctx)
+        except NotApplicable as exc:
+            return Applicability(False, str(exc))
+        parts = [f"{c.test} for {', '.join(c.serves)} ({c.dim}={c.size}; verified at {', '.join(c.checked)})"
+                 for c in plan.classes]
+        left = f"; left out: {'; '.join(plan.skipped)}" if plan.skipped else ""
+        return Applicability(True, f"{plan.site.kernel} at line {plan.site.line}: {'; '.join(parts)}; else the "
+                                   f"incumbent's configuration{left}")
+
+    # -------------------------------------------------------------------------------------------------- configs
+    def configs(self, ctx: StageContext, site: LaunchSite, cls: ShapeClass) -> list[dict[str, Any]]:
+        """Up to :data:`CONFIGS_PER_CLASS` KB-valid configurations for ``cls``, each different from the incumbent's:
+        the incumbent's, the search's verified trials and the KB's seeds, each fitted to the class first."""
+        m = ctx.model
+        fn = m.functions[site.kernel]
+        names = tunable(m, site)
+        current = current_config(m, site)
+        measured = measured_configs(ctx.run_dir, site.kernel, FROM_SEARCH, tactics=("launch-params",))
+        seeds = kb_configs(ctx, ctx.source, site.kernel, FROM_KB)
+        out: list[dict[str, Any]] = []
+        for cfg in [current, *measured, *seeds]:
+            full = {**current, **{k: v for k, v in cfg.items() if k in names or k in OPTION_KEYS}}
+            for option in (self._fit(full, cls), full):
+                if option == current or option in out:
+                    continue
+                if ctx.kb is not None and ctx.device_id:
+                    try:
+                        if ctx.kb.check_config(option, ctx.device_id, ctx.triton, fn):
+                            continue
+                    except AttributeError:
+                        pass
+                out.append(option)
+            if len(out) >= CONFIGS_PER_CLASS:
+                break
+        return out[:CONFIGS_PER_CLASS]
+
+    @staticmethod
+    def _fit(cfg: dict[str, Any], cls: ShapeClass) -> dict[str, Any]:
+        """``cfg`` with its tile along the class's dim no larger than the class needs (a 16-row tile for M=16)."""
+        if cls.block is None or cls.op != "<=" or not isinstance(cfg.get(cls.block), int):
+            return cfg
+        fit = max(MIN_FIT, _next_pow2(cls.size))
+        return {**cfg, cls.block: fit} if cfg[cls.block] > fit else cfg
+
+    # -------------------------------------------------------------------------------------------------- candidates
+    def _candidate(self, ctx: StageContext, kernel: str, branches: list[tuple[ShapeClass, dict[str, Any]]],
+                   description: str, params: dict[str, Any]) -> Candidate | None:
+        try:
+            src = dispatch(ctx.source, kernel, [Branch(c.test, cfg) for c, cfg in branches])
+        except (NotApplicable, LookupError):
+            return None
+        return Candidate(src, self.name, description, kind="search", params=params, time_all_shapes=True)
+
+    def propose(self, ctx: StageContext) -> list[Candidate]:
+        try:
+            plan = self.plan(ctx)
+        except NotApplicable:
+            return []
+        kernel = plan.site.kernel
+        current = current_config(ctx.model, plan.site)
+        self._proposed.clear()
+        out = []
+        for cls in plan.classes:
+            for cfg in self.configs(ctx, plan.site, cls):
+                changed = {k: v for k, v in cfg.items() if current.get(k) != v}
+                desc = (f"{kernel}: if {cls.test} ({', '.join(cls.serves)}): {describe(changed)}; else the "
+                        "incumbent's launch")
+                cand = self._candidate(ctx, kernel, [(cls, cfg)], desc, dict(cfg))
+                if cand is not None and cand.source != ctx.source:
+                    self._proposed[source_hash(cand.source)] = (cls, cfg)
+                    out.append(cand)
+        return out
+
+    def follow_up(self, ctx: StageContext, outcomes: list[TrialOutcome]) -> list[Candidate]:
+        """One dispatch with the winner of every class that has one, when two classes or more do."""
+        best: dict[str, tuple[float, ShapeClass, dict[str, Any]]] = {}
+        for o in outcomes:
+            got = self._proposed.get(source_hash(o.candidate.source))
+            v = o.verdict
+            if got is None or v is None or not v.accepted or not v.speedup:
+                continue
+            cls, cfg = got
+            if cls.test not in best or v.speedup > best[cls.test][0]:
+                best[cls.test] = (v.speedup, cls, cfg)
+        if len(best) < 2:
+            return []
+        try:
+            plan = self.plan(ctx)
+        except NotApplicable:
+            return []
+        order = [c.test for c in plan.classes]
+        winners = sorted(best.values(), key=lambda w: order.index(w[1].test) if w[1].test in order else len(order))
+        shapes = ctx.problem.correctness_variants(ctx.device.kind, getattr(ctx.settings, "ragged_shapes", True))
+        if chain_coverage([w[1] for w in winners], shapes) is not None:
+            return []
+        desc = (f"{plan.site.kernel}: the per-shape winners combined: "
+                + "; ".join(f"if {c.test}: {describe(cfg)}" for _, c, cfg in winners) + "; else the incumbent's launch")
+        cand = self._candidate(ctx, plan.site.kernel, [(c, cfg) for _, c, cfg in winners], desc, {})
+        return [cand] if cand is not None else []

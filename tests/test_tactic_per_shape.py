@@ -1,0 +1,234 @@
+"""The device_tuning stage's per-shape-config tactic (issue 17, item 3): shape classes, coverage, the dispatch rewrite.
+
+The tactic acts only where gate 3 times (a stand-in H200 here: ``tactic_context(kind="cuda")``); its dispatch rewrite is
+run through the real verifier on the interpreter with a threshold that splits the CPU's correctness shapes, so both
+branches run. Gate 3's side (every shape timed for these candidates) is in tests/test_shapes.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from stages.base import Candidate, Stage, TrialOutcome
+from stages.device_tuning import STAGE
+from stages.device_tuning_shapes import CONFIGS_PER_CLASS, PerShapeConfig, chain_coverage
+from tests.conftest import FIXTURES, ROOT, tactic_context
+from xeforge.kernel_model import parse_kernel
+from xeforge.problem import load_problem
+from xeforge.rewrite.tiling import NotApplicable
+from xeforge.rewrite.tiling.dispatch import Branch, dispatch
+from xeforge.verifier import Verdict
+
+GEMM_RELU = ROOT / "kernels" / "gemm_relu"
+STYLES = FIXTURES / "styles" / "linear_relu"
+TACTIC = next(t for t in STAGE.tactics if t.name == "per-shape-config")
+
+DECODE = """bench-gpu-1:
+  - params: [X]
+    dtype: bfloat16
+    dims: {M: 16, K: 4096, N: 4096}
+    flop: "2*M*N*K"
+"""
+
+
+def style_problem(tmp_path, style: str, extra: str = DECODE, ragged: str = "ragged: false"):
+    """linear_relu in ``style`` as a problem of its own, timed at the spec's shapes plus ``extra``."""
+    folder = tmp_path / style
+    folder.mkdir()
+    shutil.copy(STYLES / f"{style}.py", folder / "kernel.py")
+    shutil.copy(STYLES / "reference.py", folder / "reference.py")
+    (folder / "spec.yaml").write_text((STYLES / "spec.yaml").read_text().replace("ragged: false", extra + ragged))
+    return load_problem(folder)
+
+
+def h200(p, source=None):
+    return tactic_context(p, source, kind="cuda", target="h200")
+
+
+def launches(source: str, kernel: str) -> list:
+    return [s for s in parse_kernel(source).launches if s.kernel == kernel]
+
+
+def test_registered_right_after_the_launch_parameter_search():
+    names = [t.name for t in STAGE.tactics]
+    assert names.index("per-shape-config") == names.index("launch-params") + 1
+
+
+# ------------------------------------------------------------------------------------------------ where it does not act
+def test_on_the_interpreter_it_does_not_apply_and_says_why():
+    ctx = tactic_context(load_problem(GEMM_RELU))
+    app = TACTIC.check(ctx)
+    assert not app.applies and app.reason.startswith("nothing to rank on the interpreter")
+    assert TACTIC.propose(ctx) == []
+
+
+def test_one_timed_shape_gives_nothing_to_dispatch_on(tmp_path):
+    app = TACTIC.check(h200(style_problem(tmp_path, "direct", extra="")))
+    assert not app.applies and "one timed shape (bench-gpu)" in app.reason
+
+
+def test_an_autotuned_kernel_gets_the_same_through_its_key(tmp_path):
+    app = TACTIC.check(h200(style_problem(tmp_path, "autotune")))
+    assert not app.applies and "@triton.autotune'd" in app.reason and "key (M, N, K)" in app.reason
+    assert "line 14" in app.reason
+
+
+# ------------------------------------------------------------------------------------------------ classes and candidates
+def test_the_decode_shape_gets_a_class_and_candidates_that_keep_the_primary_launch():
+    p = load_problem(GEMM_RELU)
+    ctx = h200(p)
+    app = TACTIC.check(ctx)
+    assert app.applies, app.reason
+    # M: 4096 (primary), 16 (decode), 3000: the threshold is the power of two below sqrt(16 * 3000)
+    assert "M <= 128 for bench-gpu-1 (M=16; verified at ci@bfloat16, bench-gpu-1" in app.reason
+    assert "bench-gpu-2: no shape argument of matmul_kernel (line 51) differs" in app.reason  # M 3000 vs 4096
+    cands = TACTIC.propose(ctx)
+    assert 0 < len(cands) <= CONFIGS_PER_CLASS
+    original = ast.get_source_segment(p.kernel_source, launches(p.kernel_source, "matmul_kernel")[0].node)
+    fn = parse_kernel(p.kernel_source).functions["matmul_kernel"]
+    for c in cands:
+        assert c.time_all_shapes and c.kind == "search" and "if M <= 128 (bench-gpu-1)" in c.description
+        assert not ctx.kb.check_config(c.params, ctx.device_id, ctx.triton, fn), c.params
+        sites = launches(c.source, "matmul_kernel")
+        assert len(sites) == 2
+        tree = parse_kernel(c.source).tree
+        test = next(n for n in ast.walk(tree) if isinstance(n, ast.If))
+        assert ast.unparse(test.test) == "M <= 128"
+        # the else branch is the incumbent's launch, as written
+        assert ast.unparse(test.orelse[0].value) == ast.unparse(ast.parse(original, mode="eval").body)
+        branch = sites[0]
+        grid = next(e for e in ast.walk(branch.node.func.slice) if isinstance(e, ast.Tuple))
+        blocks = [call.args[1].value for call in grid.elts]
+        assert blocks == [c.params["BLOCK_M"], c.params["BLOCK_N"]], c.description  # its own, consistent grid
+    # the incumbent's tile fitted to the decode shape comes first: 16 rows, the rest as it was
+    assert cands[0].params["BLOCK_M"] == 16 and cands[0].params["BLOCK_N"] == 32
+
+
+def test_a_branch_no_correctness_shape_reaches_is_not_proposed_and_the_tactic_says_why(monkeypatch):
+    p = load_problem(GEMM_RELU)
+    every = p.correctness_variants("cuda")
+    # as if gate 2 ran only the small shapes (everything falls into M <= 128: the else branch would go unverified)
+    monkeypatch.setattr(type(p), "correctness_variants",
+                        lambda self, kind, ragged=True: [v for v in every if v.dims["M"] <= 128])
+    app = TACTIC.check(h200(p))
+    assert not app.applies and "no correctness shape falls outside M <= 128" in app.reason
+    assert "would go unverified" in app.reason and TACTIC.propose(h200(p)) == []
+    # ... or only the large ones (nothing verifies the decode branch)
+    monkeypatch.setattr(type(p), "correctness_variants",
+                        lambda self, kind, ragged=True: [v for v in every if v.dims["M"] > 128])
+    app = TACTIC.check(h200(p))
+    assert not app.applies and "no correctness shape falls into M <= 128" in app.reason
+
+
+def test_two_classes_and_their_winners_combined(tmp_path):
+    narrow = DECODE + """bench-gpu-2:
+  - params: [X]
+    dtype: bfloat16
+    dims: {M: 1024, K: 4096, N: 256}
+    flop: "2*M*N*K"
+"""
+    p = style_problem(tmp_path, "wrapper", extra=narrow)
+    ctx = h200(p)
+    app = TACTIC.check(ctx)
+    assert app.applies and "M <= 128 for bench-gpu-1" in app.reason and "N <= 1024 for bench-gpu-2" in app.reason
+    tactic = PerShapeConfig(TACTIC._target)
+    cands = tactic.propose(ctx)
+    by_class = {t: [c for c in cands if f"if {t} " in c.description] for t in ("M <= 128", "N <= 1024")}
+    assert all(by_class.values()), [c.description for c in cands]
+
+    def outcome(c: Candidate, speedup: float) -> TrialOutcome:
+        return TrialOutcome("t", c, Verdict("h", correct=True, timed=True, accepted=speedup > 1.02, speedup=speedup))
+
+    # only one class with a winner: nothing to combine
+    one = [outcome(by_class["M <= 128"][0], 1.2)] + [outcome(c, 0.9) for c in by_class["N <= 1024"]]
+    assert tactic.follow_up(ctx, one) == []
+    both = [outcome(by_class["M <= 128"][0], 1.2), outcome(by_class["N <= 1024"][-1], 1.1)]
+    (combined,) = tactic.follow_up(ctx, both)
+    assert combined.time_all_shapes and "combined" in combined.description
+    tree = parse_kernel(combined.source).tree
+    top = next(n for n in ast.walk(tree) if isinstance(n, ast.If))
+    assert ast.unparse(top.test) == "M <= 128" and ast.unparse(top.orelse[0].test) == "N <= 1024"
+    assert len(launches(combined.source, "fc_relu")) == 3
+
+    # the rules engine asks for it once the tactic's own candidates are judged, before the stage chooses
+    from xeforge.engines import RulesEngine
+
+    speed = {c.source: s for c, s in [(by_class["M <= 128"][0], 1.2), (by_class["N <= 1024"][-1], 1.1)]}
+    judged = []
+
+    def evaluate(c):
+        judged.append(c)
+        return outcome(c, 1.3 if "combined" in c.description else speed.get(c.source, 0.9))
+
+    stage = Stage("device_tuning", 7, "g", (), tactics=[tactic])
+    (rec,) = RulesEngine().run_stage(stage, ctx, evaluate, lambda outs: max(outs, key=lambda o: o.verdict.speedup))
+    assert "combined" in judged[-1].description and rec.best.candidate is judged[-1]
+
+
+def test_chain_coverage_names_the_branch_no_shape_reaches():
+    p = load_problem(GEMM_RELU)
+    from stages.device_tuning_shapes import ShapeClass
+
+    small = ShapeClass("M", "M", "M", "<=", 128, ("bench-gpu-1",))
+    smaller = ShapeClass("M", "M", "M", "<=", 64, ("bench-gpu-1",))
+    shapes = p.correctness_variants("cuda")
+    assert chain_coverage([small], shapes) is None
+    assert "M <= 64" in chain_coverage([small, smaller], shapes)  # every small shape stops at the first branch
+
+
+# ------------------------------------------------------------------------------------------------ the rewrite
+def test_the_rewrite_is_valid_for_a_launch_in_forward_with_an_inline_grid():
+    src = (STYLES / "direct.py").read_text()
+    out = dispatch(src, "fc_relu", [Branch("M <= 64", {"BM": 32, "BN": 64, "num_warps": 8})])
+    ast.parse(out)
+    fn = next(n for n in ast.walk(ast.parse(out)) if isinstance(n, ast.FunctionDef) and n.name == "forward")
+    test = next(n for n in fn.body if isinstance(n, ast.If))
+    assert "fc_relu[(triton.cdiv(M, 32), triton.cdiv(N, 64))](" in ast.get_source_segment(out, test.body[0])
+    assert "BM=16, BN=16, BK=32, num_warps=4" in ast.get_source_segment(out, test.orelse[0])
+
+
+def test_a_launch_inside_a_larger_expression_is_refused_with_its_line():
+    src = (STYLES / "direct.py").read_text().replace("        fc_relu[(triton", "        _ = [fc_relu[(triton", 1)
+    src = src.replace("BM=16, BN=16, BK=32, num_warps=4)", "BM=16, BN=16, BK=32, num_warps=4)]", 1)
+    with pytest.raises(NotApplicable, match="line 36 is part of a larger expression"):
+        dispatch(src, "fc_relu", [Branch("M <= 64", {"BM": 32})])
+
+
+def test_the_dispatch_verifies_on_both_branches_for_a_launch_in_forward(verify):
+    """gemm_relu: a grid variable in forward; the CPU runs ci (M=32) and its ragged shapes (M=31, 17): M <= 31 sends
+    the ragged ones to the new tile and ci to the incumbent's."""
+    p = load_problem(GEMM_RELU)
+    out = dispatch(p.kernel_source, "matmul_kernel",
+                   [Branch("M <= 31", {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 16, "num_warps": 2})])
+    assert "matmul_kernel[(triton.cdiv(M, 16), triton.cdiv(N, 64))](" in out
+    assert "grid = (triton.cdiv(M, 32), triton.cdiv(N, 32))" in out  # the variable is left for the else branch
+    verdict = verify(p, out)
+    assert verdict.correct, verdict.feedback()
+
+
+def test_the_dispatch_verifies_on_both_branches_for_a_launch_in_a_wrapper(tmp_path, verify):
+    """linear_relu's wrapper style: the launch in a module-level function, a META grid, block sizes from module
+    constants; ci (M=24) takes the else branch, a ragged M=7 the new one."""
+    p = style_problem(tmp_path, "wrapper", ragged="ragged: [{M: 7}]")
+    out = dispatch(p.kernel_source, "fc_relu", [Branch("M <= 8", {"BM": 16, "BN": 32, "BK": 16, "num_warps": 2})])
+    wrapper = next(n for n in ast.walk(ast.parse(out)) if isinstance(n, ast.FunctionDef) and n.name == "linear_relu")
+    test = next(n for n in wrapper.body if isinstance(n, ast.If))
+    assert ast.unparse(test.test) == "M <= 8" and "BN=32, BK=16, num_warps=2" in ast.unparse(test.body[0])
+    assert "fc_relu[grid](" in ast.unparse(test.body[0])  # the META grid follows the block sizes by itself
+    verdict = verify(p, out)
+    assert verdict.correct, verdict.feedback()
+    g2 = next(g for g in verdict.gates if g.gate.startswith("2"))
+    assert "ci-ragged0" in g2.summary, g2.summary  # the ragged M=7 ran: the new branch was verified
+
+
+def test_the_dry_run_lists_the_tactic_with_its_reason(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "xeforge", "port", str(GEMM_RELU), "--dry-run", "--device", "cpu",
+                           "--stages", "device_tuning", "--runs-dir", str(tmp_path / "runs")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "tactic per-shape-config: does not apply — nothing to rank on the interpreter" in proc.stdout, proc.stdout

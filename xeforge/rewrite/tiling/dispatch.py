@@ -1,0 +1,157 @@
+"""A small dispatch on a launch's shape arguments: one launch per shape class, each with its own configuration.
+
+Owns: :func:`dispatch`, the edit behind the device_tuning stage's ``per-shape-config`` tactic. The statement that
+launches ``kernel`` becomes::
+
+    if M <= 128:
+        kernel[(triton.cdiv(M, 16), triton.cdiv(N, 128))](..., BLOCK_M=16, BLOCK_N=128, ...)
+    else:
+        kernel[grid](...)                      # the launch as it was
+
+Each branch's launch is the original one with :func:`~xeforge.rewrite.tiling.configs.apply_config`'s edits (block
+sizes, launch options, and grid axes that follow the block sizes), so every branch is consistent on its own; when
+the original launch names a grid variable whose value the new block sizes change, the branch writes its own grid
+inline and the variable is left as it was (other launches may read it). The ``else`` branch is the incumbent's
+launch, unchanged. Works wherever the launch is (``forward``, a wrapper function, a launcher method); the statement
+is replaced with libcst, the formatting and comments of the original launch kept.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from xeforge.kernel_model import KernelModel, LaunchSite, parse_kernel, parse_python
+from xeforge.rewrite.cst_tools import expr
+from xeforge.rewrite.tiling import NotApplicable
+from xeforge.rewrite.tiling.configs import apply_config
+from xeforge.rewrite.tiling.grid import enclosing_function, launch_grid, single_launch
+
+INDENT = "    "
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One branch of the dispatch: the host test (``M <= 128``) and the configuration its launch uses."""
+
+    test: str
+    config: dict[str, Any]
+
+
+def _segment(source: str, node: ast.AST) -> str:
+    text = ast.get_source_segment(source, node)
+    if text is None:
+        raise NotApplicable(f"no source text for the node at line {getattr(node, 'lineno', '?')}")
+    return text
+
+
+def launch_statement(model: KernelModel, site: LaunchSite) -> ast.stmt:
+    """The simple statement whose value is the launch (``kernel[grid](...)``, ``y = kernel[grid](...)``), alone on
+    its lines; NotApplicable (naming the line) for a launch inside a larger expression or sharing a line."""
+    fn = enclosing_function(model, site)
+    root = fn if fn is not None else model.tree
+    for node in ast.walk(root):
+        if isinstance(node, (ast.Expr, ast.Assign, ast.AnnAssign, ast.Return)) and node.value is not None and \
+                (node.value.lineno, node.value.col_offset) == (site.node.lineno, site.node.col_offset):
+            lines = model.source.splitlines()
+            before = lines[node.lineno - 1][:node.col_offset]
+            after = lines[node.end_lineno - 1][node.end_col_offset:].strip()
+            if before.strip() or (after and not after.startswith("#")):
+                raise NotApplicable(f"the launch of {site.kernel} at line {site.line} shares its line with another "
+                                    "statement (a dispatch needs it on lines of its own)")
+            return node
+    raise NotApplicable(f"the launch of {site.kernel} at line {site.line} is part of a larger expression, not a "
+                        "statement of its own (a dispatch replaces the statement)")
+
+
+def branch_call(source: str, kernel: str, cfg: dict[str, Any]) -> str:
+    """The launch of ``kernel`` with ``cfg`` applied, as source text (continuation lines as in ``source``): its grid
+    written inline when the configuration changes the value of a grid variable."""
+    model = parse_kernel(source)
+    site = single_launch(model, kernel)
+    new_source = apply_config(source, kernel, cfg)
+    new_model = parse_kernel(new_source)
+    new_site = single_launch(new_model, kernel)
+    text = _segment(new_source, new_site.node)
+    old, new = launch_grid(model, site), launch_grid(new_model, new_site)
+    if new is not None and new.variable and new.assign is not None and old is not None and old.assign is not None:
+        before, after = _segment(source, old.assign.value), _segment(new_source, new.assign.value)
+        if before != after:
+            call = cst.parse_expression(text)
+            if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Subscript):
+                raise NotApplicable(f"the launch of {kernel} at line {site.line} is not kernel[grid](...)")
+            inline = call.func.slice[0].with_changes(slice=cst.Index(value=expr(after)))
+            call = call.with_changes(func=call.func.with_changes(slice=[inline]))
+            text = cst.Module([]).code_for_node(call)
+    return text
+
+
+def _nested(first: str, rest: Sequence[str], indent: int) -> list[str]:
+    """Lines of a statement moved one level deeper, relative to the column the dispatch starts at: the first line
+    as it is, continuation lines shifted so they keep their place relative to it."""
+    out = [INDENT + first]
+    for line in rest:
+        lead = len(line) - len(line.lstrip(" "))
+        out.append(INDENT + line[min(lead, indent):] if line.strip() else "")
+    return out
+
+
+def _statement_lines(text: str, indent: int) -> list[str]:
+    lines = text.split("\n")
+    return _nested(lines[0], lines[1:], indent)
+
+
+def dispatch(source: str, kernel: str, branches: Sequence[Branch]) -> str:
+    """``source`` with the launch of ``kernel`` split by shape: ``if b0.test: <launch with b0.config> elif ...
+    else: <the launch as it was>``."""
+    if not branches:
+        raise NotApplicable("a dispatch needs at least one branch")
+    model = parse_kernel(source)
+    site = single_launch(model, kernel)
+    stmt = launch_statement(model, site)
+    indent = stmt.col_offset
+    lines = source.splitlines()
+    call = site.node
+    # the statement's text around the call: ``y = `` or ``return `` before it, nothing after it but a comment
+    if call.lineno != stmt.lineno or call.end_lineno != stmt.end_lineno:
+        raise NotApplicable(f"the launch of {kernel} at line {site.line} does not span its statement's lines")
+    head = lines[stmt.lineno - 1][indent:call.col_offset]
+    original = "\n".join([lines[stmt.lineno - 1][indent:], *lines[stmt.lineno:stmt.end_lineno]])
+    out: list[str] = []
+    for i, br in enumerate(branches):
+        out.append(f"{'if' if i == 0 else 'elif'} {br.test}:")
+        out += _statement_lines(head + branch_call(source, kernel, br.config), indent)
+    out.append("else:")
+    out += _statement_lines(original, indent)
+    new_stmt = cst.parse_statement("\n".join(out) + "\n")
+    return _replace_statement(source, stmt.lineno, new_stmt, kernel, site.line)
+
+
+class _StatementReplacer(cst.CSTTransformer):
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self, line: int, new: cst.BaseStatement) -> None:
+        super().__init__()
+        self.line, self.new, self.hits = line, new, 0
+
+    def leave_SimpleStatementLine(self, original, updated):
+        if self.get_metadata(PositionProvider, original).start.line != self.line:
+            return updated
+        self.hits += 1
+        return self.new.with_changes(leading_lines=updated.leading_lines)
+
+
+def _replace_statement(source: str, line: int, new: cst.BaseStatement, kernel: str, launch_line: int) -> str:
+    editor = _StatementReplacer(line, new)
+    code = MetadataWrapper(cst.parse_module(source)).visit(editor).code
+    if editor.hits != 1:
+        raise NotApplicable(f"the statement launching {kernel} at line {launch_line} could not be located")
+    try:
+        parse_python(code)
+    except SyntaxError as exc:  # never hand on a source that does not parse
+        raise NotApplicable(f"the dispatch around line {launch_line} did not parse ({exc.msg}, line {exc.lineno})")
+    return code
