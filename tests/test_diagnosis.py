@@ -335,6 +335,8 @@ def test_the_deep_profile_reads_ncus_raw_csv_page():
     assert k["time_us"] == pytest.approx(1220.16) and relu["time_us"] == pytest.approx(16.128)  # nsecond -> us
     assert all(0 <= k[m] <= 100 for m in ("compute_pct", "memory_pct", "occupancy_pct"))
     assert relu["memory_pct"] > relu["compute_pct"] and relu["stalls"][0]["reason"] == "long_scoreboard"
+    # the GEMM's own distance to the roofs: tf32 mma.sync keeps the tensor pipe at 35%, DRAM at 7% of peak
+    assert (k["tensor_pipe_pct"], k["dram_pct"]) == (pytest.approx(34.99), pytest.approx(6.53))
     assert 1 <= len(k["stalls"]) <= 3 and k["stalls"] == sorted(k["stalls"], key=lambda s: -s["cycles"])
     line = describe_deep(view)[0]
     assert line.startswith("deep profile (ncu): ") and "SM throughput" in line and "top stalls: " in line

@@ -5,7 +5,8 @@ read on xpu yet: unitrace and VTune are named, their readers are not written), t
 worker is started under (:func:`ncu_prefix`: the clocks left alone, only the kernels inside the worker's
 ``xeforge_deep`` NVTX range, three fixed sections), and :func:`read_ncu_csv` — the raw CSV page ``ncu`` writes
 to its log file, reduced to a small fixed set per kernel: device time, compute (SM) and memory throughput as a
-share of peak, achieved occupancy, and the top stall reasons. :func:`describe` is the report's line.
+share of peak, the kernel's distance to the roofline (its tensor pipe's and its DRAM throughput's share of
+peak), achieved occupancy, and the top stall reasons. :func:`describe` is the report's line.
 
 ncu runs inside the sandbox with the candidate, so what it writes is as untrusted as any file the candidate
 could write: the parent reads it as text with a size cap and never runs anything on it. Like the compiler facts
@@ -35,6 +36,9 @@ METRICS = {
     "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed": "memory_pct",
     "sm__warps_active.avg.pct_of_peak_sustained_active": "occupancy_pct",
     "sm__maximum_warps_per_active_cycle_pct": "theoretical_occupancy_pct",
+    # the kernel's own distance to the two roofs: its matrix (tensor) pipe and its DRAM traffic, share of peak
+    "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed": "tensor_pipe_pct",
+    "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct",
 }
 _STALL = re.compile(r"issue_stalled_([a-z_]+?)_per_(?:issue|warp)_active")
 TOP_STALLS = 3
@@ -117,6 +121,8 @@ def describe(view: dict[str, Any] | None) -> list[str]:
     for k in view["kernels"]:
         parts = [f"{label} {k[key]:.0f}%" for key, label in (("compute_pct", "SM throughput"),
                                                              ("memory_pct", "memory throughput"),
+                                                             ("tensor_pipe_pct", "tensor pipe"),
+                                                             ("dram_pct", "DRAM"),
                                                              ("occupancy_pct", "achieved occupancy"))
                  if isinstance(k.get(key), (int, float))]
         if isinstance(k.get("time_us"), (int, float)):
