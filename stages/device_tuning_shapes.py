@@ -6,7 +6,8 @@ launch-parameter search picks one configuration at the primary timed shape; a pr
 whose shape argument differs from the primary's by :data:`CLASS_RATIO` or more:
 
 1. the **shape class**: the launch's scalar argument that carries that dim (found in the traces: its value equals the
-   dim at every traced variant), a test on the host expression the launch passes for it (``M <= 128``), the
+   dim at every traced variant), or else a plain axis of its grid that does (a batch dim only the grid sees:
+   ``grid = (cdiv(N, BLOCK_N), B)``), a test on the host expression the launch passes for it (``M <= 128``), the
    threshold between the classes derived from the timed shapes' values of the dim (the geometric middle between the
    shape and the nearest timed value across, rounded down to a power of two);
 2. **coverage**: the correctness gate's own shapes (:meth:`xeforge.problem.Problem.correctness_variants`: every
@@ -25,7 +26,7 @@ whose shape argument differs from the primary's by :data:`CLASS_RATIO` or more:
 
 Where it does not apply, it says why: on the interpreter (nothing to rank), with one timed shape, at an
 ``@triton.autotune``'d kernel (its key already picks a configuration per shape), at a kernel launched from several
-places, or where no shape argument separates the timed shapes.
+places, or where no shape argument or grid axis separates the timed shapes.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def shape_arguments(ctx: StageContext, site: LaunchSite) -> tuple[dict[str, tupl
         exprs = launch_bindings(site, fn, m.source)
     except NotApplicable as exc:
         return {}, str(exc)
-    seen: dict[str, dict[str, Any]] = {}  # parameter -> {variant: value}
+    seen: dict[str, dict[str, Any]] = {}  # parameter (or "grid axis <n>") -> {variant: value}
     variants = ctx.problem.spec.variants
     for name, tr in traces(ctx.problem, ctx.source).items():
         if isinstance(tr, str):
@@ -133,12 +134,16 @@ def shape_arguments(ctx: StageContext, site: LaunchSite) -> tuple[dict[str, tupl
         for p, arg in la.args.items():
             if arg.kind == "scalar" and isinstance(arg.value, int) and not isinstance(arg.value, bool):
                 seen.setdefault(p, {})[name] = arg.value
+        if isinstance(la.grid, tuple):  # a dim no argument carries may still size the grid (a batch axis)
+            for ax, g in enumerate(la.grid):
+                seen.setdefault(f"grid axis {ax}", {})[name] = g
+    exprs.update(_grid_exprs(m, site))
     if not seen:
         return {}, f"forward was not traced at the timed shapes, so no argument of {site.kernel} is known to carry a dim"
     out: dict[str, tuple[str, str]] = {}
     impure: list[str] = []
     for dim in sorted({d for v in variants.values() for d, x in v.dims.items() if isinstance(x, int)}):
-        for p in fn.params:
+        for p in [*fn.params, *sorted(k for k in exprs if k.startswith("grid axis "))]:
             vals = seen.get(p)
             if not vals or len(set(vals.values())) < 2:
                 continue
@@ -148,8 +153,26 @@ def shape_arguments(ctx: StageContext, site: LaunchSite) -> tuple[dict[str, tupl
                                   "evaluate a second time")
                     continue
                 if dim not in out or p == dim:
+                    if p.startswith("grid axis ") and dim in out:
+                        continue  # an argument that carries the dim is the plainer test
                     out[dim] = (p, exprs[p])
     return out, "; ".join(impure)
+
+
+def _grid_exprs(model: KernelModel, site: LaunchSite) -> dict[str, str]:
+    """``grid axis <n>`` -> the host expression of that axis, for the axes a test can read at the launch: the
+    plain ones (``B``, ``x.shape[0]``), not ``cdiv(...)`` (a block size's axis) nor a META grid's own argument."""
+    grid = launch_grid(model, site)
+    if grid is None:
+        return {}
+    out = {}
+    for ax, el in enumerate(grid.elements):
+        if _cdiv_args(el) is not None:
+            continue
+        if grid.meta and any(isinstance(n, ast.Name) and n.id == grid.meta for n in ast.walk(el)):
+            continue
+        out[f"grid axis {ax}"] = (ast.get_source_segment(model.source, el) or ast.unparse(el)).strip()
+    return out
 
 
 def _block_on(model: KernelModel, site: LaunchSite, expr: str) -> str | None:
@@ -182,7 +205,7 @@ def _classes(ctx: StageContext, site: LaunchSite, args: dict[str, tuple[str, str
         big = [r for r in ratios if r[0] >= CLASS_RATIO]
         if not big:
             seen = ", ".join(f"{d} {a} vs {b}" for _, d, _, _, a, b in ratios) or "no dim carried by an argument"
-            skipped.append(f"{v.name}: no shape argument of {site.kernel} (line {site.line}) differs from "
+            skipped.append(f"{v.name}: no shape argument or grid axis of {site.kernel} (line {site.line}) differs from "
                            f"{primary.name}'s by {CLASS_RATIO}x or more ({seen})")
             continue
         _, dim, param, expr, a, b = max(big, key=lambda r: r[0])

@@ -86,7 +86,7 @@ def test_the_decode_shape_gets_a_class_and_candidates_that_keep_the_primary_laun
     assert app.applies, app.reason
     # M: 4096 (primary), 16 (decode), 3000: the threshold is the power of two below sqrt(16 * 3000)
     assert "M <= 128 for bench-gpu-1 (M=16; verified at ci@bfloat16, bench-gpu-1" in app.reason
-    assert "bench-gpu-2: no shape argument of matmul_kernel (line 51) differs" in app.reason  # M 3000 vs 4096
+    assert "bench-gpu-2: no shape argument or grid axis of matmul_kernel (line 51) differs" in app.reason  # M 3000 vs 4096
     cands = TACTIC.propose(ctx)
     assert 0 < len(cands) <= CONFIGS_PER_CLASS
     original = ast.get_source_segment(p.kernel_source, launches(p.kernel_source, "matmul_kernel")[0].node)
@@ -107,6 +107,20 @@ def test_the_decode_shape_gets_a_class_and_candidates_that_keep_the_primary_laun
         assert blocks == [c.params["BLOCK_M"], c.params["BLOCK_N"]], c.description  # its own, consistent grid
     # the incumbent's tile fitted to the decode shape comes first: 16 rows, the rest as it was
     assert cands[0].params["BLOCK_M"] == 16 and cands[0].params["BLOCK_N"] == 32
+
+
+def test_a_dim_that_only_sizes_the_grid_gets_a_class_too():
+    """gemv_decode's batch B is no argument of gemv_kernel: its grid's second axis (``grid = (cdiv(N, 32), B)``);
+    measured on the H200 the one-shape port was 0.94x of its start at B = 8, and the tactic said it did not apply."""
+    p = load_problem(ROOT / "kernels" / "gemv_decode")
+    ctx = h200(p)
+    app = TACTIC.check(ctx)
+    assert app.applies, app.reason
+    assert "B > 2 for bench-gpu-1 (B=8" in app.reason  # B: 1 (primary), 8; the ragged B=3 runs the branch
+    cands = TACTIC.propose(ctx)
+    assert cands and all(c.time_all_shapes and "if B > 2 (bench-gpu-1)" in c.description for c in cands)
+    test = next(n for n in ast.walk(parse_kernel(cands[0].source).tree) if isinstance(n, ast.If))
+    assert ast.unparse(test.test) == "B > 2" and len(launches(cands[0].source, "gemv_kernel")) == 2
 
 
 def test_a_branch_no_correctness_shape_reaches_is_not_proposed_and_the_tactic_says_why(monkeypatch):
