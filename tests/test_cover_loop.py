@@ -450,6 +450,8 @@ def _http_config(how: str, base: str, monkeypatch, model: str = "hosted_vllm/tes
         monkeypatch.setenv("OPENAI_API_BASE", base)
         args = argparse.Namespace(model=None, api_base=None, max_iters=None, best_k=None)
         return LMConfig.from_args(args, env={"XEFORGE_MODEL": model, "OPENAI_API_BASE": base, **settings})
+    if how == "litellm":  # the flags, through LiteLLM (XEFORGE_LLM_ROUTE=litellm; its import takes seconds: slow)
+        settings["XEFORGE_LLM_ROUTE"] = "litellm"
     args = argparse.Namespace(model=model, api_base=base, max_iters=None, best_k=None)  # --model ... --api-base ...
     return LMConfig.from_args(args, env=settings)
 
@@ -576,7 +578,7 @@ def test_http_timeout_later_stops_the_stage(shared, tmp_path, fake_server, monke
     assert rec.tally == {"rejected: 2-correctness": 1, "call timeout": 1, "stopped: timeout": 1}
 
 
-@pytest.mark.parametrize("how", CONFIGS)
+@pytest.mark.parametrize("how", [*CONFIGS, pytest.param("litellm", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("overflow", [VLLM_OVERFLOW, OPENAI_OVERFLOW, LLAMACPP_OVERFLOW], ids=["vllm", "openai", "llamacpp"])
 def test_http_context_length_400_trims_and_goes_on(shared, tmp_path, fake_server, monkeypatch, how, overflow):
     from cover_agent.prompts import render_stage
@@ -684,7 +686,8 @@ def test_docs_llm_examples_work_against_a_server(fake_server, tmp_path, monkeypa
 
 def test_failures_mean_the_same_on_the_litellm_route():
     """DSPy maps LiteLLM's exceptions to the same DSPy errors the HTTP tests meet on DSPy's own client; classify
-    reads both alike (the LiteLLM route itself is not driven over HTTP here: importing litellm takes seconds)."""
+    reads both alike (the LiteLLM route is driven over HTTP by the slow tests marked litellm below: importing
+    litellm takes seconds)."""
     from dspy.utils.exceptions import (ContextWindowExceededError, LMInvalidRequestError, LMTimeoutError,
                                        LMTransportError)
 
@@ -702,6 +705,20 @@ def test_failures_mean_the_same_on_the_litellm_route():
     text = _message(LMInvalidRequestError("", model="m", status=404), cfg)
     assert "HTTP 404" in text and "http://h:1/v1" in text
     assert "XEFORGE_LLM_TIMEOUT" in _message(LMTimeoutError("x", model="m"), cfg)
+
+
+@pytest.mark.slow  # importing litellm takes seconds on 2 cores: make test-slow
+def test_the_litellm_route_over_http_retries_a_500(shared, tmp_path, fake_server, monkeypatch):
+    """XEFORGE_LLM_ROUTE=litellm, driven over HTTP like DSPy's own client: the same retry of a 500 inside one call
+    (its context overflows: test_http_context_length_400_trims_and_goes_on[litellm-...])."""
+    _FakeOpenAI.script = [Status(500, {"error": {"message": "upstream exploded"}}), kernel_answer(GOOD)]
+    cfg = _http_config("litellm", fake_server.base, monkeypatch, XEFORGE_LLM_ANALYZE="0", XEFORGE_LLM_RETRIES="1")
+    assert cfg.client_route == "litellm"
+    run = _http_run(shared, tmp_path, cfg)
+    rec = run.go()
+    assert rec.best is not None and rec.best.verdict.correct and rec.tally == {"correct-unmeasured": 1}
+    assert _FakeOpenAI.paths.count("POST /v1/chat/completions") == 2  # the 500, then the answer (one call)
+    assert _FakeOpenAI.bodies[-1]["model"] == "test-coder" and run.engine.client.usage.calls == 1
 
 
 # ------------------------------------------------------------------------------------------------ whole runs over HTTP

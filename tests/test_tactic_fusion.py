@@ -264,6 +264,7 @@ def test_partials_combine_stops_where_the_rows_are_no_longer_a_size_1_dim():
         combine_partials(src, p)  # the max over dim 1 after it is a real reduction now: nothing to combine
 
 
+@pytest.mark.slow  # about 19 s on 2 cores: make test-slow
 def test_row_value_broadcast_over_a_column_vector_is_written_by_the_combine_kernel(verify):
     """kb75: the row min of the GroupNorm's partials plus a [1, N] bias is an (M, N) result; forward built it in
     fp32 and cast it in a second pass. The combine kernel writes the rows in the result's dtype, N columns at a
@@ -295,7 +296,8 @@ def test_split_is_not_proposed_for_a_mean():
 @pytest.mark.parametrize("name,tail,run", [  # three run through the verifier (CI time); all six are rewritten
     ("kb30_gemm_groupnorm_hardtanh", "hardtanh", True),  # ragged N=68 with G=4: 17-channel groups, BLOCK=32 masked
     ("kb37_matmul_swish_sum_groupnorm", None, False),  # then the swish kernel folds into the GEMM (verified below)
-    ("kb62_matmul_groupnorm_leakyrelu_sum", None, True),  # the Triton kernel reading it afterwards is folded in
+    pytest.param("kb62_matmul_groupnorm_leakyrelu_sum", None, True,  # the Triton kernel reading it afterwards is
+                 marks=pytest.mark.slow),  # folded in; about 22 s: make test-slow
     ("kb75_gemm_groupnorm_min_biasadd", None, True),  # the row min after it: per-group partials
     pytest.param("kb88_gemm_groupnorm_swish_multiply_swish", None, True,  # folded in, with its per-column weight
                  marks=pytest.mark.slow),  # (offs % N); about 25 s: make test-slow

@@ -139,6 +139,7 @@ def test_a_branch_no_correctness_shape_reaches_is_not_proposed_and_the_tactic_sa
     assert not app.applies and "no correctness shape falls into M <= 128" in app.reason
 
 
+@pytest.mark.slow  # about 10 s on 2 cores: make test-slow
 def test_two_classes_and_their_winners_combined(tmp_path):
     narrow = DECODE + """bench-gpu-2:
   - params: [X]

@@ -105,7 +105,9 @@ def _applicable(style: str) -> dict[str, tuple[bool, str]]:
     return {t.name: (a.applies, a.reason) for st in stages.ALL for t in st.tactics for a in [t.check(ctx)]}
 
 
-@pytest.mark.parametrize("style", [s for s in EXPECT if s != "direct"])
+# the launcher and autograd styles take about 20 s each on 2 cores: make test-slow (CI runs both)
+@pytest.mark.parametrize("style", [pytest.param(s, marks=pytest.mark.slow) if s in ("launcher", "autograd") else s
+                                   for s in EXPECT if s != "direct"])
 def test_style_coverage_of_the_tactics_that_apply_to_the_direct_style(style):
     direct = {name for name, (ok, _) in _applicable("direct").items() if ok}
     got = _applicable(style)
