@@ -454,7 +454,7 @@ def test_gpu_bench_times_every_timed_shape_and_says_where_the_port_is_slower(gpu
     assert [c for c in calls if c[0] == "softmax_fake"][-1][1] == [("kernel.py", None), ("kernel.py", None),
                                                                    ("reference.py", None), ("reference.py", "default")]
     assert rep["geomean_by_shape"]["bench-gpu-1"]["final_vs_start"]["n"] == 1
-    assert "slower than its start at 1 shape(s): softmax_fake at bench-gpu-1 (0.83x)" in rep["summary"]
+    assert "slower than its start at 1 shape(s): softmax_fake at bench-gpu-1 (0.83x; paired ratios 0.83-0.83)" in rep["summary"]
 
 
 def test_gpu_bench_record_golden(gpu_report):
@@ -614,7 +614,7 @@ def test_final_given_on_the_command_line_is_verified_and_timed_as_the_port_resul
     assert row["speedups"]["final_vs_start"]["value"] == pytest.approx(1.40 / 0.20)
     missing = bench.bench_problem(soft, ctx)
     assert missing["port_run"] is None and "final_vs_start" not in missing["speedups"]
-    assert "softmax_fake/final-kernel.py (--final)" in missing["entries"]["final"]["verification"]
+    assert "softmax_fake/final-kernel.py (--final;" in missing["entries"]["final"]["verification"]
     argv = bench.child_argv(opt, gemm, "cuda", tmp_path / "o")
     assert argv[argv.index("--final") + 1] == template  # --workers children bench the same files
     opt.argv = ["bench", str(gemm), "--final", template, "--rounds", "1", "--resume", "--redo", "--out", "o"]

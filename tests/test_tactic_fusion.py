@@ -54,7 +54,8 @@ def launches(source: str) -> list[str]:
 # ------------------------------------------------------------------------------------------------ (a) chains
 @pytest.mark.parametrize("name,consumer", [  # gemm_relu: see the port test below
     ("kb09_matmul_subtract_multiply_relu", "sub_mul_relu_kernel"),
-    ("kb37_matmul_swish_sum_groupnorm", "swish_bias_kernel"),  # names clash (bias_ptr, b, N): renamed/unified
+    pytest.param("kb37_matmul_swish_sum_groupnorm", "swish_bias_kernel",  # names clash (bias_ptr, b, N):
+                 marks=pytest.mark.slow),  # renamed/unified; about 17 s: make test-slow
 ])
 def test_consumer_kernel_folds_into_the_gemm_store(verify, name, consumer):
     p = problem(KERNELS / name)
@@ -324,8 +325,8 @@ def test_group_norm_becomes_one_generated_kernel(verify, name, tail, run):
         assert verdict.correct, verdict.feedback()
 
 
-@pytest.mark.parametrize("name", [pytest.param("kb30_gemm_groupnorm_hardtanh", marks=pytest.mark.slow),
-                                  "kb75_gemm_groupnorm_min_biasadd"])  # kb30 (about 20 s): make test-slow
+@pytest.mark.slow  # kb30 and kb75, about 20 s each on 2 cores: make test-slow
+@pytest.mark.parametrize("name", ["kb30_gemm_groupnorm_hardtanh", "kb75_gemm_groupnorm_min_biasadd"])
 def test_group_norm_kernel_batches_groups_and_masks_the_last_block(verify, tmp_path, name):
     """Five 300-channel groups: four a program (BLOCK 512, 2048 elements), so two programs a row and the second
     normalises one group and masks three (store, per-group partial and folded consumer alike)."""

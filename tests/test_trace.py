@@ -31,12 +31,18 @@ EXPECT = {
 
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory):
-    out = {}
-    for style in EXPECT:
+    """Every style traced and verified, four verifiers at a time (their worker processes start in parallel)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    folders = {style: tmp_path_factory.mktemp(style) for style in EXPECT}  # mktemp is not thread-safe
+
+    def one(style):
         p = load_problem(STYLES / f"{style}.py")
-        with Verifier(p, describe("cpu"), Settings(correctness_rounds=1), tmp_path_factory.mktemp(style)) as v:
-            out[style] = (v.trace(p.kernel_path, p.variant("ci")), v.verify(p.kernel_path))
-    return out
+        with Verifier(p, describe("cpu"), Settings(correctness_rounds=1), folders[style]) as v:
+            return v.trace(p.kernel_path, p.variant("ci")), v.verify(p.kernel_path)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(zip(EXPECT, pool.map(one, EXPECT)))
 
 
 @pytest.mark.parametrize("style", list(EXPECT))

@@ -193,7 +193,7 @@ def find_port_result(runs_dir: Path, name: str, start_hash: str, device_kind: st
 def given_final(template: str, name: str) -> dict | None:
     """``--final``: a kernel file named on the command line stands for the port result (``{problem}`` in the
     path becomes the problem's name). It is verified afresh like any port result found in a runs folder."""
-    path = Path(template.format(problem=name))
+    path = Path(template.replace("{problem}", name))
     if not path.is_file():
         return None
     return {"run_dir": None, "given": str(path), "path": str(path), "device": None, "engine": None,
@@ -401,7 +401,8 @@ def _bench_problem(path: Path, ctx: BenchContext, row: dict, workdir: Path) -> N
     if opt.final:
         port = given_final(opt.final, problem.name)
         if port is None:
-            final["verification"] = f"no kernel file at {opt.final.format(problem=problem.name)} (--final)"
+            final["verification"] = (f"no kernel file at {opt.final.replace('{problem}', problem.name)} (--final; "
+                                     "'{problem}' in its path becomes each problem's name)")
             final["not_timed"] = "no port result"
     elif opt.port:
         try:
@@ -677,6 +678,14 @@ def new_report(opt: BenchOptions, device, kbc, settings, out: Path) -> dict:
     }
 
 
+def _ratio_text(sp: dict) -> str:
+    """``0.98x`` with its paired-ratio quartiles when there are some: a reader sees whether it is noise."""
+    q1, q3 = sp.get("ratio_q1"), sp.get("ratio_q3")
+    spread = (f"; paired ratios {q1:.2f}-{q3:.2f}" if isinstance(q1, float) and isinstance(q3, float)
+              and math.isfinite(q1) and math.isfinite(q3) else "")
+    return f"{sp['value']:.2f}x{spread}"
+
+
 def finalize(report: dict) -> dict:
     """Geomeans, counts and the one-line summary, from the rows (used again by ``xeforge report``)."""
     rows = report["problems"]
@@ -692,7 +701,7 @@ def finalize(report: dict) -> dict:
                 by_shape.setdefault(sh["variant"], {}).setdefault(name, []).append(sp["value"])
     report["geomean_by_shape"] = {k: {n: {"value": geomean(v), "n": len(v)} for n, v in d.items()}
                                   for k, d in sorted(by_shape.items())}
-    slower = [f"{r['problem']} at {sh['variant']} ({sh['speedups']['final_vs_start']['value']:.2f}x)"
+    slower = [f"{r['problem']} at {sh['variant']} ({_ratio_text(sh['speedups']['final_vs_start'])})"
               for r in rows for sh in r.get("shapes") or []
               if sh.get("speedups", {}).get("final_vs_start", {}).get("value", 1.0) < 1.0]
     ents = [r.get("entries") or {} for r in rows]
