@@ -161,12 +161,14 @@ class Verifier:
         # the float64 reference runs where fp64 is native; on an Intel part without it, on the host
         self._oracle_device = device.kind if (device.kind != "xpu" or device.has_fp64) else "cpu"
 
-    def _candidate_worker(self, folder: Path, log: Path) -> Worker:
-        """A worker for candidates: it writes its own folder and the cache, and reads the oracle's weights."""
+    def _candidate_worker(self, folder: Path, log: Path, prefix: tuple[str, ...] = ()) -> Worker:
+        """A worker for candidates: it writes its own folder and the cache, and reads the oracle's weights;
+        ``prefix``: a profiler it runs under, inside the same sandbox (``--profile deep``)."""
         weights = self.workdir / "oracle" / "weights"
         weights.mkdir(parents=True, exist_ok=True)
         return Worker(self.device.kind, folder, log, settings=self.settings, writable=(self._cache,),
-                      readable=(weights,), hidden=(self.workdir,), env={"TRITON_CACHE_DIR": str(self._cache)})
+                      readable=(weights,), hidden=(self.workdir,), env={"TRITON_CACHE_DIR": str(self._cache)},
+                      prefix=prefix)
 
     def __enter__(self) -> "Verifier":
         return self
@@ -544,10 +546,7 @@ class Verifier:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         report = folder / "ncu.csv"
-        worker = Worker(self.device.kind, folder, folder / "worker.log", settings=self.settings,
-                        writable=(self._cache,), readable=(self.workdir / "oracle" / "weights",),
-                        hidden=(self.workdir,), env={"TRITON_CACHE_DIR": str(self._cache)},
-                        prefix=tuple(deep.ncu_prefix(tool, report)))
+        worker = self._candidate_worker(folder, folder / "worker.log", prefix=tuple(deep.ncu_prefix(tool, report)))
         limit = self.settings.compile_timeout_s + self.settings.run_timeout_s
         try:
             worker.start(timeout=limit)

@@ -23,6 +23,8 @@ META_FIELDS = ("name", "num_warps", "num_stages", "num_ctas", "shared", "threads
 #: the driver's figures, set on the kernel object when it is loaded
 HANDLE_FIELDS = ("n_regs", "n_spills", "n_max_threads")
 IR_CAP_BYTES = 4 << 20
+#: beside the kernels' folders: the wall time of the call that wrote them (read by the parent as data)
+COST_FILE = "call.json"
 #: binaries: their size is recorded, never their bytes
 BINARY_KEYS = ("cubin", "spv", "zebin", "hsaco")
 
@@ -93,9 +95,7 @@ def dump_compiled(name: str, kernel: Any, folder: Path, triton_version: str, cap
 
 
 def write_call_cost(folder: Path, first_call_s: float) -> None:
-    """``call.json`` beside the kernels' folders: the wall time of the call that compiled and captured them."""
+    """:data:`COST_FILE` beside the kernels' folders: the wall time of the call that compiled and captured them."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / COST_FILE).write_text(json.dumps({"first_call_s": round(first_call_s, 4)}))
 
-
-COST_FILE = "call.json"

@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from xeforge.diagnosis.capture import COST_FILE
+
 MAX_META_BYTES = 1 << 20
 MAX_IR_BYTES = 8 << 20
 MAX_KERNELS = 64
@@ -154,7 +156,7 @@ def read_folder(folder: Path, recognizers: Iterable[Any]) -> list[KernelFacts]:
 def read_cost(folder: Path, kernels: list[KernelFacts]) -> dict[str, Any] | None:
     """What the capture cost against the call that compiled the kernels (``call.json``, written by the worker):
     ``capture_s`` summed over the kernels, ``first_call_s`` (compiles and capture included) and the share."""
-    raw = _read_text(folder / "call.json", 4096)
+    raw = _read_text(folder / COST_FILE, 4096)
     try:
         first = float(json.loads(raw)["first_call_s"]) if raw else None
     except (ValueError, KeyError, TypeError):
