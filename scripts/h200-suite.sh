@@ -6,6 +6,7 @@
 #   SEED=docs/h200-suite/bench.json RESUME="--resume --redo" bash scripts/h200-suite.sh OUTDIR PROBLEM ...
 #       starts OUTDIR from a committed report (when OUTDIR has none) and ports + benches PROBLEM ... again in it
 #   STAGES=dtype,fusion,device_tuning bash scripts/h200-suite.sh OUTDIR ...   ports through those stages only
+#   LANES=4 bash scripts/h200-suite.sh OUTDIR ...   four problems at once per GPU, each timing with the GPU alone
 set -uo pipefail
 OUTDIR=${1:-bench-out/h200}
 shift || true
@@ -19,5 +20,5 @@ if [ -n "${SEED:-}" ] && [ ! -e "$OUTDIR/bench.json" ]; then
 fi
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 python3 -m xeforge bench $PROBLEMS --device cuda --port --engine rules --budget "${BUDGET:-6}" \
-  --workers "${NGPU:-1}" --out "$OUTDIR" --runs-dir "${RUNS_DIR:-runs}" --stop-after "${STOP_AFTER:-7}" \
+  --workers "${NGPU:-1}" --lanes-per-gpu "${LANES:-1}" --out "$OUTDIR" --runs-dir "${RUNS_DIR:-runs}" --stop-after "${STOP_AFTER:-7}" \
   ${STAGES:+--stages "$STAGES"} ${RESUME:-}

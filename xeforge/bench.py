@@ -16,7 +16,9 @@ The flow, and which module owns each step:
    d. statistics (:mod:`xeforge.timing`): median + IQR per entry, speedups as ratios of medians with the IQR
       of the per-round paired ratios, achieved FLOP/s and bytes/s, % of the roofline bound.
 4. ``--workers N``: one subprocess per local GPU (``CUDA_VISIBLE_DEVICES`` / ``ZE_AFFINITY_MASK``), each running
-   a single-problem ``xeforge bench --json``; rows are merged in problem order.
+   a single-problem ``xeforge bench --json``; rows are merged in problem order. ``--lanes-per-gpu K`` runs K such
+   subprocesses on each GPU: their correctness runs and compiles overlap, each timing holds the GPU alone
+   (:mod:`xeforge.device_lock`).
 5. After every problem ``bench.json`` is rewritten; in ``finally:`` the geomeans, ``bench.md``, ``bench.html``
    and the plots are written (:mod:`xeforge.report`, :mod:`xeforge.report_html`, :mod:`xeforge.plots`) and the
    table goes to stdout. Progress goes to stderr.
@@ -50,7 +52,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from tabulate import tabulate
 
-from xeforge import devices
+from xeforge import device_lock, devices
 from xeforge.cli_args import add_llm_args
 from xeforge.diagnosis.deep import describe as describe_deep
 from xeforge.diagnosis.profile import describe as describe_profile
@@ -102,6 +104,7 @@ class BenchOptions:
     port: bool = False
     compile_mode: str = "default"
     workers: int = 1
+    lanes_per_gpu: int = 1  # problems run at once on each GPU; their timing takes the GPU alone (device_lock)
     out: Path | None = None
     variant: str | None = None
     runs_dir: Path = Path("runs")
@@ -630,13 +633,16 @@ def default_out(root: Path = Path("bench-out")) -> Path:
     return out
 
 
-def timing_method(device, settings, pairs: int) -> str | None:
+def timing_method(device, settings, pairs: int, lanes: int = 1) -> str | None:
     if not device.can_time:
         return None
+    shared = (f"; {lanes} problems at once per GPU, every timing with the GPU to itself (the other lanes' correctness "
+              "runs and compiles wait for it)") if lanes > 1 else ""
     return (f"{device.kind} events around each call with a full sync, L2 flushed before every call (2x L2, the write "
             f"repeated so the device is still busy while the host issues the call: launch overhead is not timed), rotated "
             f"input buffers; start, final, eager and torch.compile interleaved in one worker (one cyclic order, so "
-            f"no entry runs twice in a row), {pairs} rounds after {settings.warmup_calls} warm-up calls; median and IQR")
+            f"no entry runs twice in a row), {pairs} rounds after {settings.warmup_calls} warm-up calls; median and IQR"
+            f"{shared}")
 
 
 def new_report(opt: BenchOptions, device, kbc, settings, out: Path) -> dict:
@@ -654,7 +660,7 @@ def new_report(opt: BenchOptions, device, kbc, settings, out: Path) -> dict:
         "triton_gate": getattr(getattr(kbc, "triton", None), "text", None),
         "timed": bool(device.can_time),
         "header": None if device.can_time else CPU_HEADER,
-        "timing_method": timing_method(device, settings, pairs),
+        "timing_method": timing_method(device, settings, pairs, opt.lanes_per_gpu),
         "correctness_method": (f"gates 0-2 of the verification cascade in an isolated worker: static and "
                                f"knowledge-base checks, then {settings.correctness_rounds} rounds of fresh inputs "
                                f"(normal, uniform, outliers) per variant the device can hold"
@@ -667,6 +673,7 @@ def new_report(opt: BenchOptions, device, kbc, settings, out: Path) -> dict:
         "port_source": "--port (ported in this run)" if opt.port else f"latest verified run in {opt.runs_dir}/<problem>/",
         "settings": dict(settings.__dict__),
         "workers": opt.workers,
+        "lanes_per_gpu": opt.lanes_per_gpu,
         "status": "running",
         "resumed": bool(opt.resume),
         "pending": [],
@@ -800,6 +807,8 @@ def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
     paths = discover(opt.problems)
     if opt.workers < 1:
         raise UsageError("--workers", f"{opt.workers} is not a number of workers", "use --workers 1 or more")
+    if opt.lanes_per_gpu < 1:
+        raise UsageError("--lanes-per-gpu", f"{opt.lanes_per_gpu} is not a number of lanes", "use --lanes-per-gpu 1 or more")
     if opt.compile_mode not in COMPILE_MODES:
         raise UsageError("--compile-mode", f"unknown torch.compile mode {opt.compile_mode!r}",
                          f"use one of {', '.join(COMPILE_MODES)}")
@@ -807,7 +816,11 @@ def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
         raise UsageError("--stop-after", f"{opt.stop_after} is not a positive number of minutes", "use e.g. --stop-after 8")
     kind = devices.resolve(opt.device)
     device = devices.describe(kind)
-    slots = gpu_slots(kind, opt.workers) if opt.workers > 1 else []
+    if opt.lanes_per_gpu > 1 and kind == "cpu":
+        raise UsageError("--lanes-per-gpu", "the CPU interpreter has no GPU to share",
+                         "use --workers N for parallel problems on the CPU")
+    lanes = opt.workers * opt.lanes_per_gpu
+    slots = gpu_slots(kind, opt.workers, lanes=opt.lanes_per_gpu) if lanes > 1 else []
     try:
         kbc = kb_context(device, opt.target, opt.triton)
     except XeforgeError:
@@ -820,6 +833,9 @@ def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
         raise UsageError("--redo", "re-benches problems of an earlier run, so it needs --resume",
                          "add --resume and the earlier run's --out")
     out, kept, earlier, before = _prepare_out(opt, device)
+    if opt.lanes_per_gpu > 1:  # the lanes of one GPU share a lock file in the bench's folder
+        (out / "gpu-locks").mkdir(exist_ok=True)
+        slots = [{k: str(out / "gpu-locks" / v) if k == device_lock.ENV else v for k, v in s.items()} for s in slots]
     if opt.redo:
         again = {str(p) for p in paths}
         kept = [r for r in kept if r["path"] not in again]
@@ -949,13 +965,15 @@ def _write_partial(out: Path, report: dict) -> None:
 
 # ------------------------------------------------------------------------------------------------ --workers
 def gpu_slots(kind: str, n: int, env: dict[str, str] | None = None, count: int | None = None,
-              cpus: int | None = None) -> list[dict[str, str]]:
-    """The environment of each worker subprocess: one GPU each (``CUDA_VISIBLE_DEVICES`` / ``ZE_AFFINITY_MASK``).
-    On the CPU interpreter the workers are plain parallel processes.
+              cpus: int | None = None, lanes: int = 1, lock_dir: Path | None = None) -> list[dict[str, str]]:
+    """The environment of each worker subprocess: ``n`` GPUs (``CUDA_VISIBLE_DEVICES`` / ``ZE_AFFINITY_MASK``),
+    ``lanes`` subprocesses on each. On the CPU interpreter the workers are plain parallel processes.
 
-    With several GPU workers each also gets its share of the host's CPUs for torch.compile's compile workers
-    (``TORCHINDUCTOR_COMPILE_THREADS``, unless set; half the CPUs over all lanes): a lane compiling with every
-    CPU slows the other lane's host side while it is being timed.
+    Lanes on one GPU share a lock file (``XEFORGE_GPU_LOCK``: its name here, in ``lock_dir`` when given;
+    :mod:`xeforge.device_lock`): each lane's timing has the GPU to itself. With several lanes each also gets its
+    share of the host's CPUs for torch.compile's compile workers (``TORCHINDUCTOR_COMPILE_THREADS``, unless set;
+    half the CPUs over all lanes): a lane compiling with every CPU slows another lane's host side while it is
+    being timed.
     """
     env = os.environ if env is None else env
     if kind == "cpu":
@@ -971,9 +989,13 @@ def gpu_slots(kind: str, n: int, env: dict[str, str] | None = None, count: int |
                          f"use --workers {count} or fewer")
     listed = [s.strip() for s in env.get(var, "").split(",") if s.strip()]
     ids = listed if listed else [str(i) for i in range(count)]
-    slots = [{var: ids[i]} for i in range(n)]
-    if n > 1 and "TORCHINDUCTOR_COMPILE_THREADS" not in env:
-        share = str(max(1, (cpus or os.cpu_count() or 2) // (2 * n)))
+    slots = [{var: ids[i]} for i in range(n) for _ in range(lanes)]
+    if lanes > 1:
+        for s in slots:
+            name = f"{kind}-{s[var]}.lock"
+            s[device_lock.ENV] = str(lock_dir / name) if lock_dir else name
+    if len(slots) > 1 and "TORCHINDUCTOR_COMPILE_THREADS" not in env:
+        share = str(max(1, (cpus or os.cpu_count() or 2) // (2 * len(slots))))
         for s in slots:
             s["TORCHINDUCTOR_COMPILE_THREADS"] = share
     return slots
@@ -1085,7 +1107,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             if getattr(args, attr, None) is not None:
                 llm_argv += [flag, str(getattr(args, attr))]
     opt = BenchOptions(problems=args.problems, device=args.device, port=args.port, compile_mode=args.compile_mode,
-                       workers=args.workers, out=Path(args.out) if args.out else None, variant=args.variant,
+                       workers=args.workers, lanes_per_gpu=args.lanes_per_gpu, out=Path(args.out) if args.out else None, variant=args.variant,
                        runs_dir=Path(args.runs_dir), rounds=args.rounds, pairs=args.pairs, engine=args.engine,
                        stages=[s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None,
                        budget=args.budget, resume=args.resume, redo=args.redo, stop_after=args.stop_after,
@@ -1132,6 +1154,9 @@ def register(subparsers) -> None:
                    help=f"correctness rounds per variant (default: $XEFORGE_ROUNDS or 5; {CPU_ROUNDS} on the CPU)")
     p.add_argument("--pairs", type=int, default=None, help="timed rounds of the interleaved entries (default 20)")
     p.add_argument("--workers", type=int, default=1, help="problems run at once, one local GPU each")
+    p.add_argument("--lanes-per-gpu", type=int, default=1, metavar="K",
+                   help="problems run at once on each GPU (default 1): their correctness runs and compiles overlap, "
+                        "and each timing has the GPU to itself")
     p.add_argument("--out", default=None, help="output folder (default: bench-out/<timestamp>/)")
     p.add_argument("--resume", action="store_true",
                    help="continue the bench in --out: keep its finished rows, bench the problems it lacks (or that errored)")

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from xeforge import sandbox, wire
+from xeforge import device_lock, sandbox, wire
 from xeforge.settings import load_settings
 
 # Only these variables reach a worker; anything that looks like a secret is dropped even if allow-listed.
@@ -175,8 +175,9 @@ class Worker:
             self.spawn()
         self._await_hello(120.0)
         try:
-            self._write({"op": op, **payload})
-            reply = self._read(timeout)
+            with device_lock.hold(op, self.device):  # lanes sharing this GPU: only a measurement has it alone
+                self._write({"op": op, **payload})
+                reply = self._read(timeout)
         except WorkerFailure:
             self.kill()
             raise
