@@ -137,3 +137,14 @@ def test_lanes_on_the_cpu_interpreter_are_refused_with_the_fix(tmp_path):
     with pytest.raises(UsageError):
         bench.run_bench(bench.BenchOptions(problems=[str(VADD)], device="cpu", lanes_per_gpu=0, out=tmp_path / "o"))
     assert not (tmp_path / "o").exists()  # refused before anything was written
+
+
+def test_lane_locks_live_in_the_bench_folder_unless_one_is_given(tmp_path, monkeypatch):
+    slots = bench.gpu_slots("cuda", 1, env={}, count=1, cpus=16, lanes=2)
+    monkeypatch.delenv(device_lock.ENV, raising=False)
+    own = bench.lane_locks(slots, tmp_path / "gpu-locks")
+    assert {s[device_lock.ENV] for s in own} == {str(tmp_path / "gpu-locks" / "cuda-0.lock")}
+    assert (tmp_path / "gpu-locks").is_dir()
+    monkeypatch.setenv(device_lock.ENV, "/tmp/shared-gpu0.lock")  # two benches on one machine
+    assert {s[device_lock.ENV] for s in bench.lane_locks(slots, tmp_path / "other")} == {"/tmp/shared-gpu0.lock"}
+    assert not (tmp_path / "other").exists()

@@ -13,12 +13,38 @@ from xeforge.problem import load_problem
 KERNELS = ROOT / "kernels"
 
 
-def test_blocks_behind_a_swizzled_grid_are_left_alone_with_a_reason():
+def test_blocks_of_a_1d_tile_grid_are_tunable_and_each_factor_follows_its_block():
+    """``grid = (cdiv(M, 128) * cdiv(N, 128),)`` with the kernel splitting program_id(0) into tile rows and columns
+    (here through a GROUP_SIZE_M swizzle): each cdiv factor is matched to its block by the tile axis it bounds."""
+    from xeforge.rewrite.tiling.configs import apply_config
+
     p = load_problem(KERNELS / "gemm_square")
     m = parse_kernel(p.kernel_source)
     names, why = tunable_names(m, target_site(m))
-    assert "BLOCK_M" not in names and "BLOCK_N" not in names and "BLOCK_K" in names
-    assert "cannot follow" in why["BLOCK_M"]
+    assert {"BLOCK_M", "BLOCK_N", "BLOCK_K"} <= set(names), why
+    out = apply_config(p.kernel_source, "matmul_kernel", {"BLOCK_M": 64, "BLOCK_N": 256})
+    assert "grid = (triton.cdiv(M, 64) * triton.cdiv(N, 256),)" in out
+    assert "BLOCK_M=64, BLOCK_N=256" in out
+    # a factor whose size is not a kernel argument cannot be matched: left alone, and the reason says why
+    odd = p.kernel_source.replace("triton.cdiv(N, 128)", "triton.cdiv(N + 0, 128)")
+    m = parse_kernel(odd)
+    names, why = tunable_names(m, target_site(m))
+    assert "BLOCK_M" in names and "BLOCK_N" not in names
+    assert "cannot follow" in why["BLOCK_N"] and "N + 0 is not an argument" in why["BLOCK_N"]
+
+
+def test_a_config_on_a_1d_tile_grid_passes_the_verifier_and_a_swapped_grid_does_not(verify):
+    """The direct style of the GEMM + GroupNorm problem (a literal 1D grid ``cdiv(M, 32) * cdiv(N, 32)``): a
+    configuration with different row and column blocks verifies; the same one with the grid's factors swapped
+    (fewer programs than tiles at the ci shape) is caught, so the check can fail."""
+    from xeforge.rewrite.tiling.configs import apply_config
+
+    p = load_problem(ROOT / "tests" / "fixtures" / "styles" / "linear_groupnorm" / "direct.py")
+    out = apply_config(p.kernel_source, "gemm_bias_kernel", {"BLOCK_M": 64, "BLOCK_N": 16, "BLOCK_K": 16})
+    assert "triton.cdiv(M, 64) * triton.cdiv(N, 16)" in out and "BLOCK_M=64, BLOCK_N=16, BLOCK_K=16" in out
+    assert verify(p, out).correct
+    swapped = out.replace("triton.cdiv(M, 64) * triton.cdiv(N, 16)", "triton.cdiv(M, 16) * triton.cdiv(N, 64)")
+    assert not verify(p, swapped).correct
 
 
 def test_candidates_resize_the_grid_with_the_blocks():

@@ -481,3 +481,52 @@ def test_group_norm_does_not_fold_a_kernel_that_covers_part_of_the_tensor():
     cand = propose("fuse-group-norm", p, src)[-1]
     assert "folded in" not in cand.description and "leaky_relu_double_kernel[" in cand.source
     assert "def group_norm_kernel(" in cand.source
+
+
+_AUTOTUNE_RUN = r"""
+import importlib.util, sys, torch
+spec = importlib.util.spec_from_file_location("cand", sys.argv[1])
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+tuner = mod.matmul_bias_kernel
+times = iter([3.0, 1.0, 3.0, 3.0] + [3.0] * 16)  # the second config (the widest column tile) wins
+
+
+def bench(fn, quantiles=None):  # every config runs once on the real buffers, as a GPU's benchmark would
+    fn()
+    t = next(times)
+    return [t, t, t]
+
+
+tuner.do_bench = bench
+torch.manual_seed(0)
+model = mod.Model(64, 160)
+x = torch.randn(24, 64)
+with torch.no_grad():
+    got = model(x)
+    want = torch.logsumexp(x @ model.fc.weight.T + model.fc.bias, dim=1, keepdim=True)
+print(len(tuner.configs), float((got - want).abs().max()), tuner.best_config.kwargs["BLOCK_SIZE_N"])
+"""
+
+
+def test_split_partials_of_an_autotuned_kernel_survive_its_autotuner(tmp_path):
+    """@triton.autotune runs every config on the same buffers before it picks one: a config with wider column
+    tiles writes fewer partial slots than a narrower one did, and the stale slots would be reduced too (on the H200
+    the autotune style's split candidate failed gate 2 so). The split rewrite restores the partials between
+    configs (``restore_value``). Run with the interpreter and a benchmark hook that runs each config once, as a
+    GPU's would, and picks the widest tile; without ``restore_value`` the result is wrong."""
+    p = problem(ROOT / "tests" / "fixtures" / "styles" / "linear_logsumexp" / "autotune.py")
+    src = propose("fuse-split-row-reduction", p)[-1].source
+    assert "restore_value=['part_ptr']" in src
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    errors = {}
+    for name, text in (("restored", src), ("stale", src.replace("    restore_value=['part_ptr'],\n", ""))):
+        path = tmp_path / f"{name}.py"
+        path.write_text(text)
+        out = subprocess.run([sys.executable, "-c", _AUTOTUNE_RUN, str(path)], capture_output=True, text=True,
+                             timeout=600, env={**env, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)})
+        assert out.returncode == 0, out.stderr[-2000:]
+        n, err, chosen = out.stdout.split()
+        assert int(n) >= 2 and chosen == "256", out.stdout  # several configs ran; the widest was chosen
+        errors[name] = float(err)
+    assert errors["restored"] < 1e-3 and errors["stale"] > 0.1, errors

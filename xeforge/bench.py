@@ -833,9 +833,8 @@ def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
         raise UsageError("--redo", "re-benches problems of an earlier run, so it needs --resume",
                          "add --resume and the earlier run's --out")
     out, kept, earlier, before = _prepare_out(opt, device)
-    if opt.lanes_per_gpu > 1:  # the lanes of one GPU share a lock file in the bench's folder
-        (out / "gpu-locks").mkdir(exist_ok=True)
-        slots = [{k: str(out / "gpu-locks" / v) if k == device_lock.ENV else v for k, v in s.items()} for s in slots]
+    if opt.lanes_per_gpu > 1:
+        slots = lane_locks(slots, out / "gpu-locks")
     if opt.redo:
         again = {str(p) for p in paths}
         kept = [r for r in kept if r["path"] not in again]
@@ -999,6 +998,16 @@ def gpu_slots(kind: str, n: int, env: dict[str, str] | None = None, count: int |
         for s in slots:
             s["TORCHINDUCTOR_COMPILE_THREADS"] = share
     return slots
+
+
+def lane_locks(slots: list[dict[str, str]], folder: Path) -> list[dict[str, str]]:
+    """The lanes' lock files made real: in ``folder`` (created), or the ``XEFORGE_GPU_LOCK`` the bench was started
+    with, so several benches on one machine share one lock (every GPU's timing then queues on it)."""
+    given = device_lock.lock_path()
+    if not given:
+        folder.mkdir(parents=True, exist_ok=True)
+    return [{k: (given or str(folder / Path(v).name)) if k == device_lock.ENV else v for k, v in s.items()}
+            for s in slots]
 
 
 def child_argv(opt: BenchOptions, problem: Path, device_kind: str, out: Path) -> list[str]:

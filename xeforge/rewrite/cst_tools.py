@@ -217,6 +217,7 @@ class Edits:
     ``plain_calls[line]``: the same for a ``torch.*`` call (an allocation) on that line.
     ``tuples[line]``: rewrites a tuple display (a launch grid) on that line.
     ``params[fn]``: parameters added to function ``fn`` before its first ``tl.constexpr`` parameter.
+    ``autotune[fn]``: a function that rewrites the ``@triton.autotune(...)`` decorator call of function ``fn``.
     ``remove_functions``: top-level functions deleted.
     """
 
@@ -226,6 +227,7 @@ class Edits:
     plain_calls: dict[int, Callable[[cst.Call], cst.Call]] = field(default_factory=dict)
     tuples: dict[int, Callable[[cst.Tuple], cst.Tuple | None]] = field(default_factory=dict)
     params: dict[str, list[str]] = field(default_factory=dict)
+    autotune: dict[str, Callable[[cst.Call], cst.Call]] = field(default_factory=dict)
     remove_functions: set[str] = field(default_factory=set)
 
 
@@ -302,10 +304,19 @@ class _Apply(cst.CSTTransformer):
         return updated
 
     def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
-        new = self.e.params.get(original.name.value)
+        name = original.name.value
+        tune = self.e.autotune.get(name)
+        if tune is not None:
+            decs = list(updated.decorators)
+            for i, d in enumerate(decs):
+                if isinstance(d.decorator, cst.Call) and (dotted(d.decorator.func) or "").rsplit(".", 1)[-1] == "autotune":
+                    decs[i] = d.with_changes(decorator=tune(d.decorator))
+                    self.done.add(f"autotune:{name}")
+            updated = updated.with_changes(decorators=decs)
+        new = self.e.params.get(name)
         if not new:
             return updated
-        self.done.add(f"params:{original.name.value}")
+        self.done.add(f"params:{name}")
         return updated.with_changes(params=add_params(updated.params, new))
 
 
@@ -317,7 +328,7 @@ def apply_edits(source: str, edits: Edits, parsed: Parsed | None = None) -> str:
     wanted = ({f"replace:{k}" for k in edits.replace} | {f"insert:{k}" for k in edits.insert_after}
               | {f"call:{k}" for k in edits.calls} | {f"plain:{k}" for k in edits.plain_calls}
               | {f"tuple:{k}" for k in edits.tuples} | {f"params:{k}" for k in edits.params if edits.params[k]}
-              | {f"remove:{k}" for k in edits.remove_functions})
+              | {f"remove:{k}" for k in edits.remove_functions} | {f"autotune:{k}" for k in edits.autotune})
     missing = wanted - tr.done
     if missing:
         raise LookupError(f"rewrite targets not found: {', '.join(sorted(missing))}")
@@ -377,6 +388,34 @@ def add_params(params: cst.Parameters, names: list[str]) -> cst.Parameters:
     at = next((i for i, p in enumerate(items) if _is_constexpr(p)), len(items))
     items = _insert_after(items, at, [cst.Param(cst.Name(n)) for n in plain]) if plain else items
     return params.with_changes(params=_insert_after(items, len(items), annotated) if annotated else items)
+
+
+def add_to_list_kwarg(call: cst.Call, key: str, item: str) -> cst.Call:
+    """``call`` with ``item`` (an expression source) appended to its list keyword ``key`` (``key=[item]`` when it has
+    none); a ``key`` that is not a list display cannot be extended and raises LookupError."""
+    for i, a in enumerate(call.args):
+        if a.keyword is not None and a.keyword.value == key:
+            if not isinstance(a.value, cst.List):
+                raise LookupError(f"{key}= is not a list the rewrite can extend")
+            if any((code(e.value) if isinstance(e, cst.Element) else "") == item for e in a.value.elements):
+                return call
+            elems = list(a.value.elements)
+            if elems:
+                elems[-1] = elems[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+            elems.append(cst.Element(expr(item)))
+            args = list(call.args)
+            args[i] = a.with_changes(value=a.value.with_changes(elements=elems))
+            return call.with_changes(args=args)
+    args = list(call.args)
+    eq = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+    arg = cst.Arg(keyword=cst.Name(key), value=expr(f"[{item}]"), equal=eq)
+    if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma) and args[-1].keyword is not None:
+        # before the last argument, with the separator the one before it has: a call laid out one argument a line
+        # keeps its layout
+        return call.with_changes(args=[*args[:-1], arg.with_changes(comma=args[-2].comma), args[-1]])
+    if args:
+        args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    return call.with_changes(args=[*args, arg])
 
 
 def set_call_kwargs(call: cst.Call, kwargs: dict[str, str]) -> cst.Call:

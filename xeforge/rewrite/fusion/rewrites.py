@@ -40,7 +40,7 @@ import libcst as cst
 from xeforge.kernel_model import LaunchSite, axis_blocks, dotted_name, literal
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.context import Ctx, dead_code, fresh_namer, loads, pure_stmt
-from xeforge.rewrite.cst_tools import (Edits, Substitute, apply_edits, body_statements, code, names_in, rename,
+from xeforge.rewrite.cst_tools import (Edits, Substitute, add_to_list_kwarg, apply_edits, body_statements, code, names_in, rename,
                                        set_call_kwargs, small, statements)
 from xeforge.analysis.launches import live_launches
 from xeforge.analysis.forward_env import Val
@@ -836,6 +836,10 @@ def _apply_split(c: Ctx, ch: Chain, site: LaunchSite) -> tuple[str, str]:
         edits.params[site.kernel].append(f"{ch.pool['param']}: tl.constexpr")
         kwargs[ch.pool["param"]] = ch.pool["size"]
     edits.calls[site.line] = lambda call: set_call_kwargs(call, kwargs)
+    if c.model.functions[site.kernel].is_autotuned:
+        # the autotuner runs every config on the same buffers: a config with wider column tiles writes fewer slots,
+        # so the slots a narrower config wrote before it would be summed in too; it restores the partials instead
+        edits.autotune[site.kernel] = lambda call: add_to_list_kwarg(call, "restore_value", repr(part_ptr))
     try:
         new = apply_edits(c.source, edits, c.parsed)
     except LookupError as exc:

@@ -26,9 +26,10 @@ from xeforge.analysis.observe import traces
 from xeforge.analysis.launches import (Binding, autotune_configs, bindings, block_params, expression_uses,
                                        launch_options)
 from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, axis_blocks, literal, parse_kernel
-from xeforge.rewrite.tiling import NotApplicable
+from xeforge.rewrite.tiling import KernelAnalysis, NotApplicable
 from xeforge.kb.roles import first_int
-from xeforge.rewrite.tiling.grid import _cdiv_args, launch_grid, launched_kernels_gemm_first, single_launch
+from xeforge.rewrite.tiling.grid import (GridInfo, GridTranslator, _cdiv_args, launch_grid, launched_kernels_gemm_first,
+                                         single_launch)
 from xeforge.rewrite.tiling.edit import LaunchEdit, edit_launch
 
 #: launch options a configuration may carry besides constexprs
@@ -69,12 +70,69 @@ def _axis_follows(model: KernelModel, site: LaunchSite, grid: Any, axis: int, na
     return bd.expr is not None and src == bd.expr.strip()
 
 
+def product_blocks(model: KernelModel, site: LaunchSite, grid: GridInfo | None) -> tuple[dict[str, int], str]:
+    """Block constexpr -> grid axis, for axes written as a product of ``cdiv(size, block)`` factors (the 1D tile
+    grid ``cdiv(M, 32) * cdiv(N, 32)`` of a kernel that splits ``tl.program_id(0)`` into tile rows and columns),
+    each factor matched to its block by :class:`GridTranslator` (the size is the bound of that block's tile axis);
+    and, when a product cannot be read, why."""
+    if grid is None or not any(isinstance(el, ast.BinOp) and isinstance(el.op, ast.Mult) for el in grid.elements):
+        return {}, ""
+    try:
+        tr = GridTranslator(model, site, KernelAnalysis(model.functions[site.kernel]), grid)
+        out: dict[str, int] = {}
+        unread = []
+        for ax, el in enumerate(grid.elements):
+            if isinstance(el, ast.BinOp) and isinstance(el.op, ast.Mult):
+                for blk in tr.blocks_in(el):
+                    out[blk] = ax
+                for node in ast.walk(el):
+                    cd = _cdiv_args(node)
+                    num = (ast.get_source_segment(model.source, cd[0]) or "").strip() if cd else ""
+                    if cd and num not in tr.host_to_param:
+                        unread.append(f"grid size {num} is not an argument of {site.kernel}")
+        return out, "; ".join(unread)
+    except NotApplicable as exc:
+        return {}, str(exc)
+
+
+def _product_text(source: str, model: KernelModel, site: LaunchSite, grid: GridInfo, el: ast.expr,
+                  new: dict[str, Any]) -> str:
+    """Grid element ``el`` (a product of cdiv factors) with the divisor of each factor whose block is in ``new``
+    set to its new value; the rest of the text as written."""
+    tr = GridTranslator(model, site, KernelAnalysis(model.functions[site.kernel]), grid)
+    lines = source.splitlines(keepends=True)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+
+    def offset(lineno: int, col: int) -> int:
+        return starts[lineno - 1] + col
+
+    base = offset(el.lineno, el.col_offset)
+    text = source[base:offset(el.end_lineno, el.end_col_offset)]
+    repl = []
+    for node in ast.walk(el):
+        cd = _cdiv_args(node)
+        if cd is None or (grid.kind == "lambda" and isinstance(cd[1], ast.Subscript)):
+            continue
+        param = tr.host_to_param.get((ast.get_source_segment(source, cd[0]) or "").strip())
+        blk = tr.block_of(param, cd[1]) if param else None
+        if blk in new:
+            div = cd[1]
+            repl.append((offset(div.lineno, div.col_offset) - base, offset(div.end_lineno, div.end_col_offset) - base,
+                         repr(new[blk])))
+    for a, b, r in sorted(repl, reverse=True):
+        text = text[:a] + r + text[b:]
+    return text
+
+
 def tunable_names(model: KernelModel, site: LaunchSite) -> tuple[list[str], dict[str, str]]:
     """Block-size constexprs at ``site`` a configuration may change, and why each other one is left alone.
 
     A block size is tunable when the launch gives it one constant value (a literal, or an expression such as a
     variable or module constant whose value the code or every trace fixes: a new literal replaces it at the
-    launch) that is a power of two, and the grid axis it scales is ``cdiv(..., <that block>)``.
+    launch) that is a power of two, and the grid axis it scales is ``cdiv(..., <that block>)`` — or a factor of
+    a product axis ``cdiv(M, <BLOCK_M>) * cdiv(N, <BLOCK_N>)`` (:func:`product_blocks`).
     """
     fn = model.functions[site.kernel]
     axes = axis_blocks(fn)
@@ -88,6 +146,10 @@ def tunable_names(model: KernelModel, site: LaunchSite) -> tuple[list[str], dict
             if n in binds and binds[n].value in unexplained:
                 unexplained.remove(binds[n].value)
                 break
+    products, unread = product_blocks(model, site, grid)
+    for n in products:
+        if n in binds and binds[n].value in unexplained:
+            unexplained.remove(binds[n].value)
     ok, why = [], {}
     blocks = block_params(fn)
     for name in fn.constexpr_params:
@@ -108,9 +170,12 @@ def tunable_names(model: KernelModel, site: LaunchSite) -> tuple[list[str], dict
                              f"{site.function} (a new value at the launch would leave it behind)")
                 continue
         coupled = [ax for ax, names in axes.items() if name in names]
+        if not coupled and name in products:
+            ok.append(name)  # a factor of a product grid axis: apply_config rewrites that factor
+            continue
         if not coupled and bd.value in unexplained:
             why[name] = (f"{name}={bd.value} may size the grid (cdiv(..., {bd.value}) at the launch) through an index "
-                         "computation the search cannot follow")
+                         "computation the search cannot follow" + (f" ({unread})" if unread else ""))
             continue
         if coupled and not _axis_follows(model, site, grid, coupled[0], name, bd):
             why[name] = f"{name} sizes grid axis {coupled[0]}, whose size at line {site.line} is not cdiv(..., {name})"
@@ -203,7 +268,8 @@ def kb_configs(ctx: Any, source: str, kernel: str, limit: int, include_current: 
 
 def apply_config(source: str, kernel: str, cfg: dict[str, Any]) -> str:
     """``source`` with ``cfg`` set at the launch of ``kernel``; the grid axes the changed blocks scale follow them
-    (``cdiv(M, 64)`` -> ``cdiv(M, 128)``; ``cdiv(M, bm)`` with ``BM=bm`` -> both literal; ``META["BM"]`` as is)."""
+    (``cdiv(M, 64)`` -> ``cdiv(M, 128)``; ``cdiv(M, bm)`` with ``BM=bm`` -> both literal; ``META["BM"]`` as is;
+    the factors of a 1D tile grid ``cdiv(M, 32) * cdiv(N, 32)`` each with its own block)."""
     model = parse_kernel(source)
     site = single_launch(model, kernel)
     fn = model.functions[kernel]
@@ -219,7 +285,9 @@ def apply_config(source: str, kernel: str, cfg: dict[str, Any]) -> str:
     axes = axis_blocks(fn)
     grid = launch_grid(model, site)
     changed = {ax: keep[n] for n in changed_names for ax, ax_names in axes.items() if n in ax_names}
-    if changed:
+    products = product_blocks(model, site, grid)[0]
+    factors = {n: keep[n] for n in changed_names if n in products and not any(n in v for v in axes.values())}
+    if changed or factors:
         if grid is None:
             raise NotApplicable("the grid is not a tuple or a lambda of cdiv(..., BLOCK) axes")
         elems, touched = [], False
@@ -231,6 +299,10 @@ def apply_config(source: str, kernel: str, cfg: dict[str, Any]) -> str:
                 num = ast.get_source_segment(source, cd[0]) or ast.unparse(cd[0])
                 text = f"{func}({num}, {changed[ax]})"
                 touched = True
+            elif any(products[n] == ax for n in factors):
+                new = _product_text(source, model, site, grid, el, factors)
+                touched = touched or new != text
+                text = new
             elems.append(text)
         if touched:
             new = "(" + ", ".join(elems) + ("," if len(elems) == 1 else "") + ")"
