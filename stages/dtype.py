@@ -10,10 +10,12 @@ Owns: this stage's goal, its issue detectors and four deterministic tactics, eac
 - ``fp32-accumulator``: a dot accumulating in fp16/bf16 accumulates in fp32.
 - ``fp64-to-fp32``: fp64 arithmetic becomes fp32 when no input of any variant is fp64.
 
-Which inputs are 16-bit comes from the spec's variant dtypes (the verifier casts floating inputs and the
-Model to the variant's dtype). No tactic lowers precision below the inputs': a GEMM on fp32 inputs is
-never moved to tf32/bf16 here, whatever the spec's ``precision`` says — that is a numerics trade the
-verifier's fp32 tolerances would not accept, and it is left to the llm engine and a spec that asks for it.
+Which operands are 16-bit comes from the spec's variant dtypes (the verifier casts floating inputs and the
+Model to the variant's dtype), as each variant's trace shows them at the kernel's launch: a variant whose trace
+fails or does not launch the kernel leaves them unknown, and the tactic says so. No tactic lowers precision
+below the inputs': a GEMM on fp32 inputs is never moved to tf32/bf16 here, whatever the spec's ``precision``
+says — that is a numerics trade the verifier's fp32 tolerances would not accept, and it is left to the llm
+engine and a spec that asks for it.
 """
 
 from __future__ import annotations

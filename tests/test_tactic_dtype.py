@@ -2,7 +2,8 @@
 
 Each tactic rewrites its target shape (bundled problems and fixtures under tests/fixtures/tactics/dtype), the
 rewrite passes ``Verifier.verify``, and shapes it does not cover are left untouched with a reason. The
-precision contract is checked too: which operands are 16-bit comes from the spec's variants, and nothing is
+precision contract is checked too: which operands are 16-bit comes from the spec's variants as each variant's
+trace shows them (no trace of the kernel: not known, and the reason says why), and nothing is
 ever lowered below the inputs' precision (not even under a spec that would allow it). gemm_relu's rewrites
 are verified end to end by the port test in tests/test_tactic_fusion.py.
 """
@@ -13,6 +14,7 @@ import difflib
 import shutil
 from pathlib import Path
 
+import pytest
 
 from stages import dtype
 from stages.base import StageContext
@@ -107,6 +109,54 @@ def test_already_direct_operands_say_so():
     assert not acc.applies and "no `acc += tl.dot(a, b)`" in acc.reason
 
 
+# ------------------------------------------------------------------------------------------------ dtypes from the trace
+STYLES = FIXTURES / "styles" / "linear_relu"
+
+
+def test_a_kernel_launched_from_a_wrapper_gets_its_dtypes_from_the_trace():
+    from xeforge.rewrite.context import Ctx
+    from xeforge.rewrite.dtype import param_dtypes
+
+    p = load_problem(STYLES / "wrapper.py")  # forward calls linear_relu(x, ...), which launches fc_relu
+    c = Ctx(p.kernel_source, p)
+    assert [(s.kernel, s.function) for s in c.model.launches] == [("fc_relu", "linear_relu")]
+    for ptr in ("x_ptr", "w_ptr"):  # the input, and the Model's weight cast with it
+        assert param_dtypes(c, "fc_relu", ptr) == {"ci": "float32", "bench-gpu": "bfloat16"}
+    app = TACTIC["drop-upcast-before-dot"].check(context(p))
+    assert app.applies and "bfloat16" in app.reason, app.reason
+
+
+# forward as gemm_relu has it, and two ways for the bf16 variants to leave the dtypes of the operands unknown
+_FORWARD = "        w = self.linear.weight\n"
+UNTRACEABLE = {
+    # .item() on the meta device fails: bf16 variants cannot be traced (ci, fp32, short-circuits and traces)
+    "trace-fails": (_FORWARD + "        if x.dtype == torch.bfloat16 and x.abs().max().item() > 1e4:\n"
+                               "            raise ValueError('out of range')\n",
+                    "forward could not be traced on the meta device at bench-gpu: ", ".item()"),
+    # the bf16 variants compute in torch: their traces launch no matmul_kernel
+    "no-launch": (_FORWARD + "        if x.dtype == torch.bfloat16:\n            return torch.relu(x @ w.t())\n",
+                  "bench-gpu's trace has no launch of matmul_kernel", ""),
+}
+
+
+@pytest.mark.parametrize("case", list(UNTRACEABLE))
+def test_a_variant_without_a_trace_of_the_kernel_leaves_its_dtypes_unknown(case):
+    """No static guess stands in for a trace: the static reading of this forward says bf16 at bench-gpu (the launch
+    is in forward, x and the weight are the variant's dtype), but what the kernel is given there is not known."""
+    edit, reason, quoted = UNTRACEABLE[case]
+    p = load_problem(KERNELS / "gemm_relu")
+    src = p.kernel_source.replace(_FORWARD, edit)
+    assert src != p.kernel_source
+    ctx = context(p, src)
+    app = TACTIC["drop-upcast-before-dot"].check(ctx)
+    assert not app.applies
+    assert "matmul_kernel line " in app.reason and "the element type of a_ptr, b_ptr is not known in bench-gpu " \
+        "(and bench-gpu-1, bench-gpu-2): " + reason in app.reason, app.reason
+    assert quoted in app.reason and "known from forward" not in app.reason and len(app.reason) < 400, app.reason
+    assert TACTIC["drop-upcast-before-dot"].propose(ctx) == []
+    assert not [i for i in dtype.STAGE.detect(ctx) if i.code == "upcast-before-dot"]  # nothing claimed either
+
+
 # ------------------------------------------------------------------------------------------------ accumulators
 def test_16_bit_accumulator_becomes_fp32(verify):
     p = load_problem(DTYPE / "acc16")
@@ -144,6 +194,14 @@ def test_fp64_kept_when_the_spec_has_fp64_inputs(tmp_path):
     app = TACTIC["fp64-to-fp32"].check(ctx)
     assert not app.applies and "fp64 inputs in ci" in app.reason
     assert TACTIC["fp64-to-fp32"].propose(ctx) == []
+
+
+def test_fp64_kept_when_the_spec_declares_fp64_inputs(tmp_path):
+    # no variant dtype: the inputs are generated as declared (xeforge.problem.plan_inputs), fp64 here
+    root = variant_of(tmp_path, DTYPE / "rowsum_fp64", **{"    dtype: float32\n    dims": "    dims",
+                                                          "dtype: float32\ninits": "dtype: float64\ninits"})
+    app = TACTIC["fp64-to-fp32"].check(context(load_problem(root)))
+    assert not app.applies and "fp64 inputs in ci, bench-gpu" in app.reason, app.reason
 
 
 def test_no_fp64_no_proposal():

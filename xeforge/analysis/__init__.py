@@ -9,7 +9,8 @@
   cached per source.
 - :mod:`xeforge.analysis.launches` — the launch facts read from both: block sizes by use, each constexpr's and
   option's value and where it comes from, the kernels that really run, autotune configs.
-- :mod:`xeforge.analysis.forward_env` — ``forward`` read statically (symbolic shapes and dtypes of what it passes to
-  a launch), for the dtype and fusion rewrites, which edit forward's statements.
+- :mod:`xeforge.analysis.forward_env` — ``forward`` read statically (symbolic shapes, bindings and canonical sources
+  of what it passes to a launch), for the fusion rewrites, which write code into forward's statements; dtypes are
+  the trace's.
 - :mod:`xeforge.kernel_model` — the static model of the source (gate 1, and what needs no execution).
 """

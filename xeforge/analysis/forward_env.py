@@ -1,11 +1,18 @@
-"""What ``Model.forward`` holds, statically: tensors with symbolic shapes and dtypes, scalars, module aliases.
+"""What ``Model.forward`` holds, statically: tensors with symbolic shapes, scalars, module aliases, bindings.
 
 Owns: a small abstract interpretation of ``Model.__init__`` and the top-level statements of ``Model.forward``
-(``ast``, read-only). Shapes are tuples of spec dim names (``"M"``, ``"N"``), ints or None; a dtype is a
-torch dtype name, or follows the variant (the verifier casts the Model to the variant's dtype and generates
-floating inputs in it). The dtype and fusion tactics use it to learn which element type a kernel pointer
-has in each variant, whether two tensors have the same shape, which Model attributes are scalars,
-per-column vectors or one-element tensors, and what value each dim takes at the bench shapes.
+(``ast``, read-only), for the fusion rewrites, which *write* code into forward and so need what the trace cannot
+give them (the trace has concrete values of one call only): shapes as tuples of spec dim names (``"M"``,
+``"N"``), ints or None, so that two tensors are known to have the same shape at every size and a generated
+kernel can be sized by name; contiguity; which Model attributes are scalars, per-column vectors or one-element
+tensors; the argument expression bound to each kernel parameter at a launch (:meth:`ForwardEnv.binding`);
+which names each top-level statement binds; the canonical source of an expression (local aliases of ``self.*``
+resolved, :meth:`ForwardEnv.canonical`); and what value each dim takes at a variant.
+
+Not dtypes: which element type a tensor has in a variant is read from that variant's trace
+(:func:`xeforge.rewrite.dtype.param_dtypes`) and which dtype a forward input has from the spec
+(:func:`xeforge.problem.plan_inputs`). A cast (``.float()``, ``.half()``, ``.to(...)``) is a tensor of its
+base's shape here.
 """
 
 from __future__ import annotations
@@ -17,20 +24,16 @@ from typing import Any
 
 from xeforge.kernel_model import KernelModel, LaunchSite, dotted_name, is_literal, literal
 
-VARIANT = "$variant"  # dtype that follows the variant (Model parameters after .to(dtype))
-FLOAT_NAMES = {"float16": "float16", "half": "float16", "bfloat16": "bfloat16", "float32": "float32",
-               "float": "float32", "float64": "float64", "double": "float64"}
 ALLOC = {"empty", "zeros", "ones", "full", "rand", "randn", "empty_strided"}
 ALLOC_LIKE = {"empty_like", "zeros_like", "ones_like", "full_like"}
 
 
 @dataclass(frozen=True)
 class Val:
-    """An abstract value: a tensor (shape, dtype, contiguity), a scalar (its dim or literal), or a module."""
+    """An abstract value: a tensor (shape, contiguity), a shape, a scalar (its dim or literal), or a module."""
 
-    kind: str  # tensor | scalar | module | unknown
+    kind: str  # tensor | shape | scalar | module | unknown
     shape: tuple | None = None
-    dtype: str | None = None  # "float32"... | VARIANT | "$input:<name>" | None
     contiguous: bool = False
     value: Any = None  # scalar: spec dim name, int/float literal, or None
     src: str = ""  # canonical source (aliases resolved to self.* / forward params)
@@ -43,13 +46,6 @@ class Val:
 
 
 UNKNOWN = Val("unknown")
-
-
-def _dtype_name(node: ast.AST | None) -> str | None:
-    name = dotted_name(node) if node is not None else None
-    if name and name.startswith("torch."):
-        return FLOAT_NAMES.get(name[len("torch."):], name[len("torch."):])
-    return None
 
 
 @dataclass
@@ -110,12 +106,12 @@ class ModelAttrs:
                     if (dotted_name(inner.func) or "").endswith("tensor"):
                         v = literal(inner.args[0]) if inner.args else None
                         shape = () if isinstance(v, (int, float)) else (len(v),) if isinstance(v, list) else None
-                    self.attrs[attr] = Val("tensor", shape, VARIANT, True, src=f"self.{attr}")
+                    self.attrs[attr] = Val("tensor", shape, contiguous=True, src=f"self.{attr}")
                 else:
-                    self.attrs[attr] = Val("tensor", None, VARIANT, True, src=f"self.{attr}")
+                    self.attrs[attr] = Val("tensor", None, contiguous=True, src=f"self.{attr}")
                 return
             if buffer and last in ALLOC:
-                self.attrs[attr] = Val("tensor", self._shape(list(value.args)), VARIANT, True, src=f"self.{attr}")
+                self.attrs[attr] = Val("tensor", self._shape(list(value.args)), contiguous=True, src=f"self.{attr}")
                 return
             if last == "Linear":
                 i = self.dim(pos[0]) if pos else self.dim(kw.get("in_features"))
@@ -123,9 +119,9 @@ class ModelAttrs:
                 bias = literal(pos[2]) if len(pos) > 2 else literal(kw["bias"]) if "bias" in kw else True
                 self.attrs[attr] = Val("module", module="Linear", src=f"self.{attr}")
                 self.attrs[f"{attr}.weight"] = Val("tensor", (o, i) if o is not None and i is not None else None,
-                                                   VARIANT, True, src=f"self.{attr}.weight")
+                                                   contiguous=True, src=f"self.{attr}.weight")
                 if bias is not False:
-                    self.attrs[f"{attr}.bias"] = Val("tensor", (o,) if o is not None else None, VARIANT, True,
+                    self.attrs[f"{attr}.bias"] = Val("tensor", (o,) if o is not None else None, contiguous=True,
                                                      src=f"self.{attr}.bias")
                 return
             if last in {"BatchNorm1d", "GroupNorm", "LayerNorm"}:
@@ -136,8 +132,7 @@ class ModelAttrs:
                 self.attrs[attr] = Val("module", module=last, src=f"self.{attr}")
                 members = ("weight", "bias") + (("running_mean", "running_var") if last == "BatchNorm1d" else ())
                 for m in members:
-                    self.attrs[f"{attr}.{m}"] = Val("tensor", (n,) if n is not None else None,
-                                                    VARIANT if m in ("weight", "bias") else "float32", True,
+                    self.attrs[f"{attr}.{m}"] = Val("tensor", (n,) if n is not None else None, contiguous=True,
                                                     src=f"self.{attr}.{m}")
                 eps = literal(kw["eps"]) if "eps" in kw else (literal(pos[2]) if last == "GroupNorm" and len(pos) > 2
                                                              else 1e-5)
@@ -213,7 +208,7 @@ class ForwardEnv:
         if name in self.params:
             inp = self.problem.spec.inputs.get(self.input_names.get(name, ""))
             shape = tuple(inp.shape) if inp is not None else None
-            return Val("tensor", shape, f"$input:{name}", True, src=name)
+            return Val("tensor", shape, contiguous=True, src=name)
         return UNKNOWN
 
     def assigned_between(self, start: int, end: int) -> set[str]:
@@ -231,13 +226,10 @@ class ForwardEnv:
             if node.attr == "shape":
                 base = self.eval(node.value, line)
                 return Val("shape", base.shape, src=f"{base.src}.shape")
-            if node.attr == "dtype":
-                base = self.eval(node.value, line)
-                return Val("dtype", dtype=base.dtype, src=f"{base.src}.dtype")
             if node.attr == "T" or node.attr == "mT":
                 base = self.eval(node.value, line)
                 sh = tuple(reversed(base.shape)) if base.shape else None
-                return Val("tensor", sh, base.dtype, False, src=f"{base.src}.{node.attr}")
+                return Val("tensor", sh, contiguous=False, src=f"{base.src}.{node.attr}")
             base = self.eval(node.value, line)
             if base.src.startswith("self") and base.kind in ("module", "unknown") or base.src == "self":
                 key = f"{base.src}.{node.attr}"[len("self."):] if base.src != "self" else node.attr
@@ -261,7 +253,6 @@ class ForwardEnv:
     def _call(self, node: ast.Call, line: int | None) -> Val:
         name = dotted_name(node.func) or ""
         last = name.rsplit(".", 1)[-1] if name else (node.func.attr if isinstance(node.func, ast.Attribute) else "")
-        kw = {k.arg: k.value for k in node.keywords if k.arg}
         if name.startswith("torch.") and last in ALLOC:
             shape_args = [a for a in node.args if not isinstance(a, ast.Starred)]
             if last == "full":
@@ -269,27 +260,19 @@ class ForwardEnv:
             if len(shape_args) == 1 and isinstance(shape_args[0], (ast.Tuple, ast.List)):
                 shape_args = list(shape_args[0].elts)
             shape = tuple(self._dim(a, line) for a in shape_args)
-            dtype = self._dtype(kw.get("dtype"), line) if "dtype" in kw else "float32"
-            return Val("tensor", shape if all(d is not None for d in shape) else None, dtype,
+            return Val("tensor", shape if all(d is not None for d in shape) else None,
                        contiguous=last != "empty_strided", src="", line=line or 0)
         if name.startswith("torch.") and last in ALLOC_LIKE and node.args:
             base = self.eval(node.args[0], line)
-            dtype = self._dtype(kw["dtype"], line) if "dtype" in kw else base.dtype
-            return Val("tensor", base.shape, dtype, base.contiguous, src="", line=line or 0)
+            return Val("tensor", base.shape, contiguous=base.contiguous, src="", line=line or 0)
         if isinstance(node.func, ast.Attribute):
             base = self.eval(node.func.value, line)
             if base.is_tensor:
-                if last in ("float",):
-                    return Val("tensor", base.shape, "float32", base.contiguous, src=base.src)
-                if last in ("half",):
-                    return Val("tensor", base.shape, "float16", base.contiguous, src=base.src)
-                if last in ("bfloat16",):
-                    return Val("tensor", base.shape, "bfloat16", base.contiguous, src=base.src)
-                if last == "to" and node.args:
-                    d = self._dtype(node.args[0], line)
-                    return Val("tensor", base.shape, d, base.contiguous, src=base.src) if d else UNKNOWN
+                if last in ("float", "half", "bfloat16") or (last == "to" and node.args):
+                    # a cast (or a move): the same shape; which dtype it has is the trace's to say
+                    return Val("tensor", base.shape, contiguous=base.contiguous, src=base.src)
                 if last == "contiguous":
-                    return Val("tensor", base.shape, base.dtype, True, src=base.src)
+                    return Val("tensor", base.shape, contiguous=True, src=base.src)
                 if last in ("size",) and node.args:
                     idx = literal(node.args[0])
                     if base.shape is not None and isinstance(idx, int) and -len(base.shape) <= idx < len(base.shape):
@@ -304,30 +287,7 @@ class ForwardEnv:
         v = self.eval(node, line)
         return v.value if v.kind == "scalar" else None
 
-    def _dtype(self, node: ast.AST | None, line: int | None) -> str | None:
-        if node is None:
-            return None
-        d = _dtype_name(node)
-        if d:
-            return d
-        v = self.eval(node, line)
-        return v.dtype if v.kind == "dtype" else None
-
     # -- queries ---------------------------------------------------------------------------------------
-    def dtype_in(self, dtype: str | None, variant: Any) -> str | None:
-        """The concrete torch dtype name of ``dtype`` in ``variant``."""
-        if dtype is None:
-            return None
-        if dtype == VARIANT:
-            return variant.dtype or "float32"
-        if dtype.startswith("$input:"):
-            param = dtype[len("$input:"):]
-            inp = self.problem.spec.inputs.get(self.input_names.get(param, ""))
-            if inp is None:
-                return None
-            return variant.dtype if (variant.dtype and inp.dtype in FLOAT_NAMES.values()) else inp.dtype
-        return dtype
-
     def dim_value(self, dim: Any, variant: Any) -> int | None:
         if isinstance(dim, int):
             return dim

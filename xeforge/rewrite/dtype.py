@@ -15,6 +15,12 @@ Owns:
   becomes fp32 when no variant has fp64 inputs: fp64 is beyond every precision contract the spec can state
   for lower-precision inputs (``strict`` keeps the *input's* precision).
 
+Which element type a kernel pointer has in a variant is read from that variant's trace only
+(:func:`param_readings`, :mod:`xeforge.analysis.observe`), wherever the kernel is launched from; where the trace
+failed or has no launch of the kernel the dtype is not known, the rewrite that needs it does not apply, and its
+reason names the variant and the trace's reason. Which dtype a forward input has comes from the spec
+(:func:`xeforge.problem.plan_inputs`). Nothing here reads dtypes from the static model of forward.
+
 None of them lowers precision below the inputs': lowering an fp32 GEMM to tf32/bf16 is never proposed here.
 """
 
@@ -22,12 +28,13 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import libcst as cst
 
 from xeforge.analysis.observe import traces
 from xeforge.analysis.trace import Trace
+from xeforge.problem import plan_inputs
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.context import Ctx
 from xeforge.rewrite.cst_tools import Edits, apply_edits, arg, call_name, code, dotted, is_tl, set_call_kwargs, walk
@@ -42,36 +49,84 @@ def _variants(c: Ctx) -> dict[str, Any]:
     return dict(c.problem.spec.variants)
 
 
-def param_dtypes(c: Ctx, kernel: str, param: str) -> dict[str, str | None]:
-    """The element dtype of pointer ``param`` of ``kernel`` in each variant (None where unknown).
+#: how much of a trace's failure a reason quotes
+REASON_CHARS = 200
 
-    Read from the trace of the source at each variant (what the kernel was really given, wherever it is launched
-    from: a wrapper, a method, an autograd Function); where a variant has no trace of that kernel, from the static
-    reading of forward.
-    """
 
+class Reading(NamedTuple):
+    """The element dtype of one pointer parameter in one variant, or None and why it is not known."""
+
+    dtype: str | None
+    why: str = ""
+
+
+def _traces(c: Ctx) -> dict[str, Trace | str]:
     try:
-        traced = traces(c.problem, c.source)
-    except Exception:  # noqa: BLE001 — a problem the trace cannot describe falls back to the static reading
-        traced = {}
-    sites = c.launches_of(kernel)
-    out: dict[str, str | None] = {}
-    for vname, var in _variants(c).items():
-        t = traced.get(vname)
-        if isinstance(t, Trace) and t.launches_of(kernel):
-            ds = t.arg_dtypes(kernel, param)
-            out[vname] = ds.pop() if len(ds) == 1 else None
+        return traces(c.problem, c.source)
+    except Exception as exc:  # noqa: BLE001 — a problem the trace cannot describe is a reason, not a crash
+        why = f"forward could not be traced ({type(exc).__name__}: {exc})"
+        return {v: why for v in _variants(c)}
+
+
+def _cap(text: str) -> str:
+    return text if len(text) <= REASON_CHARS else text[:REASON_CHARS - 3] + "..."
+
+
+def param_readings(c: Ctx, kernel: str, param: str) -> dict[str, Reading]:
+    """Variant name -> the element dtype of pointer ``param`` of ``kernel`` there, or why it is not known.
+
+    Read from the trace of the source at each variant only: what the kernel was really given, wherever it is
+    launched from (forward, a wrapper, a method, an autograd Function). A variant whose trace failed, or whose
+    trace has no launch of ``kernel`` (a ``@triton.jit`` helper, a kernel forward does not reach), or whose
+    launches pass ``param`` no tensor or tensors of different dtypes, has no dtype: the reason says which.
+    """
+    traced = _traces(c)
+    out: dict[str, Reading] = {}
+    for vname in _variants(c):
+        t = traced.get(vname, f"{vname} was not traced")
+        if not isinstance(t, Trace):
+            out[vname] = Reading(None, _cap(t))
             continue
-        found: set[str | None] = set()
-        for site in sites:
-            a = c.env.binding(site).get(param)
-            if a is None:
-                found.add(None)
-                continue
-            v = c.env.eval(a, site.line)
-            found.add(c.env.dtype_in(v.dtype, var) if v.is_tensor else None)
-        out[vname] = found.pop() if len(found) == 1 else None
+        if not t.launches_of(kernel):
+            out[vname] = Reading(None, f"{vname}'s trace has no launch of {kernel}")
+            continue
+        ds = t.arg_dtypes(kernel, param)
+        if len(ds) == 1 and None not in ds:
+            out[vname] = Reading(ds.pop())
+        elif None in ds:
+            out[vname] = Reading(None, f"{param} is not a tensor at a launch of {kernel} in {vname}'s trace")
+        else:
+            out[vname] = Reading(None, f"{param} is {'/'.join(sorted(ds))} at different launches of {kernel} in "
+                                       f"{vname}'s trace")
     return out
+
+
+def param_dtypes(c: Ctx, kernel: str, param: str) -> dict[str, str | None]:
+    """The element dtype of pointer ``param`` of ``kernel`` in each variant, from the traces (None where unknown:
+    :func:`param_readings` says why)."""
+    return {v: r.dtype for v, r in param_readings(c, kernel, param).items()}
+
+
+def unknown_dtypes(readings: dict[str, dict[str, Reading]]) -> str:
+    """Why some dtypes are not known: ``readings`` is param -> :func:`param_readings`; "" when every one is known.
+
+    Variants with the same reason (but for their own name) are named together, the reason quoted once:
+    ``bench-gpu (and bench-gpu-1): forward could not be traced on the meta device at bench-gpu: ...``.
+    """
+    per_variant: dict[str, list[str]] = {}
+    for rs in readings.values():
+        for v, r in rs.items():
+            if r.dtype is None and r.why not in per_variant.setdefault(v, []):
+                per_variant[v].append(r.why)
+    groups: dict[str, list[str]] = {}  # the reason with the variant's name taken out -> its variants
+    for v, whys in per_variant.items():
+        if whys:
+            groups.setdefault("; ".join(whys).replace(v, "\0"), []).append(v)
+    parts = []
+    for first, *others in groups.values():
+        also = f" (and {', '.join(others)})" if others else ""
+        parts.append(f"{first}{also}: {'; '.join(per_variant[first])}")
+    return "; in ".join(parts)
 
 
 def _jit_functions(c: Ctx) -> list[cst.FunctionDef]:
@@ -241,12 +296,12 @@ def drop_dot_upcasts(source: str, problem: Any) -> tuple[str, str]:
             why.append(f"{fn} line {c.parsed.line(dot)}: the dot has out_dtype={code(od)}")
             continue
         # operand names used anywhere but as dot operands would change type: leave those alone
-        dtypes = {u.param: param_dtypes(c, fn, u.param) for u in ups}
-        per_variant = {v: {dtypes[u.param][v] for u in ups} for v in _variants(c)}
-        unknown = [v for v, ds in per_variant.items() if None in ds]
+        readings = {u.param: param_readings(c, fn, u.param) for u in ups}
+        per_variant = {v: {readings[u.param][v].dtype for u in ups} for v in _variants(c)}
+        unknown = unknown_dtypes(readings)
         if unknown:
             why.append(f"{fn} line {c.parsed.line(dot)}: the element type of "
-                       f"{', '.join(sorted({u.param for u in ups}))} is not known from forward in {', '.join(unknown)}")
+                       f"{', '.join(sorted({u.param for u in ups}))} is not known in {unknown}")
             continue
         mixed = [v for v, ds in per_variant.items() if len(ds) != 1]
         if mixed:
@@ -288,25 +343,29 @@ def drop_dot_upcasts(source: str, problem: Any) -> tuple[str, str]:
 
 
 # ------------------------------------------------------------------------------------------------ acc forms
-def _acc_dtype(c: Ctx, fn: cst.FunctionDef, acc: str) -> tuple[str | None, cst.Call | None]:
-    """(dtype, the tl.zeros call) of accumulator ``acc`` when it is initialised once with tl.zeros/full."""
+def _acc_dtype(c: Ctx, fn: cst.FunctionDef, acc: str) -> tuple[str | None, cst.Call | None, str]:
+    """(dtype, the tl.zeros call, why the dtype is not known) of accumulator ``acc`` when it is initialised once
+    with tl.zeros/full; a ``ptr.dtype.element_ty`` accumulator has the traced dtype of ``ptr``."""
     inits = [(n, v) for n, v in _assignments(fn, acc) if v is not None and isinstance(v, cst.Call)
              and is_tl(call_name(v), "zeros", "full")]
     if len(inits) != 1:
-        return None, None
+        return None, None, ""
     call = inits[0][1]
     dt = arg(call, 1 if is_tl(call_name(call), "zeros") else 2, "dtype")
     if dt is None:
-        return None, call
+        return None, call, ""
     name = dotted(dt) or ""
     if name in TL_DTYPES:
-        return TL_DTYPES[name], call
+        return TL_DTYPES[name], call, ""
     if name.endswith(".dtype.element_ty"):
         ptr = name[: -len(".dtype.element_ty")]
-        ds = set(param_dtypes(c, fn.name.value, ptr).values())
-        if len(ds) >= 1 and None not in ds:
-            return ("16bit" if ds & SIXTEEN else ds.pop() if len(ds) == 1 else None), call
-    return None, call
+        readings = param_readings(c, fn.name.value, ptr)
+        unknown = unknown_dtypes({ptr: readings})
+        if unknown:
+            return None, call, f"the element type of {ptr} is not known in {unknown}"
+        ds = {r.dtype for r in readings.values()}
+        return ("16bit" if ds & SIXTEEN else ds.pop() if len(ds) == 1 else None), call, ""
+    return None, call, ""
 
 
 def dot_accumulate_in_place(source: str, problem: Any) -> tuple[str, str]:
@@ -324,10 +383,10 @@ def dot_accumulate_in_place(source: str, problem: Any) -> tuple[str, str]:
                     a.keyword is not None and a.keyword.value in ("acc", "out_dtype") for a in dot.args):
                 why.append(f"{fn.name.value} line {c.parsed.line(stmt)}: the dot already passes acc/out_dtype")
                 continue
-            dt, _ = _acc_dtype(c, fn, stmt.target.value)
+            dt, _, unknown = _acc_dtype(c, fn, stmt.target.value)
             if dt != "float32":
                 why.append(f"{fn.name.value} line {c.parsed.line(stmt)}: {stmt.target.value} is not an fp32 "
-                           "accumulator (tl.zeros(..., dtype=tl.float32))")
+                           "accumulator (tl.zeros(..., dtype=tl.float32))" + (f": {unknown}" if unknown else ""))
                 continue
             targets.add(id(stmt))
     if not targets:
@@ -369,11 +428,12 @@ def fp32_accumulator(source: str, problem: Any) -> tuple[str, str]:
                 acc = a.value if isinstance(a, cst.Name) else None
             if acc is None:
                 continue
-            dt, call = _acc_dtype(c, fn, acc)
+            dt, call, unknown = _acc_dtype(c, fn, acc)
             if dt in SIXTEEN or dt == "16bit":
                 zero_calls[id(call)] = call
             elif dt is None:
-                why.append(f"{fn.name.value}: the dtype of accumulator {acc} is not known")
+                why.append(f"{fn.name.value}: the dtype of accumulator {acc} is not known"
+                           + (f": {unknown}" if unknown else ""))
     if not zero_calls and not out_dtypes:
         raise NotApplicable("; ".join(dict.fromkeys(why)) or "every tl.dot already accumulates in fp32")
 
@@ -409,9 +469,13 @@ def fp32_accumulator(source: str, problem: Any) -> tuple[str, str]:
 # ------------------------------------------------------------------------------------------------ fp64
 def fp64_to_fp32(source: str, problem: Any) -> tuple[str, str]:
     c = Ctx(source, problem)
-    fp64_variants = []
+    fp64_variants, unplanned = [], []
     for vname, var in _variants(c).items():
-        dts = {c.env.dtype_in(f"$input:{p}", var) for p in c.env.params}
+        try:  # the dtypes the verifier generates the inputs in (the variant's dtype for floating ones)
+            dts = {tp.dtype for tp in plan_inputs(c.problem, var)}
+        except Exception as exc:  # noqa: BLE001 — a spec that cannot be planned keeps fp64: its inputs are not known
+            unplanned.append(f"{vname} ({_cap(str(exc))})")
+            continue
         if var.dtype == "float64" or "float64" in dts:
             fp64_variants.append(vname)
     uses = []
@@ -432,6 +496,8 @@ def fp64_to_fp32(source: str, problem: Any) -> tuple[str, str]:
         raise NotApplicable("no fp64 (tl.float64 or float64 intermediates) in the kernel")
     if fp64_variants:
         raise NotApplicable(f"the spec has fp64 inputs in {', '.join(fp64_variants)}: the precision contract keeps fp64")
+    if unplanned:
+        raise NotApplicable(f"the inputs of {', '.join(unplanned)} could not be planned: fp64 is kept")
     ids = {id(n) for n in uses}
 
     class T(cst.CSTTransformer):
