@@ -255,3 +255,41 @@ def test_the_final_gate_times_every_shape_after_a_per_shape_adoption(tmp_path):
                             all_shapes=asked)
         assert final["improved"]
     assert seen == [{"all_shapes": True}, {}]
+
+
+def test_a_final_kernel_refused_at_one_shape_gives_way_to_the_runner_up_of_its_choice(tmp_path):
+    """gemv_decode on the H200: the search adopted its highest objective (0.978x at B = 8, within that shape's margin
+    at gate 3); the final gate measured 0.969x there and refused it. A runner-up faster at every shape was accepted
+    too: the final gate tries it before it gives up, and the kernel before the port is never reached."""
+    from xeforge.pipeline import Pipeline, PortOptions
+    from xeforge.problem import load_problem
+    from xeforge.store import RunStore
+    from xeforge.verifier import Verdict
+
+    pipe = Pipeline(load_problem(_problem(tmp_path, SPEC)), PortOptions(device="cpu"))
+    store = RunStore(tmp_path / "run")
+    start = store.root / "baseline" / "kernel.py"
+    best, second, third = (store.root / "trials" / f"000{i}" / "candidate.py" for i in (1, 6, 2))
+    for path in (start, best, second, third):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# {path.parent.name}\n")
+    tried = []
+
+    class Final:
+        def restart_worker(self):
+            pass
+
+        def verify(self, path, incumbent=None, *, source_hash="", **kw):
+            tried.append(path.parent.name)
+            ok = path != best  # the adopted kernel is refused at one shape now
+            return Verdict(source_hash, correct=True, timed=True, accepted=ok, speedup=1.7 if ok else 2.0)
+
+    gpu = type("D", (), {"can_time": True})()
+    final = pipe._final(store, Final(), gpu, [start, best], start, alternates={best: [second, third]})
+    assert tried == ["0001", "0006"] and final["improved"] and final["from"] == "trials/0006/candidate.py"
+    # every candidate refused: the start is returned, with the first refusal's verdict as the reason
+    tried.clear()
+    Final.verify = lambda self, path, incumbent=None, *, source_hash="", **kw: (
+        tried.append(path.parent.name), Verdict(source_hash, correct=True, timed=True, accepted=False, speedup=0.97))[1]
+    final = pipe._final(store, Final(), gpu, [start, best], start, alternates={best: [second, third]})
+    assert tried == ["0001", "0006", "0002"] and not final["improved"] and final["is_start"]

@@ -127,6 +127,10 @@ class StageRecord:
     diagnosis: dict[str, Any] | None = None  # the incumbent's compiler facts and findings as the stage began
 
 
+#: runners-up of an adoption the final gate may try in its place
+FINAL_ALTERNATES = 2
+
+
 class Pipeline:
     def __init__(self, problem: Problem, options: PortOptions, progress: Callable[[str], None] = log) -> None:
         self.problem = problem
@@ -299,6 +303,9 @@ class Pipeline:
         incumbent_path, incumbent_src = start_path, self.problem.kernel_source
         incumbent_diagnosis = baseline.get("diagnosis")
         history: list[Path] = [start_path]
+        # kernel adopted -> the runners-up of its choice (accepted at gate 3 too), fastest first: the final gate
+        # tries them when its own timing refuses the kernel (a shape within the noise at gate 3, beyond it now)
+        alternates: dict[Path, list[Path]] = {}
         per_shape = False  # a per-shape candidate was adopted: the final gate times every shape too
         records: list[StageRecord] = []
         named = set(self.opt.stages or [])
@@ -353,6 +360,10 @@ class Pipeline:
                     best.adopted = True
                     path = store.root / "trials" / best.trial / "candidate.py"
                     inc_holder["path"], inc_holder["src"] = path, best.candidate.source
+                    others = sorted((o for o in outcomes if o is not best and o.verdict.correct and o.verdict.timed
+                                     and o.verdict.accepted), key=lambda o: -(o.verdict.speedup or 0.0))
+                    alternates[path] = [store.root / "trials" / o.trial / "candidate.py"
+                                        for o in others[:FINAL_ALTERNATES]]
                 return best
 
             try:
@@ -388,7 +399,7 @@ class Pipeline:
                 carried = _hidden_gain(rec.tactics) or carried
             rec.incumbent_after = source_hash(incumbent_src)
         final = self._final(store, verifier, device, history, start_path, records,
-                            **({"all_shapes": True} if per_shape else {}))
+                            **({"all_shapes": True} if per_shape else {}), alternates=alternates)
         report = self._report(store, device, kbc, engine_name, baseline, records, final)
         write_reports(store.root, report)
         return report
@@ -445,13 +456,17 @@ class Pipeline:
         return rewrites[0] if rewrites else None
 
     def _final(self, store: RunStore, verifier: Verifier, device, history: list[Path], start_path: Path,
-               records: list[StageRecord] = (), all_shapes: bool = False) -> dict:
+               records: list[StageRecord] = (), all_shapes: bool = False,
+               alternates: dict[Path, list[Path]] | None = None) -> dict:
         """Re-verify the result from scratch; fall back to earlier passing kernels; never return something worse.
 
+        Refused by the final gate (wrong, or not faster than the start now), a kernel gives way to the runners-up
+        of its own choice (``alternates``: accepted at gate 3 too), then to the kernel before it in ``history``.
         ``all_shapes``: a per-shape candidate was adopted (it gains at shapes other than the primary), so the final
         kernel is timed against the start at every shape, by the same rule as gate 3."""
         verifier.restart_worker()
-        chain = list(reversed(history))
+        chain = [p for h in reversed(history) for p in (h, *(alternates or {}).get(h, []))]
+        slower = None  # the first verdict that was correct but not faster than the start
         for path in chain:
             if path == start_path and len(chain) > 1:
                 break
@@ -464,15 +479,19 @@ class Pipeline:
                 self.say("  the final gate rejected it; falling back to the previous kernel")
                 continue
             if v.timed and not v.accepted:
-                self.say("  not faster than the starting kernel beyond the noise margin; the starting kernel is returned")
-                return self._write_final(store, start_path, v, "no verified improvement over the starting kernel",
-                                         improved=False)
+                self.say("  not faster than the starting kernel beyond the noise margin now; trying the next one")
+                slower = slower or v
+                continue
             if path == start_path:
                 why = why_nothing_adopted([_stage_dict(r) for r in records], device.can_time)
                 return self._write_final(store, start_path, v, why, improved=False)
             claim = (f"verified speedup {v.speedup:.3f}x over the starting kernel" if v.timed else
                      "correct on every variant; speed not measured on the CPU interpreter")
             return self._write_final(store, path, v, claim, improved=v.timed)
+        if slower is not None:
+            self.say("  no candidate is faster than the starting kernel at the final gate; the starting kernel is returned")
+            return self._write_final(store, start_path, slower, "no verified improvement over the starting kernel",
+                                     improved=False)
         v = Verdict(self.problem.source_hash, correct=True, note="the starting kernel (verified at baseline)")
         return self._write_final(store, start_path, v, "no candidate passed the final gate; the starting kernel is returned",
                                  improved=False)
