@@ -6,6 +6,15 @@ import triton
 import triton.language as tl
 
 
+@triton.autotune(
+    configs=[
+        triton.Config({'BLOCK_N': 4, 'BLOCK_K': 128}, num_warps=2, num_stages=3),
+        triton.Config({'BLOCK_N': 4, 'BLOCK_K': 1024}, num_warps=4, num_stages=2),
+        triton.Config({'BLOCK_N': 8, 'BLOCK_K': 512}, num_warps=4, num_stages=2),
+        triton.Config({'BLOCK_N': 4, 'BLOCK_K': 256}, num_warps=4, num_stages=1),
+    ],
+    key=['N', 'K'],
+)
 @triton.jit
 def gemv_kernel(x_ptr, w_ptr, y_ptr, N, K,
                 stride_xb, stride_xk, stride_wn, stride_wk, stride_yb, stride_yn,
@@ -34,8 +43,7 @@ class Model(torch.nn.Module):
         B, K = x.shape
         N = w.shape[0]
         y = torch.empty((B, N), device=x.device, dtype=x.dtype)
-        grid = (triton.cdiv(N, 4), B)
+        grid = lambda META: (triton.cdiv(N, META['BLOCK_N']), B)
         gemv_kernel[grid](x, w, y, N, K,
-                          x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
-                          BLOCK_N=4, BLOCK_K=1024, num_warps=4, num_stages=2)
+                          x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1))
         return y
