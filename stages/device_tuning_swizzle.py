@@ -1,7 +1,8 @@
 """Stage 7, device_tuning: the GROUP_SIZE_M swizzle tactic (grouped tile order for L2 reuse).
 
-Owns: the ``group-swizzle`` tactic. A 2D-tiled kernel on a 2D grid (or a persistent tile loop) gets the
-grouped tile order of :mod:`xeforge.rewrite.device_tuning.swizzle`; ``GROUP_SIZE_M`` becomes a literal constexpr at
+Owns: the ``group-swizzle`` tactic. A 2D-tiled kernel on a 2D grid, on a 1D grid whose program id it splits into
+the tile indices by ``//`` and ``%`` (row- or column-major), or in a persistent tile loop gets the grouped tile
+order of :mod:`xeforge.rewrite.device_tuning.swizzle`; ``GROUP_SIZE_M`` becomes a literal constexpr at
 the launch so the launch-parameter search (and the autotuning stage) can tune it. Its starting value comes
 from the KB tuning space of the device (the first seed that sets ``group_size_m``, 8 without one). On a GPU
 the rewrite is also proposed with the top KB tile configurations. Listed in ``stages/device_tuning.py``
@@ -39,7 +40,7 @@ def group_size(ctx: StageContext) -> tuple[int, str]:
 
 class GroupedTileOrder(Tactic):
     name = "group-swizzle"
-    summary = "visit tiles in groups of GROUP_SIZE_M rows (1D grid or persistent loop) so B stays in L2"
+    summary = "visit tiles in groups of GROUP_SIZE_M rows (2D or split 1D grid, persistent loop) so B stays in L2"
 
     def __init__(self) -> None:
         self._memo = RewriteMemo()

@@ -1,7 +1,10 @@
 """The device_tuning stage's GROUP_SIZE_M swizzle tactic on the CPU interpreter, through the real verifier.
 
 A 2D-grid GEMM becomes a 1D grid in grouped order (fixture with 5 x 3 tiles, so GROUP_SIZE_M=2 leaves a
-short last group); a persistent tile loop gets the same grouped mapping. Rewrites pass ``Verifier.verify``
+short last group); a persistent tile loop gets the same grouped mapping; a 1D grid split by ``//`` and ``%``
+(linear_groupnorm's direct.py of the style corpus, row- and column-major, other spellings) keeps its grid and
+gets the mapping in place of the split, run on the interpreter against the unswizzled kernel on a ragged shape
+(4 x 3 tiles of 32, partial last row, column and K step): bit for bit the same. Rewrites pass ``Verifier.verify``
 with the KB's gate-1 constraints; GROUP_SIZE_M is a literal at the launch that the launch-parameter search
 tunes; the starting value comes from the device's KB space; other shapes are left alone with a reason.
 """
@@ -117,3 +120,150 @@ def test_other_shapes_are_left_alone_with_a_reason(folder, reason):
     app = TACTIC.check(ctx)
     assert not app.applies and reason in app.reason, app.reason
     assert TACTIC.propose(ctx) == []
+
+
+# ------------------------------------------------------------------------------------------------ 1D tile grids
+GROUPNORM = FIXTURES / "styles" / "linear_groupnorm"
+ROW_MAJOR_SPLIT = ("    num_pid_n = tl.cdiv(N, BLOCK_N)\n    pid_m = pid // num_pid_n\n    pid_n = pid % num_pid_n\n")
+# M=100, N=72, K=40 on 32x32 tiles: 4 x 3 tiles, the last row and column partial, two K steps (the second partial)
+RAGGED = dict(M=100, N=72, K=40, G=4)
+
+
+def split_variant(split: str, source: str | None = None) -> str:
+    """direct.py of linear_groupnorm with its program-id split (the three lines after ``pid = ...``) replaced."""
+    source = source or (GROUPNORM / "direct.py").read_text()
+    assert ROW_MAJOR_SPLIT in source
+    return source.replace(ROW_MAJOR_SPLIT, split)
+
+
+def run_on_interpreter(source: str, tmp_path, name: str, M: int, N: int, K: int, G: int):
+    """Model(K, N, G)(x) of ``source`` on the CPU interpreter (TRITON_INTERPRET=1 while the file is imported, so
+    @triton.jit builds interpreter functions), weights and input from one seed: two files give the same model.
+    ``torch.empty`` gives NaN-filled tensors meanwhile, so a tile no program writes shows (freed memory of an
+    earlier run could otherwise hold its right values)."""
+    import importlib.util
+
+    import torch
+
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    empty = torch.empty
+
+    def poisoned(*args, **kwargs):
+        out = empty(*args, **kwargs)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        mp.setattr(torch, "empty", poisoned)
+        spec = importlib.util.spec_from_file_location(f"swizzle_1d_{name}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        torch.manual_seed(0)
+        model = mod.Model(K, N, G)
+        x = torch.randn(M, K)
+        with torch.no_grad():
+            return model(x), model, x
+
+
+def assert_swizzle_keeps_the_output(source: str, tmp_path, groups=(2, 4)):
+    """The unswizzled kernel against its swizzle at each GROUP_SIZE_M on the ragged shape: bit for bit the same
+    (every tile computed once, by the same arithmetic), and the unswizzled one against torch."""
+    import torch
+    import torch.nn.functional as F
+
+    want, model, x = run_on_interpreter(source, tmp_path, "start", **RAGGED)
+    ref = F.group_norm(F.linear(x, model.fc.weight, model.fc.bias), RAGGED["G"], model.gn.weight, model.gn.bias,
+                       model.gn.eps)
+    torch.testing.assert_close(want, ref, rtol=1e-4, atol=1e-4)
+    plans = []
+    for g in groups:
+        src, plan = swizzle.rewrite(source, group=g)
+        got, _, _ = run_on_interpreter(src, tmp_path, f"group{g}", **RAGGED)
+        assert torch.equal(got, want), (g, (got - want).abs().max())
+        plans.append((src, plan))
+    return plans
+
+
+def test_row_major_1d_grid_gets_the_grouped_order_and_keeps_its_grid(tmp_path):
+    source = (GROUPNORM / "direct.py").read_text()
+    (src, plan), _ = assert_swizzle_keeps_the_output(source, tmp_path)
+    assert plan.form == "grid1d" and plan.order == "row-major"
+    assert "row-major 1D grid" in plan.describe() and "the grid is left as it is" in plan.describe()
+    assert (plan.pid_m, plan.pid_n, plan.num_m, plan.num_n) == ("pid_m", "pid_n", "tl.cdiv(M, BLOCK_M)", "num_pid_n")
+    model = parse_kernel(src)
+    site = model.launches[0]
+    assert site.constexprs[swizzle.PARAM] == 2
+    assert "gemm_bias_kernel[(triton.cdiv(M, 32) * triton.cdiv(N, 32),)](" in src  # the grid as it was
+    assert "num_pid_m = tl.cdiv(M, BLOCK_M)" in src and "pid_m = pid // num_pid_n" not in src
+    assert "group_id = pid // num_pid_in_group" in src
+    # the comparison sees a wrong mapping: without the group's row offset, later groups redo the first rows
+    import torch
+
+    bad = src.replace("pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)",
+                      "pid_m = (pid % num_pid_in_group) % group_size_m")
+    assert bad != src
+    want, _, _ = run_on_interpreter(source, tmp_path, "again", **RAGGED)
+    got, _, _ = run_on_interpreter(bad, tmp_path, "bad", **RAGGED)
+    assert not torch.equal(got, want)
+
+
+def test_column_major_1d_grid_groups_the_rows_too(tmp_path):
+    """``pid_m = pid % num_pid_m``: the fast index is the row of the stored tile, so it is the grouped one."""
+    source = split_variant("    num_pid_m = tl.cdiv(M, BLOCK_M)\n    pid_m = pid % num_pid_m\n"
+                           "    pid_n = pid // num_pid_m\n")
+    (src, plan), _ = assert_swizzle_keeps_the_output(source, tmp_path)
+    assert plan.order == "column-major" and "column-major 1D grid" in plan.describe()
+    assert (plan.pid_m, plan.pid_n, plan.num_m, plan.num_n) == ("pid_m", "pid_n", "num_pid_m", "tl.cdiv(N, BLOCK_N)")
+    assert "num_pid_n = tl.cdiv(N, BLOCK_N)" in src and "pid_m = pid % num_pid_m" not in src
+
+
+@pytest.mark.parametrize("split", [
+    "    pid_m = pid // tl.cdiv(N, BLOCK_N)\n    pid_n = pid % tl.cdiv(N, BLOCK_N)\n",
+    "    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N\n    pid_n = pid % num_pid_n\n    pid_m = pid // num_pid_n\n",
+    "    num_pid_m = tl.cdiv(M, BLOCK_M)\n    pid_n = pid // num_pid_m\n    pid_m = pid % num_pid_m\n",
+], ids=["inline-count", "ceil-div-count-mod-first", "column-major-div-first"])
+def test_other_spellings_of_the_split(split, tmp_path):
+    assert_swizzle_keeps_the_output(split_variant(split), tmp_path, groups=(2,))
+
+
+def test_an_int64_program_id_keeps_its_cast(tmp_path):
+    source = (GROUPNORM / "direct.py").read_text().replace("pid = tl.program_id(0)\n",
+                                                          "pid = tl.program_id(0).to(tl.int64)\n")
+    (src, _), = assert_swizzle_keeps_the_output(source, tmp_path, groups=(4,))
+    assert "pid = tl.program_id(0).to(tl.int64)" in src
+
+
+def test_the_1d_grid_tactic_passes_the_verifier(verify):
+    p = load_problem(GROUPNORM / "direct.py")
+    ctx = context(p)
+    app = TACTIC.check(ctx)
+    assert app.applies and "row-major 1D grid" in app.reason, app.reason
+    verdict = verify(p, with_group(TACTIC.propose(ctx)[0].source, 2))
+    assert verdict.correct, verdict.feedback()
+
+
+def _host_count(source: str) -> str:
+    """The column count computed on the host and passed as a kernel argument."""
+    source = split_variant("    pid_m = pid // num_pid_n\n    pid_n = pid % num_pid_n\n", source)
+    source = source.replace("stride_ym, stride_yn,\n", "stride_ym, stride_yn, num_pid_n,\n", 1)
+    return source.replace("y.stride(0), y.stride(1),\n", "y.stride(0), y.stride(1), triton.cdiv(N, 32),\n", 1)
+
+
+@pytest.mark.parametrize("edit,reason", [
+    (_host_count, "the tile count num_pid_n is a kernel argument computed on the host (the launch passes "
+                  "triton.cdiv(N, 32))"),
+    (lambda s: s.replace("[(triton.cdiv(M, 32) * triton.cdiv(N, 32),)]", "[(triton.cdiv(M, 32) * triton.cdiv(K, 32),)]"),
+     "is not the product of the two tile counts tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)"),
+    (lambda s: s.replace("[(triton.cdiv(M, 32) * triton.cdiv(N, 32),)]", "[(triton.cdiv(M, 32),)]"),
+     "is tl.cdiv(M, BLOCK_M) in kernel terms, not the product of the two tile counts"),
+    (lambda s: s.replace("num_pid_n = tl.cdiv(N, BLOCK_N)", "num_pid_n = tl.cdiv(N, BLOCK_M)"),
+     "is cdiv(N, BLOCK_M), but pid_n = pid % count tiles N by BLOCK_N"),
+    (lambda s: s.replace("pid_n = pid % num_pid_n", "pid_n = (pid - pid_m * num_pid_n) % num_pid_n"),
+     "does not split pid into two tile indices"),
+], ids=["host-count", "grid-not-the-product", "grid-short", "count-of-the-wrong-axis", "no-split"])
+def test_1d_grids_that_do_not_fit_are_left_alone_with_a_reason(edit, reason):
+    source = edit((GROUPNORM / "direct.py").read_text())
+    with pytest.raises(swizzle.NotApplicable) as exc:
+        swizzle.rewrite(source)
+    assert reason in str(exc.value), str(exc.value)
