@@ -50,7 +50,7 @@ def run_scripted(tmp_path: Path, monkeypatch, carry: bool = True):
 
     pipe._evaluate = evaluate
     pipe._baseline = lambda store, verifier, start: {}
-    pipe._final = lambda store, verifier, device, history, start, records=(): {"path": str(history[-1])}
+    pipe._final = lambda store, verifier, device, history, start, records=(), **kw: {"path": str(history[-1])}
     pipe._report = lambda store, device, kbc, engine, baseline, records, final: {"records": records, "final": final}
     monkeypatch.setattr("xeforge.pipeline.write_reports", lambda root, report: None)
     if not carry:

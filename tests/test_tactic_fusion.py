@@ -509,6 +509,7 @@ print(len(tuner.configs), float((got - want).abs().max()), tuner.best_config.kwa
 """
 
 
+@pytest.mark.slow  # about 12 s on 2 cores (two interpreter runs of every config): make test-slow
 def test_split_partials_of_an_autotuned_kernel_survive_its_autotuner(tmp_path):
     """@triton.autotune runs every config on the same buffers before it picks one: a config with wider column
     tiles writes fewer partial slots than a narrower one did, and the stale slots would be reduced too (on the H200
