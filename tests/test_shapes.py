@@ -293,3 +293,9 @@ def test_a_final_kernel_refused_at_one_shape_gives_way_to_the_runner_up_of_its_c
         tried.append(path.parent.name), Verdict(source_hash, correct=True, timed=True, accepted=False, speedup=0.97))[1]
     final = pipe._final(store, Final(), gpu, [start, best], start, alternates={best: [second, third]})
     assert tried == ["0001", "0006", "0002"] and not final["improved"] and final["is_start"]
+    # the tries are bounded (each is a whole cascade): a long history stops after FINAL_TRIES refusals
+    from xeforge.pipeline import FINAL_TRIES
+
+    tried.clear()
+    pipe._final(store, Final(), gpu, [start, third, second, best], start, alternates={best: [second, third]})
+    assert len(tried) == FINAL_TRIES

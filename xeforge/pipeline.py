@@ -129,6 +129,8 @@ class StageRecord:
 
 #: runners-up of an adoption the final gate may try in its place
 FINAL_ALTERNATES = 2
+#: kernels the final gate verifies at most before it returns the start (each is a full cascade: bounded port time)
+FINAL_TRIES = 4
 
 
 class Pipeline:
@@ -461,14 +463,18 @@ class Pipeline:
         """Re-verify the result from scratch; fall back to earlier passing kernels; never return something worse.
 
         Refused by the final gate (wrong, or not faster than the start now), a kernel gives way to the runners-up
-        of its own choice (``alternates``: accepted at gate 3 too), then to the kernel before it in ``history``.
+        of its own choice (``alternates``: accepted at gate 3 too), then to the kernel before it in ``history``;
+        after ``FINAL_TRIES`` refusals the start is returned.
         ``all_shapes``: a per-shape candidate was adopted (it gains at shapes other than the primary), so the final
         kernel is timed against the start at every shape, by the same rule as gate 3."""
         verifier.restart_worker()
         chain = [p for h in reversed(history) for p in (h, *(alternates or {}).get(h, []))]
         slower = None  # the first verdict that was correct but not faster than the start
-        for path in chain:
+        for tried, path in enumerate(chain):
             if path == start_path and len(chain) > 1:
+                break
+            if tried >= FINAL_TRIES:
+                self.say(f"  {FINAL_TRIES} kernels refused at the final gate: the starting kernel is returned")
                 break
             self.say(f"final gate: re-verifying {path.relative_to(store.root)} from scratch on every variant")
             v = verifier.verify(path, start_path if path != start_path else None, source_hash=source_hash(path.read_text()),
