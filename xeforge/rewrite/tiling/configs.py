@@ -93,6 +93,8 @@ def product_blocks(model: KernelModel, site: LaunchSite, grid: GridInfo | None) 
         return out, "; ".join(unread)
     except NotApplicable as exc:
         return {}, str(exc)
+    except Exception as exc:  # noqa: BLE001 — code the symbolic reading does not cover: a reason, never a crash
+        return {}, f"the grid could not be read ({type(exc).__name__}: {exc})"
 
 
 def _product_text(source: str, model: KernelModel, site: LaunchSite, grid: GridInfo, el: ast.expr,
