@@ -21,7 +21,8 @@ from typing import Any
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic, guarded
 from xeforge.rewrite import blockio
 from xeforge.rewrite.tiling import NotApplicable
-from xeforge.rewrite.tiling.configs import describe, kb_errors, with_configs
+from xeforge.rewrite.tiling.configs import describe, kb_errors
+from xeforge.rewrite.autotune import with_configs
 from xeforge.rewrite.tiling.grid import gemm_kernels
 from xeforge.rewrite.tiling.tactics import RewriteMemo
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 from stages.base import Applicability, Candidate, StageContext, Tactic
 from xeforge.rewrite.device_tuning import swizzle
 from xeforge.rewrite.tiling import NotApplicable
-from xeforge.rewrite.tiling.configs import describe, kb_errors, with_configs
+from xeforge.rewrite.tiling.configs import describe, kb_errors
+from xeforge.rewrite.autotune import with_configs
 from xeforge.rewrite.tiling.tactics import RewriteMemo
 
 DEFAULT_GROUP = 8

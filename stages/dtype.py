@@ -27,7 +27,8 @@ from xeforge.kernel_model import parse_kernel
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite import dtype as dr
 from xeforge.rewrite.context import Ctx, guarded, memo_key
-from xeforge.rewrite.tiling.configs import describe, with_configs
+from xeforge.rewrite.tiling.configs import describe
+from xeforge.rewrite.autotune import with_configs
 from xeforge.rewrite.tiling.grid import gemm_kernels
 
 #: KB tile configurations a rewrite that pays off only with larger tiles is also proposed with (on a GPU)

@@ -14,7 +14,8 @@ from __future__ import annotations
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic, guarded
 from xeforge.rewrite import persistent
 from xeforge.rewrite.tiling import NotApplicable
-from xeforge.rewrite.tiling.configs import describe, kb_errors, with_configs
+from xeforge.rewrite.tiling.configs import describe, kb_errors
+from xeforge.rewrite.autotune import with_configs
 from xeforge.rewrite.tiling.tactics import RewriteMemo
 
 #: how many KB tile configurations to try the rewrite with on a GPU

@@ -207,3 +207,27 @@ def test_fp64_kept_when_the_spec_declares_fp64_inputs(tmp_path):
 def test_no_fp64_no_proposal():
     app = TACTIC["fp64-to-fp32"].check(context(load_problem(KERNELS / "gemm_relu")))
     assert not app.applies and "no fp64" in app.reason
+
+
+def test_on_a_gpu_an_autotuned_kernel_gets_the_rewrite_with_kb_tiles_pinned_too(verify):
+    """The autotune style of linear_relu: the up-cast drop is proposed as is (its autotuner keeps its own tiles) and,
+    on a GPU, with the KB's top tiles pinned at the launch (decorator removed), as the direct style gets them
+    written at its launch: both styles reach the same candidates. The pinned one is a correct kernel."""
+    from tests.conftest import tactic_context
+
+    p = load_problem(STYLES / "autotune.py")
+    ctx = tactic_context(p, kind="cuda", target="h200")
+    from xeforge.kernel_model import parse_kernel
+
+    cands = TACTIC["drop-upcast-before-dot"].propose(ctx)
+    assert len(cands) >= 2 and parse_kernel(cands[0].source).functions["fc_relu"].is_autotuned
+    pinned = cands[1:]
+    for c in pinned:
+        assert not parse_kernel(c.source).functions["fc_relu"].is_autotuned and "; with BM=" in c.description
+        (site,) = parse_kernel(c.source).launches
+        assert {k: site.constexprs.get(k) for k in ("BM", "BN", "BK")} == {k: c.params[k] for k in ("BM", "BN", "BK")}
+    direct = TACTIC["drop-upcast-before-dot"].propose(tactic_context(load_problem(STYLES / "direct.py"), kind="cuda",
+                                                                     target="h200"))
+    assert [c.params for c in pinned] == [c.params for c in direct[1:]]  # the same tiles in both styles
+    verdict = verify(p, pinned[0].source)
+    assert verdict.correct, verdict.feedback()

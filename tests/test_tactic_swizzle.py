@@ -136,53 +136,74 @@ def split_variant(split: str, source: str | None = None) -> str:
     return source.replace(ROW_MAJOR_SPLIT, split)
 
 
-def run_on_interpreter(source: str, tmp_path, name: str, M: int, N: int, K: int, G: int):
-    """Model(K, N, G)(x) of ``source`` on the CPU interpreter (TRITON_INTERPRET=1 while the file is imported, so
-    @triton.jit builds interpreter functions), weights and input from one seed: two files give the same model.
-    ``torch.empty`` gives NaN-filled tensors meanwhile, so a tile no program writes shows (freed memory of an
-    earlier run could otherwise hold its right values)."""
-    import importlib.util
+_INTERPRET = r"""
+import importlib.util, sys, torch
+import torch.nn.functional as F
+out, M, N, K, G, paths = sys.argv[1], *map(int, sys.argv[2:6]), sys.argv[6:]
+empty = torch.empty
+
+
+def poisoned(*args, **kwargs):
+    t = empty(*args, **kwargs)
+    return t.fill_(float("nan")) if t.is_floating_point() else t
+
+
+torch.empty = poisoned
+got = {}
+for i, path in enumerate(paths):
+    spec = importlib.util.spec_from_file_location(f"swizzle_1d_case{i}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    torch.manual_seed(0)
+    model = mod.Model(K, N, G)
+    x = torch.randn(M, K)
+    with torch.no_grad():
+        y = model(x)
+        ref = F.group_norm(F.linear(x, model.fc.weight, model.fc.bias), G, model.gn.weight, model.gn.bias,
+                           model.gn.eps)
+    got[path] = (y, ref)
+torch.save(got, out)
+"""
+
+
+def run_on_interpreter(sources: dict[str, str], tmp_path, M: int, N: int, K: int, G: int) -> dict[str, tuple]:
+    """Name -> (Model(K, N, G)(x), the torch reference) of each source on the CPU interpreter, all in one process of
+    their own (Triton's interpreter state does not survive other tests' kernels in the test process), weights and
+    input from one seed: two files give the same model. ``torch.empty`` gives NaN-filled tensors there, so a tile no
+    program writes shows (freed memory of an earlier run could otherwise hold its right values)."""
+    import os
+    import subprocess
+    import sys
 
     import torch
 
-    path = tmp_path / f"{name}.py"
-    path.write_text(source)
-    empty = torch.empty
-
-    def poisoned(*args, **kwargs):
-        out = empty(*args, **kwargs)
-        return out.fill_(float("nan")) if out.is_floating_point() else out
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITON_INTERPRET", "1")
-        mp.setattr(torch, "empty", poisoned)
-        spec = importlib.util.spec_from_file_location(f"swizzle_1d_{name}", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        torch.manual_seed(0)
-        model = mod.Model(K, N, G)
-        x = torch.randn(M, K)
-        with torch.no_grad():
-            return model(x), model, x
+    paths = {}
+    for name, source in sources.items():
+        paths[name] = tmp_path / f"{name}.py"
+        paths[name].write_text(source)
+    out = tmp_path / "outputs.pt"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", _INTERPRET, str(out), str(M), str(N), str(K), str(G),
+                           *map(str, paths.values())], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = torch.load(out)
+    return {name: got[str(path)] for name, path in paths.items()}
 
 
 def assert_swizzle_keeps_the_output(source: str, tmp_path, groups=(2, 4)):
     """The unswizzled kernel against its swizzle at each GROUP_SIZE_M on the ragged shape: bit for bit the same
     (every tile computed once, by the same arithmetic), and the unswizzled one against torch."""
     import torch
-    import torch.nn.functional as F
 
-    want, model, x = run_on_interpreter(source, tmp_path, "start", **RAGGED)
-    ref = F.group_norm(F.linear(x, model.fc.weight, model.fc.bias), RAGGED["G"], model.gn.weight, model.gn.bias,
-                       model.gn.eps)
+    plans = {g: swizzle.rewrite(source, group=g) for g in groups}
+    outs = run_on_interpreter({"start": source, **{f"group{g}": src for g, (src, _) in plans.items()}}, tmp_path,
+                              **RAGGED)
+    want, ref = outs["start"]
     torch.testing.assert_close(want, ref, rtol=1e-4, atol=1e-4)
-    plans = []
     for g in groups:
-        src, plan = swizzle.rewrite(source, group=g)
-        got, _, _ = run_on_interpreter(src, tmp_path, f"group{g}", **RAGGED)
+        got = outs[f"group{g}"][0]
         assert torch.equal(got, want), (g, (got - want).abs().max())
-        plans.append((src, plan))
-    return plans
+    return list(plans.values())
 
 
 def test_row_major_1d_grid_gets_the_grouped_order_and_keeps_its_grid(tmp_path):
@@ -203,8 +224,8 @@ def test_row_major_1d_grid_gets_the_grouped_order_and_keeps_its_grid(tmp_path):
     bad = src.replace("pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)",
                       "pid_m = (pid % num_pid_in_group) % group_size_m")
     assert bad != src
-    want, _, _ = run_on_interpreter(source, tmp_path, "again", **RAGGED)
-    got, _, _ = run_on_interpreter(bad, tmp_path, "bad", **RAGGED)
+    outs = run_on_interpreter({"again": source, "bad": bad}, tmp_path, **RAGGED)
+    want, got = outs["again"][0], outs["bad"][0]
     assert not torch.equal(got, want)
 
 

@@ -18,6 +18,8 @@ A kernel that arrives ``@triton.autotune``'d (most kernels people write for NVID
 :func:`extend` appends KB-valid configurations for the device to its own list (``configs=[...]`` literal), and
 :func:`pin` removes the decorator and writes one configuration at the launch (the launch-parameter search times
 each of the kernel's own configurations this way, and the best one is kept without the first-call tuning).
+:func:`with_configs` re-tiles a structural rewrite with the top KB configurations for the stages that propose one
+(dtype, block I/O, persistent, swizzle): written at a plain launch, pinned on an autotuned kernel.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from xeforge.analysis.launches import autotune_configs, bindings, launch_options
 from xeforge.kernel_model import KernelModel, axis_blocks, parse_kernel
 from xeforge.rewrite.tiling import BlockPtr, KernelAnalysis, Mask, NotApplicable, Ptr, is_tl_call
 from xeforge.rewrite.tiling.grid import GridTranslator, launch_grid, launched_kernels_gemm_first, single_launch
-from xeforge.rewrite.tiling.configs import OPTION_KEYS, tunable
+from xeforge.rewrite.tiling.configs import OPTION_KEYS, apply_config, kb_configs, tunable
 from xeforge.rewrite.tiling.edit import LaunchEdit, add_decorator, edit_launch, extend_decorator_list, remove_decorator
 
 #: options triton.Config takes as keywords
@@ -220,6 +222,30 @@ def pin(source: str, kernel: str, cfg: dict[str, Any], device_kind: str = "cuda"
         raise NotApplicable(f"config keys {', '.join(unknown)} are neither constexprs of {kernel} nor launch options")
     source = edit_launch(source, LaunchEdit(kernel, site.line, set_kwargs=_kwargs_code(cfg, device_kind)))
     return remove_decorator(source, kernel, AUTOTUNE_DECORATORS)  # last: it moves the lines below it
+
+
+def with_configs(ctx: Any, source: str, kernel: str, limit: int) -> list[tuple[dict[str, Any], str]]:
+    """On a device that can time: ``source`` re-tiled with up to ``limit`` KB configurations (config, source).
+
+    A plain launch gets each configuration written at it (:func:`apply_config`, the grid following the blocks); an
+    ``@triton.autotune``'d kernel gets each one pinned (:func:`pin`: decorator removed), so a rewrite of an autotuned
+    kernel is tried with the same tiles as the same rewrite of a kernel launched with literals (on the H200 the
+    autotune style of a problem otherwise kept its own tiles through the dtype and fusion stages). Configurations
+    that cannot be applied are skipped. Empty on the interpreter, where candidates are only checked for
+    correctness and a re-tiled copy would not be ranked.
+    """
+    device = getattr(ctx, "device", None)
+    if device is None or not getattr(device, "can_time", False) or limit <= 0:
+        return []
+    pinned = parse_kernel(source).functions[kernel].is_autotuned
+    kind = getattr(device, "kind", "cuda")
+    out = []
+    for cfg in kb_configs(ctx, source, kernel, limit):
+        try:
+            out.append((cfg, pin(source, kernel, cfg, kind) if pinned else apply_config(source, kernel, cfg)))
+        except (NotApplicable, LookupError):
+            continue
+    return out
 
 
 def extend(source: str, kernel: str, configs: list[dict[str, Any]], device_kind: str) -> tuple[str, AutotunePlan]:

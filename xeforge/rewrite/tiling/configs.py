@@ -10,8 +10,9 @@ configurations that earlier ``device_tuning`` trials measured (from the run fold
 family whose tuning space fits a kernel (:func:`kernel_family`, read by the launch-parameter search too).
 
 A structural rewrite that only pays off with larger tiles (descriptors, persistence, swizzling) is proposed
-as-is and, on a GPU, also with the top few KB configurations: the verifier times each one, so the stage can
-adopt the rewrite together with the tiles it needs.
+as-is and, on a GPU, also with the top few KB configurations (:func:`xeforge.rewrite.autotune.with_configs`, which
+also pins them on an autotuned kernel): the verifier times each one, so the stage can adopt the rewrite together
+with the tiles it needs.
 """
 
 from __future__ import annotations
@@ -377,27 +378,6 @@ def observe(ctx: Any, source: str) -> None:
         traces(problem, source)
     except Exception:  # noqa: BLE001 — untraceable: the static reading stands, and says why
         pass
-
-
-def with_configs(ctx: Any, source: str, kernel: str, limit: int) -> list[tuple[dict[str, Any], str]]:
-    """On a device that can time: ``source`` re-tiled with up to ``limit`` KB configurations (config, source).
-
-    Configurations that cannot be applied to the launch are skipped. Empty on the interpreter, where
-    candidates are only checked for correctness and a re-tiled copy would not be ranked.
-    """
-    device = getattr(ctx, "device", None)
-    if device is None or not getattr(device, "can_time", False) or limit <= 0:
-        return []
-    if parse_kernel(source).functions[kernel].is_autotuned:
-        return []  # its autotuner times its own tiles (the launch-parameter search pins them one by one)
-    out = []
-    for cfg in kb_configs(ctx, source, kernel, limit):
-        try:
-            out.append((cfg, apply_config(source, kernel, cfg)))
-        except (NotApplicable, LookupError):
-            continue
-    return out
-
 
 
 #: Triton's OutOfResources message for shared memory (NVIDIA and Intel backends word it the same)
