@@ -35,7 +35,7 @@ from stages.device_tuning_swizzle import GroupedTileOrder
 from xeforge.analysis.launches import autotune_configs, bindings, block_params, launch_options, live_launches
 from xeforge.kernel_model import KernelModel, LaunchSite
 from xeforge.rewrite import NotApplicable, autotune
-from xeforge.rewrite.tiling.configs import apply_config, kernel_family, tunable_names
+from xeforge.rewrite.tiling.configs import apply_config, kb_rejects, kernel_family, tunable_names
 
 
 def target_site(model: KernelModel) -> LaunchSite | None:
@@ -148,12 +148,8 @@ class LaunchParamSearch(Tactic):
             if key in seen or (full == current and not first):
                 continue
             seen.add(key)
-            if ctx.kb is not None and ctx.device_id:
-                try:
-                    if ctx.kb.check_config(full, ctx.device_id, ctx.triton, fn):
-                        continue
-                except AttributeError:
-                    pass
+            if kb_rejects(ctx, full, fn):
+                continue
             out.append(full if first else cfg)
             if len(out) >= budget:
                 break

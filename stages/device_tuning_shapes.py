@@ -41,8 +41,8 @@ from xeforge.analysis.observe import traces
 from xeforge.kernel_model import KernelModel, LaunchSite, axis_blocks, parse_python
 from xeforge.problem import Variant, source_hash
 from xeforge.rewrite.tiling import NotApplicable
-from xeforge.rewrite.tiling.configs import (OPTION_KEYS, current_config, describe, kb_configs, measured_configs,
-                                            tunable)
+from xeforge.rewrite.tiling.configs import (OPTION_KEYS, current_config, describe, kb_configs, kb_rejects,
+                                            measured_configs, tunable)
 from xeforge.rewrite.tiling.dispatch import Branch, dispatch, launch_statement
 from xeforge.rewrite.tiling.grid import _cdiv_args, launch_bindings, launch_grid
 
@@ -315,14 +315,8 @@ class PerShapeConfig(Tactic):
         for cfg in [current, *measured, *seeds]:
             full = {**current, **{k: v for k, v in cfg.items() if k in names or k in OPTION_KEYS}}
             for option in (self._fit(full, cls), full):
-                if option == current or option in out:
+                if option == current or option in out or kb_rejects(ctx, option, fn):
                     continue
-                if ctx.kb is not None and ctx.device_id:
-                    try:
-                        if ctx.kb.check_config(option, ctx.device_id, ctx.triton, fn):
-                            continue
-                    except AttributeError:
-                        pass
                 out.append(option)
             if len(out) >= CONFIGS_PER_CLASS:
                 break

@@ -357,6 +357,17 @@ def measured_configs(run_dir: Path | None, kernel: str, limit: int,
     return out
 
 
+def kb_rejects(ctx: Any, cfg: dict[str, Any], fn: JitFunction) -> bool:
+    """Whether the knowledge base refuses configuration ``cfg`` of ``fn`` on the target (False without a KB, or
+    with one that cannot check configurations)."""
+    if getattr(ctx, "kb", None) is None or not getattr(ctx, "device_id", None):
+        return False
+    try:
+        return bool(ctx.kb.check_config(cfg, ctx.device_id, ctx.triton, fn))
+    except AttributeError:
+        return False
+
+
 def kb_errors(ctx: Any, source: str) -> list[str]:
     """Gate-1 knowledge-base errors of ``source`` for the target (rule id: message), [] without a KB."""
     if ctx is None or getattr(ctx, "kb", None) is None or not getattr(ctx, "device_id", None):
