@@ -11,7 +11,8 @@ depends on the device, the Triton version and the knowledge base:
   GPUs it does not (KB ``bio-no-set-allocator-on-xpu``).
 
 On a GPU the rewrite is also proposed with the top KB tile configurations, because descriptors pay off most
-with larger tiles; the verifier times each candidate.
+with larger tiles, and with the epilogue's rank-2 tile loads (a fused residual) through descriptors too (their
+staging buffers cost shared memory); the verifier times each candidate.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def preferred_modes(ctx: StageContext) -> tuple[list[str], str]:
 class TensorDescriptorTiles(Tactic):
     name = "tensor-descriptor"
     summary = ("load the K-loop tiles of a GEMM through tensor descriptors (or block pointers), keeping the "
-               "pointer code for inputs that do not qualify")
+               "pointer code for inputs that do not qualify; on a GPU also with the epilogue's tile loads")
 
     def __init__(self) -> None:
         self._memo = RewriteMemo()
@@ -94,6 +95,12 @@ class TensorDescriptorTiles(Tactic):
             return src, plan, why
         raise NotApplicable("; ".join(errors) or "no form of structured loads is available")
 
+    def rewritten(self, ctx: StageContext) -> tuple[str, blockio.BlockIOPlan]:
+        """The incumbent with this tactic's rewrite (the form the KB picks), or NotApplicable: what a later stage
+        composes with when this one did not adopt it."""
+        src, plan, _ = self._rewrite(ctx)
+        return src, plan
+
     def check(self, ctx: StageContext) -> Applicability:
         try:
             _, plan, why = self._rewrite(ctx)
@@ -111,6 +118,16 @@ class TensorDescriptorTiles(Tactic):
         for cfg, tiled in with_configs(ctx, src, plan.kernel, RETILE_CONFIGS):
             out.append(Candidate(tiled, self.name, f"{plan.describe()}; with {describe(cfg)}",
                                  params={**params, **cfg}))
+        if getattr(ctx.device, "can_time", False):
+            # the epilogue's tile loads (a fused residual) through descriptors too: each needs a staging buffer in
+            # shared memory, which may cost pipeline stages or not fit, so it is a candidate of its own, timed
+            try:
+                more, mplan = blockio.rewrite(ctx.source, mode=plan.mode, kernel=plan.kernel, epilogue_loads=True,
+                                              allocator=getattr(ctx.device, "kind", "cpu") != "xpu")
+            except NotApplicable:
+                more, mplan = None, plan
+            if more is not None and len(mplan.accesses) > len(plan.accesses) and not kb_errors(ctx, more):
+                out.append(Candidate(more, self.name, mplan.describe(), params={**params, "epilogue_loads": True}))
         return out
 
 

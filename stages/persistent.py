@@ -3,15 +3,21 @@
 Owns: this stage's goal, its detector (a launch that starts many more programs than the device has cores)
 and its tactic ``persistent-loop`` (KB ``persistent-grid-from-cores``), which rewrites a tiled 1D or 2D grid
 into a loop over tiles with :mod:`xeforge.rewrite.persistent`: ``min(#tiles, cores)`` programs, the core
-count read from the device at run time (SMs on NVIDIA, Xe-cores on Intel); not proposed where the launch
-already starts no more programs than the device has cores (each would walk one tile). On a GPU the rewrite is also
-proposed with the top KB tile configurations (and, on NVIDIA, with the tile loop flattened into the K loop
-as upstream's persistent matmul does); the verifier times each one.
+count read from the device at run time (SMs on NVIDIA, Xe-cores on Intel). Where the launch already starts no
+more programs than the device has cores (each would walk one tile) it is proposed only if split-K cannot apply
+(split-K fills idle cores and needs the one-tile grid): the tile-loop form alone compiled 1.27x faster than the
+one-tile-per-program kernel on the H200 (Triton 3.6, 1024 x 4096 x 4096 bf16, 128 tiles; BENCHMARKS.md), so it
+is timed, not ruled out. On a GPU the rewrite is also proposed with the top KB tile configurations (and, on
+NVIDIA, with the tile loop flattened into the K loop as upstream's persistent matmul does), and over the block_io
+stage's rewrite where that stage did not adopt it (descriptors that lost alone; the two compose); the verifier
+times each one.
 """
 
 from __future__ import annotations
 
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic, guarded
+from stages.block_io import TensorDescriptorTiles
+from stages.device_tuning_splitk import SplitK
 from xeforge.rewrite import persistent
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling.configs import describe, kb_errors
@@ -30,13 +36,15 @@ class PersistentTileLoop(Tactic):
 
     def __init__(self) -> None:
         self._memo = RewriteMemo()
+        self._split_k = SplitK()
+        self._block_io = TensorDescriptorTiles()
 
     def _rewrite(self, ctx: StageContext):
         return self._memo.get(ctx, self._build)
 
     def _build(self, ctx: StageContext) -> tuple[str, persistent.PersistentPlan]:
         src, plan = persistent.rewrite(ctx.source)
-        few = _no_more_programs_than_cores(ctx, plan.kernel)
+        few = _no_more_programs_than_cores(ctx, plan.kernel, self._split_k)
         if few:
             raise NotApplicable(few)
         bad = kb_errors(ctx, src)
@@ -68,13 +76,39 @@ class PersistentTileLoop(Tactic):
         for cfg, tiled in with_configs(ctx, src, plan.kernel, RETILE_CONFIGS):
             out.append(Candidate(tiled, self.name, f"{plan.describe()}; with {describe(cfg)}",
                                  params={"kernel": plan.kernel, **cfg}))
+        out.extend(self._with_descriptors(ctx, plan))
+        return out
+
+    def _with_descriptors(self, ctx: StageContext, plan: persistent.PersistentPlan) -> list[Candidate]:
+        """On a GPU, where the block_io stage's descriptors were not adopted (they lost alone), the tile loop over
+        descriptor loads as well: the two compose. On the H200 (Triton 3.6, 1024 x 4096 x 4096 bf16) the
+        descriptor GEMM was 0.91x of the pointer GEMM with one tile per program, and 1.13x of it inside a tile
+        loop (BENCHMARKS.md); each such candidate is timed."""
+        if not getattr(ctx.device, "can_time", False):
+            return []
+        try:
+            bio_src, bio = self._block_io.rewritten(ctx)  # the form the KB picks for the device (descriptors or not)
+            if bio.kernel != plan.kernel:
+                return []
+            both, _ = persistent.rewrite(bio_src, kernel=plan.kernel)
+        except NotApplicable:
+            return []
+        if kb_errors(ctx, both):
+            return []
+        what = f"{plan.describe()}; over {bio.describe()}"
+        out = [Candidate(both, self.name, what, params={"kernel": plan.kernel, "block_io": True})]
+        for cfg, tiled in with_configs(ctx, both, plan.kernel, 1):
+            out.append(Candidate(tiled, self.name, f"{what}; with {describe(cfg)}",
+                                 params={"kernel": plan.kernel, "block_io": True, **cfg}))
         return out
 
 
-def _no_more_programs_than_cores(ctx: StageContext, kernel: str) -> str | None:
-    """Why a persistent loop gains nothing here: at the timing variant the launch already starts no more programs
-    than the device has cores, so each would walk one tile (the device_tuning stage's split-K fills idle cores
-    instead, and it needs the one-tile-per-program grid). None when it may gain, or when nothing is known."""
+def _no_more_programs_than_cores(ctx: StageContext, kernel: str, split_k: SplitK) -> str | None:
+    """Why the persistent loop is held back here: at the timing variant the launch already starts no more programs
+    than the device has cores, so each would walk one tile, and split-K applies (the device_tuning stage's split-K
+    fills the idle cores, and it needs the one-tile-per-program grid). None when the loop may gain — more
+    programs than cores, or split-K cannot apply (the tile-loop form is then timed against the one-tile kernel) —
+    or when nothing is known."""
     cores = getattr(ctx.device, "cores", None)
     if not cores or not getattr(ctx.device, "can_time", False):
         return None
@@ -83,9 +117,9 @@ def _no_more_programs_than_cores(ctx: StageContext, kernel: str) -> str | None:
         n = persistent.launched_programs(ctx.model, kernel, ctx.problem, variant)
     except Exception:  # a forward the static evaluation cannot follow: no reason to hold the rewrite back
         return None
-    if n and n <= cores:
-        return (f"{kernel} starts {n} program(s) at {variant.name} for {cores} cores: each would walk one tile, so "
-                "a persistent loop gains nothing (split-K in device_tuning fills the idle cores instead)")
+    if n and n <= cores and split_k.check(ctx).applies:
+        return (f"{kernel} starts {n} program(s) at {variant.name} for {cores} cores: each would walk one tile, and "
+                "split-K applies (device_tuning's split-K fills the idle cores; it needs the one-tile grid)")
     return None
 
 

@@ -222,3 +222,29 @@ def test_rewritten_gemm_compiles_to_tma_and_wgmma_for_hopper(tmp_path):
     assert fast.metadata.global_scratch_size > 0  # device-side descriptors: the allocator forward sets is needed
     slow = build(False)
     assert "cp.async.bulk.tensor" not in slow.asm["ptx"] and slow.metadata.global_scratch_size == 0
+
+
+def test_epilogue_tile_loads_are_a_separate_gpu_candidate(verify):
+    """linear_gelu_residual (the style corpus) after fuse-epilogue loads its residual tile after the K loop. The
+    base candidate keeps that load on pointers (a staging buffer per descriptor costs shared memory); on a GPU a
+    further candidate moves it through a descriptor too, and it is correct on the interpreter (ragged ci shapes
+    take the pointer fallback). The interpreter is not offered it: nothing there could time the difference."""
+    from stages import fusion
+
+    p = load_problem(FIXTURES / "styles" / "linear_gelu_residual" / "direct.py")
+    fuse = next(t for t in fusion.STAGE.tactics if t.name == "fuse-epilogue")
+    fused = fuse.propose(context(p))[0].source
+    kernel = blockio.choose_kernel(parse_kernel(fused))
+    base = blockio.plan_block_io(parse_kernel(fused), kernel)
+    more = blockio.plan_block_io(parse_kernel(fused), kernel, epilogue_loads=True)
+    assert "residual_ptr" not in {a.desc.base for a in base.accesses}
+    assert "residual_ptr" in {a.desc.base for a in more.accesses if a.access.kind == "load" and not a.access.loops}
+    assert "b_ptr" not in {a.desc.base for a in more.accesses}  # the bias vector is no tile
+    cpu = TACTIC.propose(context(p, fused))
+    assert all(not c.params.get("epilogue_loads") for c in cpu)
+    gpu = [c for c in TACTIC.propose(context(p, fused, kind="cuda")) if c.params.get("epilogue_loads")]
+    assert len(gpu) == 1 and "load of residual_ptr" in gpu[0].description
+    src, _ = blockio.rewrite(fused, kernel=kernel, epilogue_loads=True)
+    assert "residual_desc.load([" in src
+    verdict = verify(p, src)
+    assert verdict.correct, verdict.feedback()

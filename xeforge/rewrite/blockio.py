@@ -3,7 +3,8 @@
 Owns: planning and applying the block_io stage's codemod. Recognised accesses (see
 :mod:`xeforge.rewrite.tiling`): a rank-2 pointer tile ``base + rows[:, None] * s0 + cols[None, :] * s1`` with a
 bounds mask on both dimensions and ``other`` absent or zero, or a block pointer; loads inside a loop that calls
-``tl.dot``, and rank-2 stores of the result after it. Each becomes
+``tl.dot``, rank-2 loads after it (an epilogue's residual or scale tile), and rank-2 stores of the result. Each
+becomes
 
 - ``desc = tl.make_tensor_descriptor(base, shape=[R, C], strides=[s0, 1], block_shape=[BR, BC])`` and
   ``desc.load([r0, c0])`` / ``desc.store([r0, c0], value)`` (out-of-bounds reads are zero, writes are
@@ -165,7 +166,11 @@ def _base_of(acc: Access, params: list[str] | None = None) -> str:
     return "?"
 
 
-def plan_block_io(model: KernelModel, kernel: str, mode: str = DESCRIPTOR) -> BlockIOPlan:
+def plan_block_io(model: KernelModel, kernel: str, mode: str = DESCRIPTOR, epilogue_loads: bool = False
+                  ) -> BlockIOPlan:
+    """The accesses of ``kernel`` that become descriptors: its K loop's tile loads and its result's store, and with
+    ``epilogue_loads`` the rank-2 tile loads after the K loop too (their staging buffers cost shared memory, so
+    they are a separate candidate, timed)."""
     fn = model.functions[kernel]
     if FLAG in fn.params:
         raise NotApplicable(f"{kernel} already has structured loads ({FLAG})")
@@ -183,18 +188,20 @@ def plan_block_io(model: KernelModel, kernel: str, mode: str = DESCRIPTOR) -> Bl
     loop_names: set[str] = set()
     for lp in dot_loops:
         loop_names |= lp.assigned
+    loop_end = max(lp.node.end_lineno or lp.node.lineno for lp in dot_loops)
     candidates: list[Access] = []
     for acc in an.accesses:
         in_dot_loop = any(id(lp.node) in dot_loop_ids for lp in acc.loops)
         if acc.kind == "load" and in_dot_loop:
             candidates.append(acc)
-        elif acc.kind == "store" and not acc.loops:
-            candidates.append(acc)
+        elif not acc.loops and (acc.kind == "store" or (epilogue_loads and acc.stmt.lineno > loop_end)):
+            candidates.append(acc)  # the result's store, and the epilogue's tile loads (a residual, a scale)
     descs: dict[tuple, DescSpec] = {}
     plans: list[AccessPlan] = []
     skipped: list[str] = []
     taken = {n.id for n in ast.walk(fn.node) if isinstance(n, ast.Name)} | set(fn.params)
     for acc in candidates:
+        epilogue_load = acc.kind == "load" and not acc.loops
         try:
             dims = _tile_dims(an, acc, loop_names if acc.kind == "load" else set())
             cont = _contiguous_dim([d.stride for d in dims], bind)
@@ -218,8 +225,10 @@ def plan_block_io(model: KernelModel, kernel: str, mode: str = DESCRIPTOR) -> Bl
             spec = descs[spec.key()]
             plans.append(AccessPlan(acc, spec, [d.start for d in ddims]))
         except NotApplicable as exc:
+            if epilogue_load and str(exc) == "not a rank-2 tile of pointers":
+                continue  # a bias vector or a scalar: nothing for a 2D descriptor to move
             skipped.append(f"{acc.kind} of {_base_of(acc, an.params)} at line {acc.line}: {exc}")
-    loads = [p for p in plans if p.access.kind == "load"]
+    loads = [p for p in plans if p.access.kind == "load" and p.access.loops]
     if not loads:
         raise NotApplicable(f"no tile load of {kernel}'s K loop can become a descriptor ("
                             + ("; ".join(skipped) or "no loads in the loop") + ")")
@@ -419,13 +428,13 @@ def choose_kernel(model: KernelModel) -> str:
     return kernels[0]
 
 
-def rewrite(source: str, mode: str = DESCRIPTOR, allocator: bool = True, kernel: str | None = None
-            ) -> tuple[str, BlockIOPlan]:
+def rewrite(source: str, mode: str = DESCRIPTOR, allocator: bool = True, kernel: str | None = None,
+            epilogue_loads: bool = False) -> tuple[str, BlockIOPlan]:
     model = parse_kernel(source)
     errors = []
     for name in ([kernel] if kernel else gemm_kernels(model)):
         try:
-            plan = plan_block_io(model, name, mode)
+            plan = plan_block_io(model, name, mode, epilogue_loads)
         except NotApplicable as exc:
             errors.append(f"{name}: {exc}")
             continue
