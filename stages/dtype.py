@@ -80,7 +80,10 @@ class DropUpcastBeforeDot(RewriteTactic):
         if not out:
             return out
         src = out[0].source
-        for kernel in gemm_kernels(parse_kernel(src))[:1]:
+        # the re-tiled kernel is one forward launches: read from the incumbent, whose trace says which kernels ran
+        # (the rewritten text was never traced, so its own model counts a backward kernel's launch as live)
+        rewritten = parse_kernel(src).functions
+        for kernel in [k for k in gemm_kernels(ctx.model) if k in rewritten][:1]:
             for cfg, tiled in with_configs(ctx, src, kernel, RETILE_CONFIGS):
                 out.append(Candidate(tiled, self.name, f"{out[0].description}; with {describe(cfg)}",
                                      kind="rewrite", params=cfg))

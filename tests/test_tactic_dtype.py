@@ -231,3 +231,22 @@ def test_on_a_gpu_an_autotuned_kernel_gets_the_rewrite_with_kb_tiles_pinned_too(
     assert [c.params for c in pinned] == [c.params for c in direct[1:]]  # the same tiles in both styles
     verdict = verify(p, pinned[0].source)
     assert verdict.correct, verdict.feedback()
+
+
+def test_on_a_gpu_the_kb_tiles_go_to_the_kernel_forward_launches_not_a_backward_one():
+    """linear_relu's backward_kernels style: the file also launches fc_relu_bwd_input from a backward function that
+    forward never calls. On the H200 the up-cast drop's re-tiled copies went to that launch (the rewritten text was
+    never traced, so its own model counted it live): fc_relu kept 16 x 16 tiles, the drop was refused and the port
+    stayed on fp32 matrix units (0.178 ms, 0.30x of torch.compile, where the other styles reached 0.061). The tiles
+    go to fc_relu's launch, as in the direct style."""
+    from tests.conftest import tactic_context
+    from xeforge.kernel_model import parse_kernel
+
+    p = load_problem(STYLES / "backward_kernels.py")
+    start = {s.kernel: s.constexprs for s in parse_kernel(p.kernel_source).launches}
+    cands = TACTIC["drop-upcast-before-dot"].propose(tactic_context(p, kind="cuda", target="h200"))
+    assert len(cands) >= 2
+    for c in cands[1:]:
+        after = {s.kernel: s.constexprs for s in parse_kernel(c.source).launches}
+        assert after["fc_relu_bwd_input"] == start["fc_relu_bwd_input"], c.description
+        assert after["fc_relu"]["BM"] == c.params["BM"] != start["fc_relu"]["BM"]
