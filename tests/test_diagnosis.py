@@ -102,7 +102,10 @@ def test_a_grid_smaller_than_the_device_is_diagnosed_for_split_k(kb):
     d = _read(kb, "gemm_tall_k", [_launch("matmul_kernel", (64,))])
     f = next(f for f in d["findings"] if f["id"] == "dx-fewer-programs-than-cores")
     assert f["tactics"][0] == "split-k" and "64 programs for 132 cores" in f["cause"]
+    assert "68 cores get no program" in f["cause"]
     assert "dx-fewer-programs-than-cores" not in _ids(_read(kb, "gemm_tall_k", [_launch("matmul_kernel", (264,))]))
+    # 128 programs for 132 cores (linear_relu's 128 x 256 tiles on the H200) fill the device: no split-K hint
+    assert "dx-fewer-programs-than-cores" not in _ids(_read(kb, "gemm_tall_k", [_launch("matmul_kernel", (128,))]))
 
 
 def test_a_device_entry_and_a_triton_version_gate_recognizers_and_diagnoses(kb):

@@ -135,6 +135,9 @@ class Diagnoser:
                     kf.facts["grf_recompiled"] = True  # the Intel backend retried with more GRF after spills
             if self.device_cores:
                 kf.facts["device_cores"] = self.device_cores
+                if "programs" in kf.facts:  # how much of the device one wave of the grid fills
+                    kf.facts["core_fill"] = round(kf.facts["programs"] / self.device_cores, 3)
+                    kf.facts["idle_cores"] = max(self.device_cores - kf.facts["programs"], 0)
             if model is not None:
                 kf.facts["dot_calls"] = sum(1 for c in model.calls_to("tl.dot") if c.function == kf.kernel)
         findings = merge([f for kf in kernels for d in self.diagnoses if (f := evaluate(d, kf)) is not None])
