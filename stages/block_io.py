@@ -128,6 +128,9 @@ class TensorDescriptorTiles(Tactic):
                 more, mplan = None, plan
             if more is not None and len(mplan.accesses) > len(plan.accesses) and not kb_errors(ctx, more):
                 out.append(Candidate(more, self.name, mplan.describe(), params={**params, "epilogue_loads": True}))
+                for cfg, tiled in with_configs(ctx, more, plan.kernel, 1):  # and at the KB's top tile
+                    out.append(Candidate(tiled, self.name, f"{mplan.describe()}; with {describe(cfg)}",
+                                         params={**params, "epilogue_loads": True, **cfg}))
         return out
 
 

@@ -242,8 +242,9 @@ def test_epilogue_tile_loads_are_a_separate_gpu_candidate(verify):
     assert "b_ptr" not in {a.desc.base for a in more.accesses}  # the bias vector is no tile
     cpu = TACTIC.propose(context(p, fused))
     assert all(not c.params.get("epilogue_loads") for c in cpu)
-    gpu = [c for c in TACTIC.propose(context(p, fused, kind="cuda")) if c.params.get("epilogue_loads")]
-    assert len(gpu) == 1 and "load of residual_ptr" in gpu[0].description
+    gpu = [c for c in TACTIC.propose(context(p, fused, kind="cuda", target="h200")) if c.params.get("epilogue_loads")]
+    assert len(gpu) == 2 and all("load of residual_ptr" in c.description for c in gpu)
+    assert "BLOCK_M" in gpu[1].params and "; with BLOCK_M=" in gpu[1].description  # also at the KB's top tile
     src, _ = blockio.rewrite(fused, kernel=kernel, epilogue_loads=True)
     assert "residual_desc.load([" in src
     verdict = verify(p, src)
