@@ -81,8 +81,8 @@ class PersistentTileLoop(Tactic):
 
     def _with_descriptors(self, ctx: StageContext, plan: persistent.PersistentPlan) -> list[Candidate]:
         """On a GPU, where the block_io stage's descriptors were not adopted (they lost alone), the tile loop over
-        descriptor loads as well: the two compose. On the H200 (Triton 3.6, 1024 x 4096 x 4096 bf16) the
-        descriptor GEMM was 0.91x of the pointer GEMM with one tile per program, and 1.13x of it inside a tile
+        descriptor loads as well: the two compose. On the H200 (Triton 3.6, linear_relu, 1024 x 4096 x 4096 bf16)
+        the descriptor GEMM was 0.92x of the pointer GEMM with one tile per program, and 1.14x of it inside a tile
         loop (BENCHMARKS.md); each such candidate is timed."""
         if not getattr(ctx.device, "can_time", False):
             return []
