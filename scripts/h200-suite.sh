@@ -7,6 +7,7 @@
 #       starts OUTDIR from a committed report (when OUTDIR has none) and ports + benches PROBLEM ... again in it
 #   STAGES=dtype,fusion,device_tuning bash scripts/h200-suite.sh OUTDIR ...   ports through those stages only
 #   LANES=4 bash scripts/h200-suite.sh OUTDIR ...   four problems at once per GPU, each timing with the GPU alone
+#   TIME_BUDGET=4 bash scripts/h200-suite.sh OUTDIR ...   each port's stages get 4 minutes (the rest skipped, said so)
 set -uo pipefail
 OUTDIR=${1:-bench-out/h200}
 shift || true
@@ -21,4 +22,4 @@ fi
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 python3 -m xeforge bench $PROBLEMS --device cuda --port --engine rules --budget "${BUDGET:-6}" \
   --workers "${NGPU:-1}" --lanes-per-gpu "${LANES:-1}" --out "$OUTDIR" --runs-dir "${RUNS_DIR:-runs}" --stop-after "${STOP_AFTER:-7}" \
-  ${STAGES:+--stages "$STAGES"} ${RESUME:-}
+  ${STAGES:+--stages "$STAGES"} ${TIME_BUDGET:+--time-budget "$TIME_BUDGET"} ${RESUME:-}

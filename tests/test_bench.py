@@ -622,3 +622,17 @@ def test_final_given_on_the_command_line_is_verified_and_timed_as_the_port_resul
     assert "--final" in again and "--rounds 1" in again and "--redo" not in again and again.count("--resume") == 1
     proc = _bench_cli(str(gemm), "--port", "--final", template, "--device", "cpu")
     assert proc.returncode == 2 and "not allowed with argument" in proc.stderr
+
+
+def test_a_ports_time_budget_reaches_every_port_of_the_bench(tmp_path):
+    """--time-budget with --port goes to each port: in-process through the settings, and to the children of
+    --workers / --lanes-per-gpu on their command line."""
+    opt = bench.BenchOptions(problems=[str(ROOT / "kernels" / "gemm_relu")], device="cuda", port=True,
+                             time_budget=2.5, runs_dir=tmp_path / "runs", argv=["bench"])
+    argv = bench.child_argv(opt, ROOT / "kernels" / "gemm_relu", "cuda", tmp_path / "o")
+    assert argv[argv.index("--time-budget") + 1] == "2.5"
+    opt.port = False
+    assert "--time-budget" not in bench.child_argv(opt, ROOT / "kernels" / "gemm_relu", "cuda", tmp_path / "o")
+    from xeforge.cli import build_parser
+
+    assert build_parser().parse_args(["bench", "kernels/", "--port", "--time-budget", "3"]).time_budget == 3.0

@@ -134,3 +134,31 @@ def test_dry_run_runs_nothing_and_writes_the_plan(tmp_path):
     assert len(plans) == 1
     folder = plans[0].parent
     assert not (folder / "trials").exists() and not (folder / "baseline").exists()  # nothing was verified
+
+
+@pytest.mark.slow  # two ports of the CPU interpreter (about 30 s): CI runs it with make test-slow
+def test_a_spent_time_budget_skips_the_remaining_stages_and_resume_continues(tmp_path):
+    """--time-budget (minutes) is checked before each stage: 0.06 s is spent within the first stages (a stage's
+    trace alone takes longer), so every later stage is skipped with the reason, the final gate still runs on the
+    best kernel so far, and --resume with no budget runs the skipped stages."""
+    run = tmp_path / "run"
+    proc = _port(str(VADD), "--device", "cpu", "--run-dir", str(run), "--time-budget", "0.001", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    spent = ["time budget (0.001 min) was spent" in s["reason"] for s in report["stages"]]
+    assert True in spent and not spent[0], [(s["name"], s["status"], s["reason"]) for s in report["stages"]]
+    rest = report["stages"][spent.index(True):]  # the first stage the budget stopped, and every one after it
+    assert all(s["status"] == "skipped" and "time budget (0.001 min) was spent" in s["reason"] for s in rest)
+    assert "device_tuning" in {s["name"] for s in rest}
+    assert (run / "final" / "kernel.py").exists() and "--resume" in rest[0]["reason"]
+    assert "skipped: the port's time budget" in proc.stderr
+    resumed = _port(str(VADD), "--device", "cpu", "--run-dir", str(run), "--resume", "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    again = {s["name"]: s for s in json.loads(resumed.stdout)["stages"]}
+    assert again["device_tuning"]["status"] == "ran"
+    assert not any("time budget" in s["reason"] for s in again.values())
+
+
+def test_a_time_budget_that_is_no_number_is_a_usage_error(tmp_path):
+    proc = _port(str(VADD), "--device", "cpu", "--run-dir", str(tmp_path / "r"), "--time-budget", "soon")
+    assert proc.returncode == 2 and "--time-budget" in proc.stderr and "not a number" in proc.stderr

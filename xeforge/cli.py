@@ -15,7 +15,7 @@ from typing import Any
 
 from xeforge import __version__, devices, sandbox
 from xeforge.bench import register as register_bench
-from xeforge.cli_args import add_llm_args, positive_int
+from xeforge.cli_args import add_llm_args, add_time_budget, positive_int
 from xeforge.errors import DeviceError, UsageError, XeforgeError
 from xeforge.kb.cli import register as register_kb
 from xeforge.problem import load_problem
@@ -39,6 +39,8 @@ def cmd_port(args: argparse.Namespace) -> int:
     settings = load_settings()
     if args.budget is not None:
         settings = settings.replace(tuning_budget=args.budget, cpu_tuning_budget=min(args.budget, settings.cpu_tuning_budget))
+    if args.time_budget is not None:
+        settings = settings.replace(port_minutes=args.time_budget)
     opts = PortOptions(device=args.device, stages=_split(args.stages), engine=args.engine, dry_run=args.dry_run,
                        resume=args.resume, run_dir=Path(args.run_dir) if args.run_dir else None,
                        runs_dir=Path(args.runs_dir), target=args.target, triton=args.triton, settings=settings,
@@ -246,6 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", default=None, help="run folder to use (default: RUNS_DIR/<problem>/<timestamp>)")
     p.add_argument("--runs-dir", default=os.environ.get("XEFORGE_RUNS_DIR", "runs"))
     p.add_argument("--budget", type=positive_int, default=None, help="hardware evaluations per search tactic")
+    add_time_budget(p)
     p.add_argument("--json", action="store_true", help="print the report (or plan) as JSON on stdout")
     add_llm_args(p)
     p.set_defaults(func=cmd_port)

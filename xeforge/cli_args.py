@@ -2,8 +2,9 @@
 
 Owns: the llm engine's flags (:func:`add_llm_args`: ``--model``, ``--api-base``, ``--max-iters``, ``--best-k``, read
 back by :func:`xeforge.engines.llm_config`), which ``xeforge port`` and ``xeforge env`` (:mod:`xeforge.cli`) and
-``xeforge bench --port`` (:mod:`xeforge.bench`) share, and the whole-number-at-least-one argument type
-(:func:`positive_int`). It imports nothing of xeforge, so both command modules import it at module level.
+``xeforge bench --port`` (:mod:`xeforge.bench`) share, the whole-number-at-least-one argument type
+(:func:`positive_int`), the positive-number one (:func:`positive_float`) and the port's time budget
+(:func:`add_time_budget`, ``port`` and ``bench --port`` both take it). It imports nothing of xeforge, so both command modules import it at module level.
 """
 
 from __future__ import annotations
@@ -19,6 +20,23 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not >= 1 (pass a whole number >= 1)")
     return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (pass a number > 0)") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number > 0 (pass e.g. 8 or 2.5)")
+    return value
+
+
+def add_time_budget(p: argparse.ArgumentParser, what: str = "the stages") -> None:
+    p.add_argument("--time-budget", type=positive_float, default=None, metavar="MINUTES",
+                   help=f"wall-clock minutes for {what} (checked before each stage): the rest are skipped and the "
+                        "final gate runs on the best kernel so far; --resume with a larger budget continues "
+                        "(default: $XEFORGE_PORT_MINUTES, else no limit)")
 
 
 def add_llm_args(p: argparse.ArgumentParser) -> None:

@@ -314,9 +314,16 @@ class Pipeline:
         # (source, trial) of a correct rewrite whose gain was below the noise margin: tried again as the basis of
         # the next stage's candidates, where the incumbent is faster and the same gain is a larger fraction
         carried: tuple[str, str] | None = None
+        t0 = time.monotonic()
         for stage in self.selected_stages():
             rec = StageRecord(stage.name, stage.order, stage.goal, incumbent_before=source_hash(incumbent_src))
             records.append(rec)
+            spent = self._time_spent(t0)
+            if spent:
+                rec.status, rec.reason = "skipped", spent
+                rec.incumbent_after = rec.incumbent_before
+                self.say(f"[stage {stage.order}/9 {stage.name}] skipped: {spent}")
+                continue
             ctx = self.context(device, kbc, incumbent_src, store.root)
             ctx.diagnosis = rec.diagnosis = incumbent_diagnosis
             issues = stage.detect(ctx)
@@ -405,6 +412,16 @@ class Pipeline:
         report = self._report(store, device, kbc, engine_name, baseline, records, final)
         write_reports(store.root, report)
         return report
+
+    def _time_spent(self, t0: float) -> str | None:
+        """Why the next stage is skipped when the port's time budget (``--time-budget``, minutes) is spent."""
+        budget = self.settings.port_minutes
+        elapsed = time.monotonic() - t0
+        if not budget or elapsed < 60 * budget:
+            return None
+        took = f"{elapsed:.1f} s" if elapsed < 120 else f"{elapsed / 60:.1f} min"
+        return (f"the port's time budget ({budget:g} min) was spent after {took} of stages; "
+                "the final gate takes the best kernel so far (continue with --resume and a larger --time-budget)")
 
     # ------------------------------------------------------------------------------------------------ steps
     def _baseline(self, store: RunStore, verifier: Verifier, start_path: Path) -> dict[str, Any]:

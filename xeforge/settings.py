@@ -40,6 +40,9 @@ class Settings:
     # search
     tuning_budget: int = field(default=24, metadata={"env": "XEFORGE_TUNING_BUDGET"})  # hardware evaluations per tactic
     cpu_tuning_budget: int = field(default=2, metadata={"env": "XEFORGE_CPU_TUNING_BUDGET"})
+    # a port's wall-clock budget in minutes, checked before each stage: the stages it leaves are skipped (saying
+    # so) and the final gate runs on the best kernel so far; --resume with a larger budget continues. 0: no limit
+    port_minutes: float = field(default=0.0, metadata={"env": "XEFORGE_PORT_MINUTES", "zero_ok": True})
     # diagnosis — keep each verified source's compiled kernels (IRs, metadata) in the run: worker/compiled/<hash>/
     keep_compiled: bool = field(default=False, metadata={"env": "XEFORGE_KEEP_COMPILED"})
 
