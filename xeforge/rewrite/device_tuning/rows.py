@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from xeforge.analysis.launches import live_launches
 from xeforge.kernel_model import JitFunction, KernelModel, dotted_name, parse_kernel
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.context import loads
@@ -348,7 +349,9 @@ def apply_rows(source: str, plan: RowsPlan, rows: int, num_warps: int | None = N
 
 
 def launched_in_order(model: KernelModel) -> list[str]:
-    return list(dict.fromkeys(s.kernel for s in model.launches))
+    """Launched kernels in launch order: those the traces saw run (a backward kernel forward never launches is no
+    target), every launched one where the source has not been traced."""
+    return list(dict.fromkeys(s.kernel for s in live_launches(model)))
 
 
 def plan(source: str, kernel: str | None = None) -> RowsPlan:
