@@ -18,6 +18,7 @@ from __future__ import annotations
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic, guarded
 from stages.block_io import TensorDescriptorTiles
 from stages.device_tuning_splitk import SplitK
+from xeforge.analysis.launches import live_launches
 from xeforge.rewrite import persistent
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling.configs import describe, kb_errors
@@ -134,7 +135,7 @@ def _detect_many_programs(ctx: StageContext) -> list[Issue]:
     except Exception:  # an unparsable incumbent or a spec without variants: nothing to size
         return []
     out = []
-    for kernel in dict.fromkeys(s.kernel for s in model.launches):
+    for kernel in dict.fromkeys(s.kernel for s in live_launches(model)):  # the kernels the trace saw run
         fn = model.functions[kernel]
         if persistent.is_persistent(fn.node):
             continue
