@@ -2,9 +2,10 @@
 
 Each ``backward_kernels.py`` holds the direct style plus backward kernels with their own launches (in a function
 forward never calls). On a GPU context every applicable tactic of the stages that tune launches proposes its
-candidates (re-tiled copies included); in none of them may a launch of a kernel the trace did not see run have changed (its block sizes,
-launch options or grid): a tuning written there is lost on the real kernel. On the H200 the dtype stage's copies went
-to such a launch and the port ended 2.9x slower than its other styles (BENCHMARKS.md).
+candidates (re-tiled copies included); in none of them may a launch of a kernel the trace did not see run have
+changed (its block sizes, launch options or grid): a tuning written there is lost on the real kernel. On the H200
+the dtype stage's copies went to such a launch and the port ended 2.9x slower than its other styles (BENCHMARKS.md);
+this test then found rows-per-program doing the same to logsumexp's backward kernel.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ def _launches(source: str, kernels: set[str]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for site in model.launches:
         if site.kernel in kernels:
-            node = next(n for n in ast.walk(model.tree) if isinstance(n, ast.Call) and n.lineno == site.line)
-            out.setdefault(site.kernel, []).append(" ".join(ast.get_source_segment(source, node).split())
-                                                   if node else lines[site.line - 1])
+            node = next((n for n in ast.walk(model.tree) if isinstance(n, ast.Call) and n.lineno == site.line), None)
+            text = ast.get_source_segment(source, node) if node is not None else None
+            out.setdefault(site.kernel, []).append(" ".join((text or lines[site.line - 1]).split()))
     return out
 
 

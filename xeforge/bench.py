@@ -1123,7 +1123,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                        workers=args.workers, lanes_per_gpu=args.lanes_per_gpu, out=Path(args.out) if args.out else None, variant=args.variant,
                        runs_dir=Path(args.runs_dir), rounds=args.rounds, pairs=args.pairs, engine=args.engine,
                        stages=[s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None,
-                       budget=args.budget, time_budget=args.time_budget, resume=args.resume, redo=args.redo, stop_after=args.stop_after,
+                       budget=args.budget, time_budget=args.time_budget, resume=args.resume, redo=args.redo,
+                       stop_after=args.stop_after,
                        target=args.target, triton=args.triton, llm=llm, llm_argv=llm_argv,
                        json=args.json, argv=sys.argv[1:], final=args.final,
                        profile=args.profile)

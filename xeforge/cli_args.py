@@ -4,7 +4,8 @@ Owns: the llm engine's flags (:func:`add_llm_args`: ``--model``, ``--api-base``,
 back by :func:`xeforge.engines.llm_config`), which ``xeforge port`` and ``xeforge env`` (:mod:`xeforge.cli`) and
 ``xeforge bench --port`` (:mod:`xeforge.bench`) share, the whole-number-at-least-one argument type
 (:func:`positive_int`), the positive-number one (:func:`positive_float`) and the port's time budget
-(:func:`add_time_budget`, ``port`` and ``bench --port`` both take it). It imports nothing of xeforge, so both command modules import it at module level.
+(:func:`add_time_budget`, ``port`` and ``bench --port`` both take it). It imports nothing of xeforge, so both
+command modules import it at module level.
 """
 
 from __future__ import annotations
