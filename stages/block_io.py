@@ -65,6 +65,12 @@ def preferred_modes(ctx: StageContext) -> tuple[list[str], str]:
     return [blockio.DESCRIPTOR, blockio.BLOCK_PTR], "tensor descriptors are Triton's structured-load API"
 
 
+def _needs_allocator(ctx: StageContext) -> bool:
+    """Device-side descriptors need ``triton.set_allocator`` in forward, except on Intel GPUs (KB
+    ``bio-no-set-allocator-on-xpu``)."""
+    return getattr(ctx.device, "kind", "cpu") != "xpu"
+
+
 class TensorDescriptorTiles(Tactic):
     name = "tensor-descriptor"
     summary = ("load the K-loop tiles of a GEMM through tensor descriptors (or block pointers), keeping the "
@@ -80,7 +86,7 @@ class TensorDescriptorTiles(Tactic):
         modes, why = preferred_modes(ctx)
         if not modes:
             raise NotApplicable(why)
-        allocator = getattr(ctx.device, "kind", "cpu") != "xpu"
+        allocator = _needs_allocator(ctx)
         errors: list[str] = []
         for mode in modes:
             try:
@@ -123,7 +129,7 @@ class TensorDescriptorTiles(Tactic):
             # shared memory, which may cost pipeline stages or not fit, so it is a candidate of its own, timed
             try:
                 more, mplan = blockio.rewrite(ctx.source, mode=plan.mode, kernel=plan.kernel, epilogue_loads=True,
-                                              allocator=getattr(ctx.device, "kind", "cpu") != "xpu")
+                                              allocator=_needs_allocator(ctx))
             except NotApplicable:
                 more, mplan = None, plan
             if more is not None and len(mplan.accesses) > len(plan.accesses) and not kb_errors(ctx, more):
