@@ -253,6 +253,27 @@ def test_partials_and_the_ops_after_them_become_one_kernel(verify, name, gone):
     assert verdict.correct, verdict.feedback()
 
 
+def test_a_lone_logsumexp_of_the_partials_becomes_one_kernel(verify):
+    """Nothing follows the row logsumexp in linear_logsumexp's direct style, but torch runs a logsumexp as several
+    launches (on the H200 35 us of a 133 us call after the split GEMM): the combined candidate reduces the partials
+    in one generated kernel; the split alone keeps torch's call. A lone sum stays torch's (one launch already)."""
+    from xeforge.rewrite import NotApplicable
+    from xeforge.rewrite.fusion.combine import combine_partials
+
+    p = problem(ROOT / "tests" / "fixtures" / "styles" / "linear_logsumexp" / "direct.py")
+    cands = propose("fuse-split-row-reduction", p)
+    combined, alone = cands[0], cands[-1]
+    fwd = combined.source[combined.source.index("def forward"):]
+    assert "torch.logsumexp(" not in fwd and "row_combine_kernel[(" in fwd and "return combined" in fwd
+    assert "one launch where torch runs a logsumexp as several" in combined.description
+    assert "torch.logsumexp(row_part, dim=1, keepdim=True)" in alone.source
+    verdict = verify(p, combined.source)
+    assert verdict.correct, verdict.feedback()
+    summed = alone.source.replace("torch.logsumexp(row_part", "torch.sum(row_part")
+    with pytest.raises(NotApplicable, match=r"nothing after torch.sum\(row_part.*would only replace one torch launch"):
+        combine_partials(summed, p)
+
+
 def test_partials_combine_stops_where_the_rows_are_no_longer_a_size_1_dim():
     """A reduction after one that dropped the dim is not the identity: nothing to combine, so it does not apply."""
     from xeforge.rewrite import NotApplicable

@@ -14,6 +14,9 @@ When a translated op meets a per-column vector (kb75: ``torch.min(...)[0] + self
 the ``(rows, 1)`` value broadcasts to ``(rows, N)``; the kernel then loops over blocks of N columns and stores
 the full rows in the result's dtype, where forward wrote an fp32 ``(M, N)`` tensor and cast it in a second pass.
 
+A reduction alone is combined only where torch runs it as several launches (``logsumexp``); a lone ``sum`` or
+``max`` is one torch launch already.
+
 Applies when the buffer is allocated in forward (``torch.full`` / ``empty`` / ``zeros``), written by a Triton
 launch, 2D, and read by nothing after the reduction; otherwise NotApplicable with the reason.
 """
@@ -35,6 +38,10 @@ from xeforge.rewrite.fusion.tl_ops import EpilogueBuilder, Operand, Unsupported
 #: partials one program holds (fp32, 4 warps): rows per program = this // the padded slot count
 PROGRAM_ELEMENTS = 4096
 _ALLOCS = {"full", "empty", "zeros"}
+#: reductions torch runs as several launches even on a small buffer: worth one generated kernel with nothing after
+#: them (torch.logsumexp on CUDA: amax, the infinities masked, sub, exp, sum, log, add; on the H200 these took 35 us
+#: of a 133 us call after the split GEMM of linear_logsumexp, docs/measurements/h200-epilogue/README.md)
+SEVERAL_LAUNCHES = {"logsumexp"}
 
 KERNEL = '''\
 @triton.jit
@@ -160,7 +167,7 @@ def _rewrite(c: Ctx, s: ast.Assign, part: str, red: tuple[str, bool]) -> tuple[s
         if st.targets[0].id != cur:
             older.add(cur)
         cur = st.targets[0].id
-    if not done and to_dtype is None:
+    if not done and to_dtype is None and kind not in SEVERAL_LAUNCHES:
         raise NotApplicable(f"nothing after {ast.unparse(s.value)} translates into the kernel: it would only "
                             "replace one torch launch with another")
     last = max([st.lineno for st in done] + [s.lineno])
@@ -202,6 +209,9 @@ def _rewrite(c: Ctx, s: ast.Assign, part: str, red: tuple[str, bool]) -> tuple[s
     new = dead_code(new, {n.id for st in done for n in ast.walk(st) if isinstance(n, ast.Name)})
     cast = f", written as {dtype}" if to_dtype is not None else ""
     spread = f", broadcast over the {width['src']} columns" if wide is not None else ""
+    if not done:
+        return new, (f"{ast.unparse(s.value)} now runs as one generated Triton kernel ({kernel}: a block of rows per "
+                     f"program{cast}), one launch where torch runs a {kind} as several")
     return new, (f"{ast.unparse(s.value)} and {len(done)} statement(s) after it ({', '.join(dict.fromkeys(ops))}) "
                  f"now run as one generated Triton kernel ({kernel}: a block of rows per program{spread}{cast}), one "
                  "launch instead of one or more per statement")
