@@ -17,8 +17,10 @@ spec times several shapes, another configuration for the class of a shape far fr
 M — as a small dispatch at the launch, ``if M <= 128: kernel[grid_a](..., BLOCK_M=16, ...) else: <the searched
 launch>``, drawn from the search's verified trials and the KB's seeds, every branch reached by a correctness shape,
 gate 3 timing every shape; on the interpreter and at an ``@triton.autotune``'d kernel it does not apply) and
-``rows-per-program`` (:mod:`stages.device_tuning_rows`, ROWS rows per program for kernels that start one tiny
-program per row, last so ROWS is sized from the tuned block).
+``epilogue-halves`` (:mod:`stages.device_tuning_epilogue`, a GEMM's epilogue on the two column halves of its tuned
+tile, fewer live registers where a heavy epilogue spills) and ``rows-per-program``
+(:mod:`stages.device_tuning_rows`, ROWS rows per program for kernels that start one tiny program per row, last so
+ROWS is sized from the tuned block).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import random
 from typing import Any
 
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic
+from stages.device_tuning_epilogue import EpilogueHalves
 from stages.device_tuning_rows import RowsPerProgram
 from stages.device_tuning_shapes import PerShapeConfig
 from stages.device_tuning_splitk import SplitK
@@ -200,8 +203,9 @@ STAGE = Stage(
     kb_topics=("tiles", "warps", "grf", "slm", "swizzle"),
     # split-K first: it needs the 2D grid the swizzle replaces, and the search then tunes the split kernel;
     # swizzle before the search: GROUP_SIZE_M becomes searchable; per-shape configurations after it: the primary keeps
-    # the searched configuration and the search's trials are there to draw from; row batching last: ROWS is sized
-    # from the tuned block
-    tactics=[SplitK(), GroupedTileOrder(), LaunchParamSearch(), PerShapeConfig(target_site), RowsPerProgram()],
+    # the searched configuration and the search's trials are there to draw from; the epilogue halves then, of the
+    # tuned tile; row batching last: ROWS is sized from the tuned block
+    tactics=[SplitK(), GroupedTileOrder(), LaunchParamSearch(), PerShapeConfig(target_site),
+             EpilogueHalves(target_site), RowsPerProgram()],
     detectors=[_detect_defaults],
 )

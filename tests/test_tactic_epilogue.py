@@ -1,0 +1,119 @@
+"""The device_tuning stage's epilogue-halves tactic: a GEMM's epilogue on two column halves of its accumulator.
+
+The rewrite runs through the real verifier on the interpreter (ci shapes, ragged N whose second half is partly or
+wholly out of bounds), on the style corpus's GELU + residual problem as its start, after fusion and after block_io
+(the C descriptor halved, the residual through a descriptor too), and on every style of two problems (the launch is
+never what decides); an epilogue it cannot split is left alone with the construct named.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from stages import device_tuning, fusion
+from stages.device_tuning import target_site
+from stages.device_tuning_epilogue import EpilogueHalves
+from tests.conftest import FIXTURES, ROOT, tactic_context
+from xeforge.kernel_model import parse_kernel
+from xeforge.problem import load_problem
+from xeforge.rewrite import NotApplicable, blockio
+from xeforge.rewrite.device_tuning.epilogue import split_epilogue
+
+STYLES = FIXTURES / "styles"
+TACTIC = EpilogueHalves(target_site)
+STYLE_NAMES = sorted(p.stem for p in (STYLES / "linear_relu").glob("*.py") if p.stem != "reference")
+
+
+def halved(p, source: str | None = None, kind: str = "cpu"):
+    ctx = tactic_context(p, source, kind=kind, target="h200" if kind == "cuda" else None)
+    app = TACTIC.check(ctx)
+    assert app.applies, app.reason
+    cands = TACTIC.propose(ctx)
+    assert cands and all(c.tactic == "epilogue-halves" and c.kind == "rewrite" for c in cands)
+    return cands
+
+
+def fused_gelu(p) -> str:
+    fuse = next(t for t in fusion.STAGE.tactics if t.name == "fuse-epilogue")
+    return fuse.propose(tactic_context(p))[0].source
+
+
+def test_the_start_kernel_epilogue_runs_on_two_halves(verify):
+    p = load_problem(STYLES / "linear_gelu_residual" / "direct.py")
+    cand = halved(p)[0]
+    src = cand.source
+    assert "acc_halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))" in src
+    assert "offs_n_lo, offs_n_hi = tl.split(tl.permute(tl.reshape(offs_n, (2, BLOCK_N // 2)), (1, 0)))" in src
+    assert src.count("tl.store(") == 2 and "offs_n_hi[None, :] < N" in src
+    assert "column halves of acc" in cand.description and cand.params["epilogue_halves"] is True
+    verdict = verify(p, src)
+    assert verdict.correct, verdict.feedback()
+
+
+def test_after_fusion_and_block_io_the_descriptors_are_halved(verify):
+    """The fused GELU + residual epilogue, its residual and C through descriptors: both descriptors get a
+    [BM, BN // 2] block, the second half's column coordinate moves by BN // 2, and the K loop's descriptors stay."""
+    p = load_problem(STYLES / "linear_gelu_residual" / "direct.py")
+    fused = fused_gelu(p)
+    src, _ = blockio.rewrite(fused, kernel=blockio.choose_kernel(parse_kernel(fused)), epilogue_loads=True)
+    new, plan = split_epilogue(src, "linear_bias_kernel")
+    assert set(plan.descriptors) >= {"residual_desc"} and len(plan.descriptors) == 2, plan
+    assert "block_shape=[BLOCK_M, BLOCK_N // 2]" in new and "block_shape=[BLOCK_N, BLOCK_K]" in new
+    assert "pid_n * BLOCK_N + BLOCK_N // 2]" in new and "tl.erf(acc_hi" in new and "tl.erf(acc_lo" in new
+    verdict = verify(p, new)
+    assert verdict.correct, verdict.feedback()
+    # and wrong halves fail the verifier: the second half stored over the first
+    broken = new.replace("pid_n * BLOCK_N + BLOCK_N // 2]", "pid_n * BLOCK_N]")
+    assert broken != new and not verify(p, broken).correct
+
+
+@pytest.mark.parametrize("problem_name", ["linear_relu", "linear_gelu_residual"])
+@pytest.mark.parametrize("style", STYLE_NAMES)
+def test_applies_in_every_style(problem_name, style):
+    """Wrappers, META grids, @triton.autotune, autograd.Function, launcher classes, torch.library ops, module
+    constants, backward kernels beside forward's: the rewrite reads the kernel forward really launches."""
+    p = load_problem(STYLES / problem_name / f"{style}.py")
+    ctx = tactic_context(p)
+    site = target_site(ctx.model)
+    _, plan = split_epilogue(ctx.source, site.kernel)  # the rewrite itself, whatever the start's tile
+    assert plan.kernel == site.kernel and plan.statements >= 2
+    app = TACTIC.check(ctx)  # a start launched with 16 columns is refused for that alone (the tuned tile is wider)
+    assert app.applies or "columns are too narrow to gain" in app.reason, app.reason
+
+
+def test_a_row_reduction_in_the_epilogue_is_left_alone():
+    """The split logsumexp's per-tile partial is a max and a sum over the tile's columns: half a row is not the
+    partial of the tile (and on the H200 its halves ran slower anyway)."""
+    p = load_problem(STYLES / "linear_logsumexp" / "direct.py")
+    split = next(t for t in fusion.STAGE.tactics if t.name == "fuse-split-row-reduction")
+    src = split.propose(tactic_context(p))[-1].source
+    assert "row_part" in src
+    app = TACTIC.check(tactic_context(p, src))
+    assert not app.applies and "the epilogue calls tl.max" in app.reason
+
+
+def test_a_tile_made_before_the_loop_and_narrow_halves_are_refused():
+    p = load_problem(STYLES / "linear_relu" / "direct.py")
+    src = p.kernel_source
+    kernel = target_site(parse_kernel(src)).kernel
+    # the output pointers as a [BM, BN] tile built before the K loop: not a column vector, so not split
+    ptrs = "y_ptr + rm[:, None] * sym + rn[None, :] * syn"
+    tiled = src.replace("    for k in range(", f"    out_tile = {ptrs}\n    for k in range(", 1)
+    tiled = tiled.replace(f"tl.store({ptrs},", "tl.store(out_tile,", 1)
+    assert tiled.count("out_tile") == 2, "fixture drifted: the store's pointer expression changed"
+    with pytest.raises(NotApplicable, match=r"reads out_tile, a \[\.\., BN\] tile made before the K loop"):
+        split_epilogue(tiled, kernel)
+    app = TACTIC.check(tactic_context(p))  # the start launches BN=16: halves of 8 columns
+    assert app.applies is False and "halves of 8 columns are too narrow" in app.reason
+
+
+def test_the_stage_lists_it_after_the_search():
+    names = [t.name for t in device_tuning.STAGE.tactics]
+    assert names.index("launch-params") < names.index("epilogue-halves") < names.index("rows-per-program")
+
+
+def test_a_gpu_also_gets_the_kb_top_tile():
+    p = load_problem(STYLES / "linear_gelu_residual" / "direct.py")
+    cpu = halved(p)
+    gpu = halved(p, kind="cuda")
+    assert len(cpu) == 1 and len(gpu) == 2 and "; with BLOCK_M=" in gpu[1].description
