@@ -43,7 +43,9 @@ def test_the_start_kernel_epilogue_runs_on_two_halves(verify):
     cand = halved(p)[0]
     src = cand.source
     assert "acc_halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))" in src
-    assert "offs_n_lo, offs_n_hi = tl.split(tl.permute(tl.reshape(offs_n, (2, BLOCK_N // 2)), (1, 0)))" in src
+    # each half made as the whole was, so the compiler still knows it is contiguous (a split vector is not)
+    assert "offs_n_lo = pid_n * BLOCK_N + tl.arange(0, BLOCK_N // 2)" in src
+    assert "offs_n_hi = pid_n * BLOCK_N + (BLOCK_N // 2 + tl.arange(0, BLOCK_N // 2))" in src
     assert src.count("tl.store(") == 2 and "offs_n_hi[None, :] < N" in src
     assert "column halves of acc" in cand.description and cand.params["epilogue_halves"] is True
     verdict = verify(p, src)
@@ -107,13 +109,38 @@ def test_a_tile_made_before_the_loop_and_narrow_halves_are_refused():
     assert app.applies is False and "halves of 8 columns are too narrow" in app.reason
 
 
+def test_a_column_vector_assigned_twice_is_split_not_made_again(verify):
+    """Where the column vector is assigned more than once its definition cannot be replayed at the epilogue: the
+    halves are the vector's own, split like the accumulator; still correct."""
+    p = load_problem(STYLES / "linear_relu" / "direct.py")
+    line = "    rn = pn * BN + tl.arange(0, BN)\n"
+    assert line in p.kernel_source, "fixture drifted: the column vector's definition changed"
+    src = p.kernel_source.replace(line, line + "    rn = tl.max_contiguous(rn, BN)\n")
+    kernel = target_site(parse_kernel(src)).kernel
+    new, plan = split_epilogue(src, kernel)
+    assert plan.columns == ["rn"] and "rn_lo, rn_hi = tl.split(tl.permute(tl.reshape(rn, (2, BN // 2)), (1, 0)))" in new
+    verdict = verify(p, new)
+    assert verdict.correct, verdict.feedback()
+
+
 def test_the_stage_lists_it_after_the_search():
     names = [t.name for t in device_tuning.STAGE.tactics]
     assert names.index("launch-params") < names.index("epilogue-halves") < names.index("rows-per-program")
 
 
-def test_a_gpu_also_gets_the_kb_top_tile():
+def test_a_gpu_also_gets_the_kb_top_tile_and_a_tile_loop():
     p = load_problem(STYLES / "linear_gelu_residual" / "direct.py")
     cpu = halved(p)
     gpu = halved(p, kind="cuda")
-    assert len(cpu) == 1 and len(gpu) == 2 and "; with BLOCK_M=" in gpu[1].description
+    assert len(cpu) == 1 and len(gpu) == 3 and "; with BLOCK_M=" in gpu[1].description
+    looped = gpu[2]  # and the halves inside a persistent tile loop, the start having one tile per program
+    assert looped.params["persistent"] and "inside linear_bias_kernel: persistent loop" in looped.description
+    assert "for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):" in looped.source
+    assert looped.source.count("acc_halves = tl.permute(") == 1
+
+
+def test_the_halves_in_a_tile_loop_are_correct(verify):
+    p = load_problem(STYLES / "linear_gelu_residual" / "direct.py")
+    looped = halved(p, kind="cuda")[2]
+    verdict = verify(p, looped.source)
+    assert verdict.correct, verdict.feedback()
