@@ -16,8 +16,9 @@ from stages.device_tuning_epilogue import EpilogueHalves
 from tests.conftest import FIXTURES, ROOT, tactic_context
 from xeforge.kernel_model import parse_kernel
 from xeforge.problem import load_problem
-from xeforge.rewrite import NotApplicable, blockio
+from xeforge.rewrite import NotApplicable, blockio, persistent
 from xeforge.rewrite.device_tuning.epilogue import split_epilogue
+from xeforge.rewrite.tiling.configs import apply_config
 
 STYLES = FIXTURES / "styles"
 TACTIC = EpilogueHalves(target_site)
@@ -64,6 +65,12 @@ def test_after_fusion_and_block_io_the_descriptors_are_halved(verify):
     assert "pid_n * BLOCK_N + BLOCK_N // 2]" in new and "tl.erf(acc_hi" in new and "tl.erf(acc_lo" in new
     verdict = verify(p, new)
     assert verdict.correct, verdict.feedback()
+    # the later rewrites still read the tile axes (the descriptor path's K loop says nothing about them; the halves'
+    # masks do, as BLOCK_N//2 vectors): a tile loop and a re-tiled launch, on the H200 the halves were not composable
+    looped, _ = persistent.rewrite(new, kernel="linear_bias_kernel")
+    assert "tl.range(tl.program_id(0), num_tiles, tl.num_programs(0))" in looped
+    assert "triton.cdiv(M, 64), triton.cdiv(N, 128)" in apply_config(new, "linear_bias_kernel",
+                                                                      {"BLOCK_M": 64, "BLOCK_N": 128})
     # and wrong halves fail the verifier: the second half stored over the first
     broken = new.replace("pid_n * BLOCK_N + BLOCK_N // 2]", "pid_n * BLOCK_N]")
     assert broken != new and not verify(p, broken).correct

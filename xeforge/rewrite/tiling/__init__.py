@@ -128,9 +128,13 @@ class Poly:
         for m, c in self.terms:
             v = c
             for s in m:
-                if s not in values or values[s] is None:
+                x = values.get(s)
+                if x is None and "//" in s:  # a halved block, ``BLOCK_N//2`` (see ``_binop``)
+                    base, div = s.split("//")
+                    x = values[base] // int(div) if values.get(base) is not None else None
+                if x is None:
                     return None
-                v *= values[s]
+                v *= x
             total += v
         return total
 
@@ -325,6 +329,17 @@ def assigned_names(stmts: list[ast.stmt]) -> set[str]:
 
 def names_in(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def block_symbol(size: Poly, constexprs: set[str]) -> str | None:
+    """The block constexpr an index vector of ``size`` elements walks: ``BLOCK_N`` for ``BLOCK_N`` and for a part
+    of it, ``BLOCK_N//2`` (the column halves of a tile); None otherwise."""
+    s = size.single_symbol()
+    if s in constexprs:
+        return s
+    if s and "//" in s and s.split("//")[0] in constexprs:
+        return s.split("//")[0]
+    return None
 
 
 def is_tl_call(node: ast.AST, attr: str) -> bool:
@@ -549,6 +564,11 @@ class KernelAnalysis:
                 return a - b
             if isinstance(op, ast.Mult):
                 return a * b
+            if isinstance(op, ast.FloorDiv) and a.single_symbol() and b.const_value and b.const_value > 0 \
+                    and b.is_const:
+                # a block constexpr halved (the epilogue halves' ``tl.arange(0, BLOCK_N // 2)``): a symbol of its own,
+                # which :func:`block_symbol` maps back to its block
+                return Poly.sym(f"{a.single_symbol()}//{b.const_value}")
             return OPAQUE
         if a is OPAQUE or b is OPAQUE:
             if isinstance(a, (Poly, _Opaque)) and isinstance(b, (Poly, _Opaque)):

@@ -15,8 +15,8 @@ from typing import Iterable
 
 from xeforge.analysis.launches import bindings, live_launches
 from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, dotted_name, is_literal, literal
-from xeforge.rewrite.tiling import (BlockPtr, KernelAnalysis, Mask, NotApplicable, Poly, _factor_key, _kw, is_tl_call,
-                                    names_in)
+from xeforge.rewrite.tiling import (BlockPtr, KernelAnalysis, Mask, NotApplicable, Poly, _factor_key, _kw,
+                                    block_symbol, is_tl_call, names_in)
 
 
 @dataclass
@@ -96,8 +96,8 @@ def axis_tiles(an: KernelAnalysis, pid: str) -> list[tuple[str, Poly]]:
         masks = [acc.mask] if isinstance(acc.mask, Mask) else []
         for m in masks:
             for b in m.bounds:
-                blk = b.vec.size.single_symbol()
-                if blk is None or blk not in an.constexprs:
+                blk = block_symbol(b.vec.size, an.constexprs)
+                if blk is None:
                     continue
                 coef = b.vec.start.as_dict().get(tuple(sorted((pid, blk), key=_factor_key)))
                 if coef != 1:
@@ -203,8 +203,8 @@ class GridTranslator:
         for acc in an.accesses:
             for m in ([acc.mask] if isinstance(acc.mask, Mask) else []):
                 for bd in m.bounds:
-                    blk, b = bd.vec.size.single_symbol(), bd.limit.single_symbol()
-                    if blk in an.constexprs and b and bd.vec.start.symbols() and \
+                    blk, b = block_symbol(bd.vec.size, an.constexprs), bd.limit.single_symbol()
+                    if blk and b and bd.vec.start.symbols() and \
                             any(blk in mono for mono, _ in bd.vec.start.terms):
                         self.bound_blocks.setdefault(b, set()).add(blk)
 
