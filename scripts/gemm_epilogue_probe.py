@@ -104,11 +104,23 @@ def _gemm(a_ptr, b_ptr, bias_ptr, r_ptr, c_ptr, part_ptr, M, N, K,
                     c_desc.store([pid_m * BM, pid_n * BN], out.to(c_ptr.dtype.element_ty))
 
 
+@triton.jit
+def _gelu_residual(y_ptr, r_ptr, out_ptr, n_elements, BLOCK: tl.constexpr):
+    """The epilogue as a kernel of its own after the GEMM (the unfused alternative): out = gelu(y) + r."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_elements
+    y = tl.load(y_ptr + offs, mask=mask).to(tl.float32)
+    res = tl.load(r_ptr + offs, mask=mask).to(tl.float32)
+    out = 0.5 * y * (1.0 + tl.erf(y * 0.7071067811865476)) + res
+    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
 def main() -> int:
     dev = torch.device("cuda")
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     m = int(sys.argv[1]) if len(sys.argv) > 1 else 2048
+    unfused_only = "unfused" in sys.argv[2:]
     n = k = 4096
     a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
     w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) / 64
@@ -155,6 +167,8 @@ def main() -> int:
     cases.append(dict(base, EPI=GELU_RES, PREFETCH=True, PTR_STORE=True, stages=4))
     cases.append(dict(base, EPI=GELU_RES_DESC, SUBTILE=True))
     cases.append(dict(base, EPI=GELU_RES_DESC, SUBTILE=True, WS=True))
+    if unfused_only:
+        cases = [dict(base, EPI=BARE), dict(base, EPI=GELU_RES, SUBTILE=True)]
     for case in cases:
         epi = case["EPI"]
         bm, bn = case["BM"], case["BN"]
@@ -187,7 +201,35 @@ def main() -> int:
         except Exception as exc:  # noqa: BLE001 - a probe reports every failure as data
             row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         print(json.dumps(row), flush=True)
+    if unfused_only:
+        _unfused(m, n, k, a, w, bias, r, sms, torch_ref)
     return 0
+
+
+def _unfused(m, n, k, a, w, bias, r, sms, torch_ref) -> None:
+    """The GEMM (bias only, tile loop, 128 x 256 x 64) and then gelu + residual as a second Triton kernel."""
+    c = torch.empty(m, n, device=a.device, dtype=torch.bfloat16)
+    out = torch.empty_like(c)
+    part = torch.empty(1, device=a.device)
+    grid = (min(sms, triton.cdiv(m, 128) * triton.cdiv(n, 256)),)
+    ref = torch_ref(GELU_RES).float()
+
+    def gemm():
+        _gemm[grid](a, w, bias, r, c, part, m, n, k, BM=128, BN=256, BK=64, GROUP_M=8, EPI=BARE, FLATTEN=False,
+                    WS=False, PREFETCH=False, SUBTILE=False, PTR_STORE=False, num_warps=8, num_stages=3)
+    for block, warps in ((1024, 4), (2048, 8), (4096, 8)):
+        def tail(block=block, warps=warps):
+            _gelu_residual[(triton.cdiv(m * n, block),)](c, r, out, m * n, BLOCK=block, num_warps=warps)
+
+        def both():
+            gemm()
+            tail()
+        both()
+        torch.cuda.synchronize()
+        row = {"M": m, "case": "unfused: GEMM+bias, then a gelu+residual kernel", "BLOCK": block, "warps": warps,
+               "max_err": round((out.float() - ref).abs().max().item(), 4), "ms": round(do_bench(both), 5),
+               "tail_ms": round(do_bench(tail), 5)}
+        print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":
