@@ -49,6 +49,8 @@ def test_the_start_kernel_epilogue_runs_on_two_halves(verify):
     assert "offs_n_hi = pid_n * BLOCK_N + (BLOCK_N // 2 + tl.arange(0, BLOCK_N // 2))" in src
     assert src.count("tl.store(") == 2 and "offs_n_hi[None, :] < N" in src
     assert "column halves of acc" in cand.description and cand.params["epilogue_halves"] is True
+    again = TACTIC.check(tactic_context(p, src))  # never halved twice
+    assert not again.applies and "already in halves" in again.reason
     verdict = verify(p, src)
     assert verdict.correct, verdict.feedback()
 
