@@ -1,0 +1,76 @@
+"""The same three gelu_residual computations under two timers (run from the repository root on the GPU machine).
+
+``do_bench`` (L2 cleared with one write, events around the call) against the bench's gate-3 timer (the L2-flush write
+repeated until the device is still busy when the host has issued the call, so host time is not timed): the port's
+final kernel of call 4 (``gelu_final_call4.py``, the epilogue halves in a tile loop), torch.compile of the
+reference, and the probe's kernel with the same schedule (``scripts/gemm_epilogue_probe.py``). 2048 x 4096 x 4096
+bf16; one JSON line per (computation, timer).
+"""
+import importlib.util, json, statistics, sys, time
+
+import torch, triton
+from triton.testing import do_bench
+
+sys.path.insert(0, "scripts")
+import gemm_epilogue_probe as probe  # noqa: E402
+
+dev = torch.device("cuda")
+triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
+
+
+def load(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def gate3(fn, reps=30):
+    flush = torch.empty(2 * 60 * 2**20, dtype=torch.int8, device=dev)
+    fn(); torch.cuda.synchronize()
+    t0 = time.perf_counter(); fn(); host = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record(); flush.zero_(); e.record(); torch.cuda.synchronize()
+    repeats = max(1, int(4 * host * 1e3 / max(s.elapsed_time(e), 1e-3)) + 1)
+    out = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        for _ in range(repeats):
+            flush.zero_()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record(); fn(); e.record(); torch.cuda.synchronize()
+        out.append(s.elapsed_time(e))
+    return statistics.median(out), host * 1e3
+
+
+M = N = K = 4096
+M = 2048
+torch.manual_seed(0)
+x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+r = torch.randn(M, N, device=dev, dtype=torch.bfloat16)
+here = "docs/measurements/h200-epilogue"
+final = load(f"{here}/gelu_final_call4.py", "final").Model(K, N).to(dev, torch.bfloat16)
+ref = load("tests/fixtures/styles/linear_gelu_residual/reference.py", "ref").Model(K, N).to(dev, torch.bfloat16)
+compiled = torch.compile(ref)
+wt = final.proj.weight.detach()
+bias = final.proj.bias.detach()
+c = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
+part = torch.empty(1, device=dev)
+sms = torch.cuda.get_device_properties(dev).multi_processor_count
+grid = (min(sms, triton.cdiv(M, 128) * triton.cdiv(N, 256)),)
+
+
+def probe_kernel():
+    probe._gemm[grid](x, wt, bias, r, c, part, M, N, K, BM=128, BN=256, BK=64, GROUP_M=8, EPI=probe.GELU_RES,
+                      FLATTEN=False, WS=False, PREFETCH=False, SUBTILE=True, PTR_STORE=False, num_warps=8,
+                      num_stages=3)
+
+
+with torch.no_grad():
+    for name, fn in (("port final (call 4)", lambda: final(x, r)), ("torch.compile", lambda: compiled(x, r)),
+                     ("probe kernel", probe_kernel), ("port final again", lambda: final(x, r))):
+        fn(); torch.cuda.synchronize()
+        g3, host = gate3(fn)
+        print(json.dumps({"case": name, "do_bench_ms": round(do_bench(fn), 5), "gate3_ms": round(g3, 5),
+                          "host_ms": round(host, 4)}), flush=True)
