@@ -132,6 +132,19 @@ def test_a_column_vector_assigned_twice_is_split_not_made_again(verify):
     assert verdict.correct, verdict.feedback()
 
 
+def test_tutorial_style_offsets_made_in_the_epilogue_are_halved(verify):
+    """linear_logsumexp's GEMM makes its C offsets after the K loop (``offs_cn = pid_n * BLOCK_SIZE_N +
+    tl.arange(0, BLOCK_SIZE_N)``, the Triton tutorial's style) and walks pointers along K: each half gets its own
+    range there, and the result is correct."""
+    p = load_problem(STYLES / "linear_logsumexp" / "direct.py")
+    new, plan = split_epilogue(p.kernel_source, "matmul_bias_kernel")
+    assert "offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N // 2)" in new
+    assert "offs_cn = pid_n * BLOCK_SIZE_N + (BLOCK_SIZE_N // 2 + tl.arange(0, BLOCK_SIZE_N // 2))" in new
+    assert plan.columns == ["offs_bn"]  # the bias offsets, made before the loop
+    verdict = verify(p, new)
+    assert verdict.correct, verdict.feedback()
+
+
 def test_the_stage_lists_it_after_the_search():
     names = [t.name for t in device_tuning.STAGE.tactics]
     assert names.index("launch-params") < names.index("epilogue-halves") < names.index("rows-per-program")
