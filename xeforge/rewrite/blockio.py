@@ -109,6 +109,10 @@ def _contiguous_dim(strides: list[Poly], bind: dict[str, str]) -> int:
     return best
 
 
+def _pointer_tile_of_rank_2(ptr) -> bool:
+    return isinstance(ptr, Ptr) and ptr.rank == 2 and len(ptr.offs.terms) == 2
+
+
 def _tile_dims(an: KernelAnalysis, acc: Access, loop_names: set[str]) -> list[TileDim]:
     """The shape, stride, block and start of each dimension of a recognised rank-2 access, or NotApplicable."""
     params = set(an.params)
@@ -122,7 +126,7 @@ def _tile_dims(an: KernelAnalysis, acc: Access, loop_names: set[str]) -> list[Ti
         for shape, stride, block, start in zip(ptr.shape, ptr.strides, ptr.block, ptr.offsets):
             dims.append(TileDim(shape, stride, block, start))
     elif isinstance(ptr, Ptr):
-        if ptr.rank != 2 or len(ptr.offs.terms) != 2:
+        if not _pointer_tile_of_rank_2(ptr):
             raise NotApplicable("not a rank-2 tile of pointers")
         if not ptr.offs.scalar.is_zero:
             raise NotApplicable(f"the base pointer {ptr.base} is offset by {ptr.offs.scalar.code()}")
@@ -201,7 +205,8 @@ def plan_block_io(model: KernelModel, kernel: str, mode: str = DESCRIPTOR, epilo
     skipped: list[str] = []
     taken = {n.id for n in ast.walk(fn.node) if isinstance(n, ast.Name)} | set(fn.params)
     for acc in candidates:
-        epilogue_load = acc.kind == "load" and not acc.loops
+        if acc.kind == "load" and not acc.loops and isinstance(acc.ptr, Ptr) and not _pointer_tile_of_rank_2(acc.ptr):
+            continue  # an epilogue's bias vector or scalar: nothing for a 2D descriptor to move
         try:
             dims = _tile_dims(an, acc, loop_names if acc.kind == "load" else set())
             cont = _contiguous_dim([d.stride for d in dims], bind)
@@ -225,8 +230,6 @@ def plan_block_io(model: KernelModel, kernel: str, mode: str = DESCRIPTOR, epilo
             spec = descs[spec.key()]
             plans.append(AccessPlan(acc, spec, [d.start for d in ddims]))
         except NotApplicable as exc:
-            if epilogue_load and str(exc) == "not a rank-2 tile of pointers":
-                continue  # a bias vector or a scalar: nothing for a 2D descriptor to move
             skipped.append(f"{acc.kind} of {_base_of(acc, an.params)} at line {acc.line}: {exc}")
     loads = [p for p in plans if p.access.kind == "load" and p.access.loops]
     if not loads:

@@ -1,4 +1,5 @@
-"""The same three gelu_residual computations under two timers (run from the repository root on the GPU machine).
+"""The same three gelu_residual computations under two timers (run from the repository root on the GPU machine,
+``PYTHONPATH=.``).
 
 ``do_bench`` (L2 cleared with one write, events around the call) against the bench's gate-3 timer (the L2-flush write
 repeated until the device is still busy when the host has issued the call, so host time is not timed): the port's
@@ -13,6 +14,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, "scripts")
 import gemm_epilogue_probe as probe  # noqa: E402
+from xeforge.timing import delay_flushes  # noqa: E402
 
 dev = torch.device("cuda")
 triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
@@ -32,7 +34,7 @@ def gate3(fn, reps=30):
     torch.cuda.synchronize()
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     s.record(); flush.zero_(); e.record(); torch.cuda.synchronize()
-    repeats = max(1, int(4 * host * 1e3 / max(s.elapsed_time(e), 1e-3)) + 1)
+    repeats = delay_flushes(host * 1e3, s.elapsed_time(e))  # gate 3's own sizing
     out = []
     for _ in range(reps):
         torch.cuda.synchronize()
@@ -44,8 +46,7 @@ def gate3(fn, reps=30):
     return statistics.median(out), host * 1e3
 
 
-M = N = K = 4096
-M = 2048
+M, N, K = 2048, 4096, 4096
 torch.manual_seed(0)
 x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
 r = torch.randn(M, N, device=dev, dtype=torch.bfloat16)
