@@ -9,7 +9,8 @@ per core (smaller tiles: one program's epilogue under the other's main loop), C 
 deeper pipeline. One kernel, written here, every option a constexpr; ``triton.testing.do_bench`` (L2 cleared),
 median ms; one JSON line per case on stdout, with the max error against torch.
 
-Usage (GPU machine, repo root): python3 scripts/gemm_epilogue_probe.py [M]
+Usage (GPU machine, repo root, PYTHONPATH=.): python3 scripts/gemm_epilogue_probe.py [M] [unfused | erf]
+``erf``: the GELU's erf three ways (libdevice, Abramowitz & Stegun 7.1.26, none), under do_bench and gate 3's timer.
 """
 from __future__ import annotations
 
@@ -28,12 +29,25 @@ EPI_NAMES = {BARE: "bias", GELU: "bias+gelu", GELU_RES: "bias+gelu+residual(ptr)
 
 
 @triton.jit
+def _phi(x):
+    """The normal CDF through Abramowitz & Stegun 7.1.26 (|erf error| <= 1.5e-7): one reciprocal, one exp2, five FMAs."""
+    z = tl.abs(x) * 0.7071067811865476
+    t = tl.fdiv(1.0, 1.0 + 0.3275911 * z, ieee_rounding=False)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    half_erfc = 0.5 * poly * tl.exp2(z * z * -1.4426950408889634)
+    return tl.where(x >= 0, 1.0 - half_erfc, half_erfc)
+
+
+@triton.jit
 def _epilogue(acc, bias_ptr, r_ptr, r_desc, part_ptr, offs_m, offs_n, row0, col0, slot, M, N, num_slots,
-              EPI: tl.constexpr, PREFETCHED, USE_PREFETCH: tl.constexpr):
+              EPI: tl.constexpr, PREFETCHED, USE_PREFETCH: tl.constexpr, ERF: tl.constexpr = 0):
     bias = tl.load(bias_ptr + offs_n).to(tl.float32)
     acc = acc + bias[None, :]
     if EPI == 1 or EPI == 2 or EPI == 3:
-        acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
+        if ERF == 0:
+            acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
+        elif ERF == 1:
+            acc = acc * _phi(acc)
     if EPI == 2:
         if USE_PREFETCH:
             res = PREFETCHED.to(tl.float32)
@@ -54,7 +68,7 @@ def _epilogue(acc, bias_ptr, r_ptr, r_desc, part_ptr, offs_m, offs_n, row0, col0
 def _gemm(a_ptr, b_ptr, bias_ptr, r_ptr, c_ptr, part_ptr, M, N, K,
           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
           EPI: tl.constexpr, FLATTEN: tl.constexpr, WS: tl.constexpr, PREFETCH: tl.constexpr,
-          SUBTILE: tl.constexpr, PTR_STORE: tl.constexpr):
+          SUBTILE: tl.constexpr, PTR_STORE: tl.constexpr, ERF: tl.constexpr = 0):
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
     b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[K, 1], block_shape=[BN, BK])
     if SUBTILE:
@@ -87,16 +101,16 @@ def _gemm(a_ptr, b_ptr, bias_ptr, r_ptr, c_ptr, part_ptr, M, N, K,
             acc0, acc1 = acc.reshape(BM, 2, BN // 2).permute(0, 2, 1).split()
             offs_n0 = pid_n * BN + tl.arange(0, BN // 2)
             out0 = _epilogue(acc0, bias_ptr, r_ptr, r_desc, part_ptr, offs_m, offs_n0, pid_m * BM, pid_n * BN, 2 * pid_n,
-                             M, N, 2 * num_pid_n, EPI, pre, False)
+                             M, N, 2 * num_pid_n, EPI, pre, False, ERF)
             c_desc.store([pid_m * BM, pid_n * BN], out0.to(c_ptr.dtype.element_ty))
             offs_n1 = pid_n * BN + BN // 2 + tl.arange(0, BN // 2)
             out1 = _epilogue(acc1, bias_ptr, r_ptr, r_desc, part_ptr, offs_m, offs_n1, pid_m * BM, pid_n * BN + BN // 2, 2 * pid_n + 1,
-                             M, N, 2 * num_pid_n, EPI, pre, False)
+                             M, N, 2 * num_pid_n, EPI, pre, False, ERF)
             c_desc.store([pid_m * BM, pid_n * BN + BN // 2], out1.to(c_ptr.dtype.element_ty))
         else:
             offs_n = pid_n * BN + tl.arange(0, BN)
             out = _epilogue(acc, bias_ptr, r_ptr, r_desc, part_ptr, offs_m, offs_n, pid_m * BM, pid_n * BN, pid_n,
-                            M, N, num_pid_n, EPI, pre, PREFETCH)
+                            M, N, num_pid_n, EPI, pre, PREFETCH, ERF)
             if EPI != 4:
                 if PTR_STORE:
                     tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], out.to(c_ptr.dtype.element_ty))
@@ -115,12 +129,49 @@ def _gelu_residual(y_ptr, r_ptr, out_ptr, n_elements, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+def gate3(fn, reps=30):
+    """Median ms of ``fn`` under a timer like the bench's gate 3: the L2-flush write repeated (as many times as
+    :func:`xeforge.timing.delay_flushes` says) so the device is still busy when the host has issued the call."""
+    import statistics
+    import time
+
+    from xeforge.timing import delay_flushes
+
+    dev = torch.device("cuda")
+    flush = torch.empty(2 * 60 * 2**20, dtype=torch.int8, device=dev)
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    host = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    flush.zero_()
+    e.record()
+    torch.cuda.synchronize()
+    repeats = delay_flushes(host * 1e3, s.elapsed_time(e))
+    out = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        for _ in range(repeats):
+            flush.zero_()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        torch.cuda.synchronize()
+        out.append(s.elapsed_time(e))
+    return statistics.median(out), host * 1e3
+
+
 def main() -> int:
     dev = torch.device("cuda")
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     m = int(sys.argv[1]) if len(sys.argv) > 1 else 2048
     unfused_only = "unfused" in sys.argv[2:]
+    erf_only = "erf" in sys.argv[2:]
     n = k = 4096
     a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
     w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) / 64
@@ -169,6 +220,11 @@ def main() -> int:
     cases.append(dict(base, EPI=GELU_RES_DESC, SUBTILE=True, WS=True))
     if unfused_only:
         cases = [dict(base, EPI=BARE), dict(base, EPI=GELU_RES, SUBTILE=True)]
+    if erf_only:  # the GELU's erf: libdevice's (0), A&S 7.1.26 (1), none (2: the epilogue's floor)
+        cases = [dict(base, EPI=BARE), dict(base, EPI=BARE, stages=4, PTR_STORE=True)]
+        for sub in (False, True):
+            cases += [dict(base, EPI=GELU_RES, SUBTILE=sub, ERF=e) for e in (0, 1, 2)]
+        cases += [dict(base, EPI=GELU_RES, SUBTILE=True, stages=4, ERF=e) for e in (0, 1)]
     for case in cases:
         epi = case["EPI"]
         bm, bn = case["BM"], case["BN"]
@@ -180,13 +236,15 @@ def main() -> int:
         def run(case=case, c=c, part=part, grid=grid):
             return _gemm[grid](a, w, bias, r, c, part, m, n, k, BM=case["BM"], BN=case["BN"], BK=case["BK"], GROUP_M=8,
                         EPI=case["EPI"], FLATTEN=case["FLATTEN"], WS=case["WS"], PREFETCH=case["PREFETCH"],
-                        SUBTILE=case["SUBTILE"], PTR_STORE=case["PTR_STORE"],
+                        SUBTILE=case["SUBTILE"], PTR_STORE=case["PTR_STORE"], ERF=case.get("ERF", 0),
                         num_warps=case["warps"], num_stages=case["stages"])
         row = {"M": m, "epilogue": EPI_NAMES[epi], **{k_: v for k_, v in case.items() if k_ != "EPI"}}
         try:
             kernel = run()
             torch.cuda.synchronize()
             ref = torch_ref(epi).float()
+            if epi in (GELU_RES, GELU_RES_DESC) and case.get("ERF") == 2:
+                ref = F.linear(a, w, bias).float() + r.float()
             if epi == LSE:
                 mx = part[..., 0]
                 top = mx.max(dim=1, keepdim=True).values
@@ -195,6 +253,8 @@ def main() -> int:
                 got = c.float()
             row["max_err"] = round((got - ref).abs().max().item(), 4)
             row["ms"] = round(do_bench(run), 5)
+            if erf_only:
+                row["gate3_ms"] = round(gate3(run)[0], 5)
             meta = getattr(kernel, "metadata", None)
             row["shared"] = getattr(meta, "shared", None)
             row["regs"], row["spills"] = getattr(kernel, "n_regs", None), getattr(kernel, "n_spills", None)

@@ -7,14 +7,13 @@ final kernel of call 4 (``gelu_final_call4.py``, the epilogue halves in a tile l
 reference, and the probe's kernel with the same schedule (``scripts/gemm_epilogue_probe.py``). 2048 x 4096 x 4096
 bf16; one JSON line per (computation, timer).
 """
-import importlib.util, json, statistics, sys, time
+import importlib.util, json, sys
 
 import torch, triton
 from triton.testing import do_bench
 
 sys.path.insert(0, "scripts")
 import gemm_epilogue_probe as probe  # noqa: E402
-from xeforge.timing import delay_flushes  # noqa: E402
 
 dev = torch.device("cuda")
 triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
@@ -27,23 +26,7 @@ def load(path, name):
     return mod
 
 
-def gate3(fn, reps=30):
-    flush = torch.empty(2 * 60 * 2**20, dtype=torch.int8, device=dev)
-    fn(); torch.cuda.synchronize()
-    t0 = time.perf_counter(); fn(); host = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record(); flush.zero_(); e.record(); torch.cuda.synchronize()
-    repeats = delay_flushes(host * 1e3, s.elapsed_time(e))  # gate 3's own sizing
-    out = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        for _ in range(repeats):
-            flush.zero_()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record(); fn(); e.record(); torch.cuda.synchronize()
-        out.append(s.elapsed_time(e))
-    return statistics.median(out), host * 1e3
+gate3 = probe.gate3
 
 
 M, N, K = 2048, 4096, 4096
