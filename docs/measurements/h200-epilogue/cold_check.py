@@ -6,36 +6,16 @@ the port's gelu_residual final of call 4 and torch.compile of the reference. Flu
 3's, 2x L2), of 512 MiB and of 2 GiB (call 6: ``cold_check-zero.jsonl``); an increment (``add_(1)``) of 512 MiB,
 and order3's condition, the 120 MB ``zero_()`` then a 256 MB ``sum()`` (call 7: ``cold_check-increment.jsonl``).
 """
-import importlib.util, json, statistics
+import json
+import statistics
 
 import torch
 
-from xeforge.timing import delay_flushes
+from probe_models import HERE, STYLES, build, delay_for, dev, load, rotated_inputs, timed_call, warm_up
 
-dev = torch.device("cuda")
-here = "docs/measurements/h200-epilogue"
-S = "tests/fixtures/styles/linear_gelu_residual"
-M, N, K = 2048, 4096, 4096
-
-
-def load(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def build(mod, compile_=False):
-    torch.manual_seed(0)
-    m = mod.Model(K, N).to(dev, torch.bfloat16).eval()
-    return torch.compile(m) if compile_ else m
-
-
-entries = {"final": build(load(f"{here}/gelu_final_call4.py", "final")),
-           "compile": build(load(f"{S}/reference.py", "ref"), True)}
-torch.manual_seed(1)
-base = [torch.randn(M, K, device=dev, dtype=torch.bfloat16), torch.randn(M, N, device=dev, dtype=torch.bfloat16)]
-sets = [[t.clone() for t in base] for _ in range(60)]
+entries = {"final": build(load(f"{HERE}/gelu_final_call4.py", "final")),
+           "compile": build(load(f"{STYLES}/reference.py", "ref"), compile_=True)}
+base, sets = rotated_inputs(60)
 MB = 2**20
 bufs = {n: torch.zeros(n * MB // 4, dtype=torch.int32, device=dev) for n in (120, 256, 512, 2048)}
 flushes = {
@@ -46,31 +26,14 @@ flushes = {
     "zero_ 120 MB + sum 256 MB": lambda: (bufs[120].zero_(), bufs[256].sum()),
 }
 
-
-def event():
-    return torch.cuda.Event(enable_timing=True)
-
-
 with torch.no_grad():
-    for m in entries.values():
-        for _ in range(3):
-            m(*base)
-    torch.cuda.synchronize()
+    warm_up(entries, base)
     k = 0
     for label, flush in flushes.items():
-        s, e = event(), event()
-        flush(); s.record(); flush(); e.record(); torch.cuda.synchronize()
-        delay = delay_flushes(0.15, s.elapsed_time(e))
-        row = {"flush": label, "flush_ms": round(s.elapsed_time(e), 4), "delay_flushes": delay}
+        delay = delay_for(flush, 0.15)
+        row = {"flush": label, "delay_flushes": delay}
         for name, m in entries.items():
-            got = []
-            for _ in range(30):
-                torch.cuda.synchronize()
-                for _ in range(delay):
-                    flush()
-                s, e = event(), event()
-                s.record(); m(*sets[k % len(sets)]); e.record(); torch.cuda.synchronize()
-                k += 1
-                got.append(s.elapsed_time(e))
+            got = [timed_call(m, sets[(k + i) % len(sets)], flush, delay) for i in range(30)]
+            k += 30
             row[name] = round(statistics.median(got), 5)
         print(json.dumps(row), flush=True)

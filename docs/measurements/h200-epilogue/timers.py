@@ -7,35 +7,20 @@ final kernel of call 4 (``gelu_final_call4.py``, the epilogue halves in a tile l
 reference, and the probe's kernel with the same schedule (``scripts/gemm_epilogue_probe.py``). 2048 x 4096 x 4096
 bf16; one JSON line per (computation, timer).
 """
-import importlib.util, json, sys
+import json
 
-import torch, triton
+import torch
+import triton
 from triton.testing import do_bench
 
-sys.path.insert(0, "scripts")
-import gemm_epilogue_probe as probe  # noqa: E402
-
-dev = torch.device("cuda")
-triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
-
-
-def load(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
+from probe_models import HERE, STYLES, K, M, N, dev, load, probe
 
 gate3 = probe.gate3
-
-
-M, N, K = 2048, 4096, 4096
 torch.manual_seed(0)
 x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
 r = torch.randn(M, N, device=dev, dtype=torch.bfloat16)
-here = "docs/measurements/h200-epilogue"
-final = load(f"{here}/gelu_final_call4.py", "final").Model(K, N).to(dev, torch.bfloat16)
-ref = load("tests/fixtures/styles/linear_gelu_residual/reference.py", "ref").Model(K, N).to(dev, torch.bfloat16)
+final = load(f"{HERE}/gelu_final_call4.py", "final").Model(K, N).to(dev, torch.bfloat16)
+ref = load(f"{STYLES}/reference.py", "ref").Model(K, N).to(dev, torch.bfloat16)
 compiled = torch.compile(ref)
 wt = final.proj.weight.detach()
 bias = final.proj.bias.detach()
