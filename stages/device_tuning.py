@@ -18,9 +18,10 @@ M — as a small dispatch at the launch, ``if M <= 128: kernel[grid_a](..., BLOC
 launch>``, drawn from the search's verified trials and the KB's seeds, every branch reached by a correctness shape,
 gate 3 timing every shape; on the interpreter and at an ``@triton.autotune``'d kernel it does not apply) and
 ``epilogue-halves`` (:mod:`stages.device_tuning_epilogue`, a GEMM's epilogue on the two column halves of its tuned
-tile, fewer live registers where a heavy epilogue spills) and ``rows-per-program``
-(:mod:`stages.device_tuning_rows`, ROWS rows per program for kernels that start one tiny program per row, last so
-ROWS is sized from the tuned block).
+tile, fewer live registers where a heavy epilogue spills), ``rows-per-program`` (:mod:`stages.device_tuning_rows`,
+ROWS rows per program for kernels that start one tiny program per row, so ROWS is sized from the tuned block) and
+``host-descriptors`` (:mod:`stages.device_tuning_host_desc`, last: the tuned kernel's tensor descriptors built on the
+host where the KB says the device gains).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic
 from stages.device_tuning_epilogue import EpilogueHalves
+from stages.device_tuning_host_desc import HostDescriptors
 from stages.device_tuning_rows import RowsPerProgram
 from stages.device_tuning_shapes import PerShapeConfig
 from stages.device_tuning_splitk import SplitK
@@ -204,8 +206,9 @@ STAGE = Stage(
     # split-K first: it needs the 2D grid the swizzle replaces, and the search then tunes the split kernel;
     # swizzle before the search: GROUP_SIZE_M becomes searchable; per-shape configurations after it: the primary keeps
     # the searched configuration and the search's trials are there to draw from; the epilogue halves then, of the
-    # tuned tile; row batching last: ROWS is sized from the tuned block
+    # tuned tile; row batching then: ROWS is sized from the tuned block; host-side descriptors last: they are built
+    # from the launch the tactics before settled
     tactics=[SplitK(), GroupedTileOrder(), LaunchParamSearch(), PerShapeConfig(target_site),
-             EpilogueHalves(target_site), RowsPerProgram()],
+             EpilogueHalves(target_site), RowsPerProgram(), HostDescriptors()],
     detectors=[_detect_defaults],
 )

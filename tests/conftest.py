@@ -83,11 +83,12 @@ def verify(tmp_path_factory):
     settings = Settings(compile_timeout_s=60.0, run_timeout_s=30.0, correctness_rounds=3)
 
     def run(p, source: str):
-        if str(p.root) not in made:
-            made[str(p.root)] = Verifier(p, describe("cpu"), settings, tmp_path_factory.mktemp(p.name), hooks, kbc.entry)
+        key = str(p.kernel_path)  # one verifier per start: a style of the corpus is judged against its own file
+        if key not in made:
+            made[key] = Verifier(p, describe("cpu"), settings, tmp_path_factory.mktemp(p.name), hooks, kbc.entry)
         path = tmp_path_factory.mktemp("cand") / "kernel.py"
         path.write_text(source)
-        return made[str(p.root)].verify(path, p.kernel_path)
+        return made[key].verify(path, p.kernel_path)
 
     yield run
     for v in made.values():

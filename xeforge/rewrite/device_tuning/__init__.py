@@ -7,4 +7,6 @@ applies configurations through :mod:`xeforge.rewrite.tiling.configs`.
 - :mod:`~xeforge.rewrite.device_tuning.splitk_plan`, :mod:`~xeforge.rewrite.device_tuning.splitk` — split-K: which
   2D-grid GEMMs (no epilogue) can run SPLIT_K programs per output tile over slices of the K loop, their tile count
   and K steps at a variant; the codemod with fp32 partial tiles summed in order by a second kernel.
+- :mod:`~xeforge.rewrite.device_tuning.host_desc` — the tensor descriptors a kernel makes in its body built on the
+  host instead and passed in (a pre_hook per configuration sets their block shapes under ``@triton.autotune``).
 """

@@ -3,9 +3,9 @@
 Owns: the edits that keep the user's formatting and comments while changing a kernel file's structure —
 replacing calls and statements inside one ``@triton.jit`` function by position, wrapping statements, adding
 a parameter to a kernel's signature, editing a launch site (grid, keyword arguments, statements inserted
-before it), adding a decorator and adding a module-level helper function. Positions come from the ``ast``
-model (:mod:`xeforge.kernel_model`); kernel sources are ASCII in practice, so ``ast`` columns and libcst
-columns agree (a line with non-ASCII text before an edited call is refused rather than mis-edited).
+before it), adding a decorator, a module-level helper function, an import, or statements after a function.
+Positions come from the ``ast`` model (:mod:`xeforge.kernel_model`); kernel sources are ASCII in practice, so
+``ast`` columns and libcst columns agree (a line with non-ASCII text before an edited call is refused rather than mis-edited).
 """
 
 from __future__ import annotations
@@ -202,7 +202,7 @@ class _LaunchEditor(cst.CSTTransformer):
             for code in self.edit.before:
                 new.extend(statements(code))
             if new and hasattr(updated, "leading_lines"):
-                new[0] = new[0].with_changes(leading_lines=updated.leading_lines)
+                new[0] = new[0].with_changes(leading_lines=[*updated.leading_lines, *new[0].leading_lines])
                 updated = updated.with_changes(leading_lines=[])
             return cst.FlattenSentinel([*new, updated])
         return updated
@@ -328,3 +328,35 @@ def extend_decorator_list(source: str, function: str, names: tuple[str, ...], ke
     if not state["hit"]:
         raise NotApplicable(state["why"])
     return new.code
+
+
+def add_import(source: str, line: str) -> str:
+    """``source`` with the import statement ``line`` after its last top-level import (first, when it has none),
+    unless the module already has it."""
+    module = cst.parse_module(source)
+    empty = cst.Module(body=[])
+    body = list(module.body)
+    if any(empty.code_for_node(st).strip() == line for st in body):
+        return source
+    idx = 0
+    for i, st in enumerate(body):
+        if isinstance(st, cst.SimpleStatementLine) and any(isinstance(s, (cst.Import, cst.ImportFrom)) for s in st.body):
+            idx = i + 1
+    new = statements(line)
+    if idx == 0 and body:
+        new[-1] = new[-1].with_changes(leading_lines=[])
+    body[idx:idx] = new
+    return module.with_changes(body=body).code
+
+
+def add_after_function(source: str, function: str, code: str) -> str:
+    """``source`` with the module-level statements ``code`` right after the definition of ``function``."""
+    module = cst.parse_module(source)
+    body = list(module.body)
+    idx = next((i for i, st in enumerate(body) if isinstance(st, cst.FunctionDef) and st.name.value == function), None)
+    if idx is None:
+        raise NotApplicable(f"function {function} is not defined at the module's top level")
+    new = statements(code)
+    new[0] = new[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+    body[idx + 1:idx + 1] = new
+    return module.with_changes(body=body).code
