@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, dotted_name, parse_kernel
+from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, dotted_name, parse_kernel, parse_python
 from xeforge.rewrite.cst_tools import dotted, statements
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling.edit import FunctionEdit, LaunchEdit, add_import, add_after_function, edit_function, \
@@ -226,7 +226,7 @@ def plan_host_descriptors(model: KernelModel, kernel: str) -> HostDescPlan:
             if p not in bind:
                 continue
             try:
-                node = ast.parse(bind[p].strip(), mode="eval").body
+                node = parse_python(bind[p].strip(), mode="eval").body
             except SyntaxError:
                 continue
             values[p] = node
@@ -271,7 +271,7 @@ def plan_host_descriptors(model: KernelModel, kernel: str) -> HostDescPlan:
 
 
 def _pre_hook(plan: HostDescPlan, name: str, constexprs: list[str]) -> str:
-    nargs = {c: ast.parse(f'nargs["{c}"]', mode="eval").body for c in constexprs}
+    nargs = {c: parse_python(f'nargs["{c}"]', mode="eval").body for c in constexprs}
     lines = [f"def {name}(nargs):",
              f'    """@triton.autotune pre_hook: the block shapes of {plan.kernel}\'s host-side tensor descriptors',
              '    for the configuration being run."""']
