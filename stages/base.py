@@ -140,6 +140,16 @@ class Tactic:
         return []
 
 
+def propose_safely(tactic: Tactic, ctx: StageContext) -> tuple[list[Candidate], str | None]:
+    """``tactic.propose(ctx)``, or no candidates and what went wrong: a bug in one tactic is reported in the stage's
+    record and the port goes on with the next tactic (as :class:`xeforge.rewrite.tiling.tactics.RewriteMemo` does
+    for a failing rewrite inside ``check``)."""
+    try:
+        return tactic.propose(ctx), None
+    except Exception as exc:  # noqa: BLE001 — any failure of the tactic's code, never the port's
+        return [], f"the tactic failed while proposing ({type(exc).__name__}: {str(exc)[:300]}); nothing was proposed"
+
+
 @dataclass
 class Stage:
     name: str

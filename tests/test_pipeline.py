@@ -162,3 +162,38 @@ def test_a_spent_time_budget_skips_the_remaining_stages_and_resume_continues(tmp
 def test_a_time_budget_that_is_no_number_is_a_usage_error(tmp_path):
     proc = _port(str(VADD), "--device", "cpu", "--run-dir", str(tmp_path / "r"), "--time-budget", "soon")
     assert proc.returncode == 2 and "--time-budget" in proc.stderr and "not a number" in proc.stderr
+
+
+def test_a_tactic_whose_propose_raises_is_reported_and_the_stage_goes_on():
+    """A bug in one tactic's propose (on the H200: a re-tiling helper raised on a kernel launched from two places)
+    must not stop the port: the record says what failed and the next tactic runs."""
+    from stages.base import Applicability, Candidate, Stage, Tactic, TrialOutcome
+    from tests.conftest import tactic_context
+    from xeforge.engines import RulesEngine
+    from xeforge.problem import load_problem
+    from xeforge.verifier import GateResult, Verdict
+
+    class Broken(Tactic):
+        name = "broken"
+
+        def check(self, ctx):
+            return Applicability(True, "test")
+
+        def propose(self, ctx):
+            raise KeyError("boom")
+
+    class Fine(Broken):
+        name = "fine"
+
+        def propose(self, ctx):
+            return [Candidate(ctx.source + "\n# changed\n", self.name, "a change")]
+
+    def evaluate(c):
+        return TrialOutcome("0001", c, Verdict("h", [GateResult("2-correctness", "pass", "ok")], correct=True,
+                                               accepted=True))
+
+    p = load_problem(ROOT / "kernels" / "gemm_relu")
+    stage = Stage("device_tuning", 7, "test", (), tactics=[Broken(), Fine()])
+    broken, fine = RulesEngine().run_stage(stage, tactic_context(p), evaluate, lambda outs: outs[0] if outs else None)
+    assert "KeyError" in broken.note and "boom" in broken.note and not broken.outcomes
+    assert fine.best is not None

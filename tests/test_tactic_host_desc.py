@@ -192,3 +192,35 @@ def test_host_descriptors_compile_to_tma_without_scratch_for_hopper(tmp_path):
                          options={"num_warps": 8, "num_stages": 3})
     assert "cp.async.bulk.tensor" in out.asm["ptx"] and "wgmma" in out.asm["ptx"]
     assert out.metadata.global_scratch_size == 0
+
+
+def test_a_per_shape_dispatch_gets_descriptors_at_each_launch(verify):
+    """The per-shape-config tactic runs before this one: gemm_relu's launch becomes two (``if M <= 31: ... else:
+    ...``), each with its own block sizes; each launch builds its descriptors with its own block shape, and both
+    branches verify (the CPU's ci M=32 takes the else branch, the ragged 31 and 17 the new one)."""
+    from tests.conftest import ROOT
+    from xeforge.rewrite.tiling.dispatch import Branch, dispatch
+
+    p = load_problem(ROOT / "kernels" / "gemm_relu")
+    src, _ = blockio.rewrite(p.kernel_source)
+    src = dispatch(src, "matmul_kernel", [Branch("M <= 31", {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 16,
+                                                              "num_warps": 2})])
+    new, plan = host_desc.rewrite(src)
+    assert len(plan.sites) == 2
+    assert "[16, 16]" in new and "[32, 32]" in new  # a's block at each launch: (BLOCK_M, BLOCK_K) of its branch
+    verdict = verify(p, new)
+    assert verdict.correct, verdict.feedback()
+
+
+def test_retiling_a_dispatched_kernel_offers_nothing_instead_of_failing():
+    """A kernel launched from two places (a per-shape dispatch) has no one configuration to re-tile: the tactics
+    that offer their rewrite at the KB's tiles get none, where they raised and stopped the port on the H200."""
+    from tests.conftest import ROOT
+    from xeforge.rewrite.autotune import with_configs
+    from xeforge.rewrite.tiling.dispatch import Branch, dispatch
+
+    p = load_problem(ROOT / "kernels" / "gemm_relu")
+    src = dispatch(p.kernel_source, "matmul_kernel", [Branch("M <= 31", {"BLOCK_M": 16})])
+    ctx = tactic_context(p, source=src, **H200)
+    assert with_configs(ctx, src, "matmul_kernel", 2) == []
+    assert with_configs(tactic_context(p, **H200), p.kernel_source, "matmul_kernel", 2)  # one launch: configs

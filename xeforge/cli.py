@@ -97,6 +97,8 @@ def _print_plan(plan: dict) -> None:
             print(f"  tactic {t['name']}: {state} — {t['reason']}")
             if t.get("candidates"):
                 print(f"    {t['candidates']} candidate(s); first: {t.get('description', '')}")
+            if t.get("failed"):
+                print(f"    {t['failed']}")
             if t.get("diff"):
                 print("    " + t["diff"].rstrip().replace("\n", "\n    "))
         if "kb" in st and "prompt" not in st:  # the prompt already carries the KB entries

@@ -23,7 +23,7 @@ from typing import Any, Callable
 from cover_agent import make_llm_engine
 from cover_agent.config import LMConfig
 from cover_agent.prompts import render_stage_prompt
-from stages.base import Candidate, Evaluate, Stage, StageContext, TacticRecord, TrialOutcome
+from stages.base import Candidate, Evaluate, Stage, StageContext, TacticRecord, TrialOutcome, propose_safely
 from xeforge.diagnosis.rules import tactic_order
 from xeforge.errors import EngineError
 from xeforge.kb._base import DTYPE_BYTES, dtype_key
@@ -53,7 +53,10 @@ class RulesEngine:
             records.append(rec)
             if not app.applies:
                 continue
-            candidates = tactic.propose(ctx)
+            candidates, failed = propose_safely(tactic, ctx)
+            if failed:
+                rec.note = "; ".join(filter(None, [rec.note, failed]))
+                continue
             if basis:
                 basis_note = f"proposed on top of trial {basis}, not on the incumbent"
                 rec.note = "; ".join(filter(None, [rec.note, basis_note]))

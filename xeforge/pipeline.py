@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import stages as stage_registry
-from stages.base import Candidate, Stage, StageContext, TacticRecord, TrialOutcome
+from stages.base import Candidate, Stage, StageContext, TacticRecord, TrialOutcome, propose_safely
 from xeforge import devices
 from xeforge.analysis.observe import traces
 from xeforge.analysis.trace import Trace
@@ -194,8 +194,10 @@ class Pipeline:
                 app = tactic.check(ctx)
                 t: dict[str, Any] = {"name": tactic.name, "applies": app.applies, "reason": app.reason}
                 if app.applies:
-                    cands = tactic.propose(ctx)
+                    cands, failed = propose_safely(tactic, ctx)
                     t["candidates"] = len(cands)
+                    if failed:
+                        t["failed"] = failed
                     if cands:
                         t["description"] = cands[0].description
                         t["diff"] = unified_diff(ctx.source, cands[0].source, "incumbent", cands[0].tactic)

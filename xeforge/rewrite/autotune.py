@@ -231,16 +231,21 @@ def with_configs(ctx: Any, source: str, kernel: str, limit: int) -> list[tuple[d
     ``@triton.autotune``'d kernel gets each one pinned (:func:`pin`: decorator removed), so a rewrite of an autotuned
     kernel is tried with the same tiles as the same rewrite of a kernel launched with literals (on the H200 the
     autotune style of a problem otherwise kept its own tiles through the dtype and fusion stages). Configurations
-    that cannot be applied are skipped. Empty on the interpreter, where candidates are only checked for
-    correctness and a re-tiled copy would not be ranked.
+    that cannot be applied are skipped. Empty on the interpreter, where candidates are only checked for correctness
+    and a re-tiled copy would not be ranked, and where the kernel has no single launch to re-tile (a per-shape
+    dispatch).
     """
     device = getattr(ctx, "device", None)
     if device is None or not getattr(device, "can_time", False) or limit <= 0:
         return []
     pinned = parse_kernel(source).functions[kernel].is_autotuned
     kind = getattr(device, "kind", "cuda")
+    try:
+        configs = kb_configs(ctx, source, kernel, limit)
+    except NotApplicable:  # e.g. a per-shape dispatch: several launches, no one configuration to re-tile
+        return []
     out = []
-    for cfg in kb_configs(ctx, source, kernel, limit):
+    for cfg in configs:
         try:
             out.append((cfg, pin(source, kernel, cfg, kind) if pinned else apply_config(source, kernel, cfg)))
         except (NotApplicable, LookupError):
