@@ -21,7 +21,10 @@ whose shape argument differs from the primary's by :data:`CLASS_RATIO` or more:
    in the ``else`` branch, so it is the incumbent at the primary shape by construction; it asks gate 3 to time every
    shape (``Candidate.time_all_shapes``), where the weighted objective must improve beyond the noise and no shape
    may be slower than its own margin;
-5. **the combination** (:meth:`PerShapeConfig.follow_up`): with winners in two classes or more, one dispatch with
+5. **the other way round**: the launch search's fastest verified configurations for every shape but the class's,
+   whose branch keeps the incumbent's launch — a tile the search rejected because it was slower at the decode-like
+   shape alone (:data:`PRIMARY_WINNERS` per class);
+6. **the combination** (:meth:`PerShapeConfig.follow_up`): with winners in two classes or more, one dispatch with
    every class's winner, judged the same way.
 
 Where it does not apply, it says why: on the interpreter (nothing to rank), with one timed shape, at an
@@ -41,8 +44,8 @@ from xeforge.analysis.observe import traces
 from xeforge.kernel_model import KernelModel, LaunchSite, axis_blocks, parse_python
 from xeforge.problem import Variant, source_hash
 from xeforge.rewrite.tiling import NotApplicable
-from xeforge.rewrite.tiling.configs import (OPTION_KEYS, current_config, describe, kb_configs, kb_rejects,
-                                            measured_configs, tunable)
+from xeforge.rewrite.tiling.configs import (OPTION_KEYS, apply_config, current_config, describe, kb_configs,
+                                            kb_rejects, measured_configs, tunable)
 from xeforge.rewrite.tiling.dispatch import Branch, dispatch, launch_statement
 from xeforge.rewrite.tiling.grid import _cdiv_args, launch_bindings, launch_grid
 
@@ -53,6 +56,9 @@ CONFIGS_PER_CLASS = 4
 #: the launch search's verified trials and the KB's seeds considered per class
 FROM_SEARCH = 3
 FROM_KB = 3
+#: the launch search's configurations tried the other way round: for every shape but a class's (which keeps the
+#: incumbent's launch)
+PRIMARY_WINNERS = 2
 #: the smallest tile a fitted configuration uses along the class's dim (tl.dot's minimum on the GPUs xeforge targets;
 #: a smaller seed of the KB, e.g. Intel's 8-row DPAS tile, is taken as the KB gives it)
 MIN_FIT = 16
@@ -247,7 +253,8 @@ def chain_coverage(classes: list[ShapeClass], shapes: list[Variant]) -> str | No
 class PerShapeConfig(Tactic):
     name = "per-shape-config"
     summary = ("another launch configuration for another class of timed shapes (a decode-like M): a small dispatch on "
-               "the shape arguments at the launch, the incumbent's launch kept for the primary shape")
+               "the shape arguments at the launch, the incumbent's launch kept for the primary shape (or for the class, "
+               "with the search's configuration for the rest)")
 
     def __init__(self, target: Callable[[KernelModel], LaunchSite | None]) -> None:
         self._target = target  # the launch-parameter search's choice of launch (stages.device_tuning.target_site)
@@ -357,6 +364,32 @@ class PerShapeConfig(Tactic):
                 if cand is not None and cand.source != ctx.source:
                     self._proposed[source_hash(cand.source)] = (cls, cfg)
                     out.append(cand)
+            out.extend(self._primary_winners(ctx, plan.site, cls, current))
+        return out
+
+    def _primary_winners(self, ctx: StageContext, site: LaunchSite, cls: ShapeClass,
+                         current: dict[str, Any]) -> list[Candidate]:
+        """The other way round: the launch search's verified configurations (fastest at the primary shape first) for
+        every shape but the class's, and the incumbent's launch kept for the class. A configuration the search rejected because it was
+        faster at the primary shape but slower at a decode-like one (on the H200: kb09's 128 x 256 tile, 0.87x at
+        M=16) gets the shapes it wins at; gate 3 times every shape, as for the other candidates."""
+        names = tunable(ctx.model, site)
+        fn = ctx.model.functions[site.kernel]
+        out = []
+        for cfg in measured_configs(ctx.run_dir, site.kernel, PRIMARY_WINNERS, tactics=("launch-params",),
+                                    by_primary=True):
+            full = {**current, **{k: v for k, v in cfg.items() if k in names or k in OPTION_KEYS}}
+            if full == current or kb_rejects(ctx, full, fn):
+                continue
+            try:
+                retiled = apply_config(ctx.source, site.kernel, full)
+                src = dispatch(retiled, site.kernel, [Branch(cls.test, current)])
+            except (NotApplicable, LookupError):
+                continue
+            changed = {k: v for k, v in full.items() if current.get(k) != v}
+            desc = (f"{site.kernel}: if {cls.test} ({', '.join(cls.serves)}): the incumbent's launch; else "
+                    f"{describe(changed)} (a configuration of the launch search, for the other shapes)")
+            out.append(Candidate(src, self.name, desc, kind="search", params=dict(full), time_all_shapes=True))
         return out
 
     def follow_up(self, ctx: StageContext, outcomes: list[TrialOutcome]) -> list[Candidate]:

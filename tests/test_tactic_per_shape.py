@@ -247,3 +247,44 @@ def test_the_dry_run_lists_the_tactic_with_its_reason(tmp_path):
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "tactic per-shape-config: does not apply — nothing to rank on the interpreter" in proc.stdout, proc.stdout
+
+
+def test_the_search_configuration_for_the_other_shapes_with_the_incumbent_kept_for_the_class(tmp_path, verify):
+    """The other way round: a configuration the launch search verified (faster at the primary shape, rejected for
+    being slower at the decode-like one) goes to every shape but the class's, whose branch keeps the incumbent's
+    launch; it is correct on both branches (ci M=24 keeps the incumbent's tile, a ragged M=200 takes the search's)."""
+    import json
+
+    p = style_problem(tmp_path, "wrapper", ragged="ragged: [{M: 200}]")
+    run = tmp_path / "run"
+    trial = run / "trials" / "0003-device_tuning-launch-params"
+    trial.mkdir(parents=True)
+    searched = {"BM": 32, "BN": 32, "BK": 16, "num_warps": 2}
+    (trial / "meta.json").write_text(json.dumps({"stage": "device_tuning", "tactic": "launch-params",
+                                                 "params": searched, "description": "fc_relu: BM=32, BN=32"}))
+    # the objective over the shapes says 0.95x; at the primary shape it was 1.11x (slower at the decode shape alone)
+    shapes = [{"variant": "bench-gpu", "speedup": 1.11}, {"variant": "bench-gpu-1", "speedup": 0.87}]
+    (trial / "verdict.json").write_text(json.dumps({"correct": True, "speedup": 0.95, "gates": [
+        {"gate": "3-performance", "details": {"shapes": shapes}}]}))
+    other = run / "trials" / "0004-device_tuning-launch-params"  # a better objective, slower at the primary shape
+    other.mkdir()
+    (other / "meta.json").write_text(json.dumps({"stage": "device_tuning", "tactic": "launch-params", "params": {
+        "BM": 16, "BN": 64, "BK": 16, "num_warps": 4}, "description": "fc_relu: BN=64"}))
+    (other / "verdict.json").write_text(json.dumps({"correct": True, "speedup": 1.01, "gates": [
+        {"gate": "3-performance", "details": {"shapes": [{"variant": "bench-gpu", "speedup": 0.99}]}}]}))
+    ctx = tactic_context(p, kind="cuda", target="h200", run_dir=run)
+    cands = [c for c in TACTIC.propose(ctx) if "the incumbent's launch; else" in c.description]
+    assert len(cands) == 2, [c.description for c in TACTIC.propose(ctx)]
+    cand = cands[0]  # the fastest at the primary shape first
+    assert cand.time_all_shapes and "BM=32, BN=32" in cand.description
+    wrapper = next(n for n in ast.walk(ast.parse(cand.source))
+                   if isinstance(n, ast.FunctionDef) and n.name == "linear_relu")
+    test = next(n for n in wrapper.body if isinstance(n, ast.If))
+    assert ast.unparse(test.test) == "M <= 128"
+    kept, other = ast.unparse(test.body[0]), ast.unparse(test.orelse[0])
+    assert "BM=BM" not in other and "BM=32" in other and "BN=32" in other  # the search's tile for the rest
+    assert "BM=16" in kept and "BN=16" in kept  # the incumbent's launch for the class
+    verdict = verify(p, cand.source)
+    assert verdict.correct, verdict.feedback()
+    g2 = next(g for g in verdict.gates if g.gate.startswith("2"))
+    assert "ci-ragged0" in g2.summary, g2.summary  # M=200 ran: the search's branch was verified

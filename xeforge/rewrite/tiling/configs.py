@@ -322,10 +322,11 @@ def describe(cfg: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in cfg.items())
 
 
-def measured_configs(run_dir: Path | None, kernel: str, limit: int,
-                     tactics: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+def measured_configs(run_dir: Path | None, kernel: str, limit: int, tactics: tuple[str, ...] | None = None,
+                     by_primary: bool = False) -> list[dict[str, Any]]:
     """Configurations that earlier device_tuning trials of this run verified and timed, fastest first (only those of
-    ``tactics`` when given)."""
+    ``tactics`` when given): by the verdict's speedup (over several timed shapes, their weighted objective), or with
+    ``by_primary`` by the speedup at the primary shape alone."""
     if run_dir is None:
         return []
     rows: list[tuple[float, dict[str, Any]]] = []
@@ -341,6 +342,11 @@ def measured_configs(run_dir: Path | None, kernel: str, limit: int,
         if tactics is not None and meta.get("tactic") not in tactics:
             continue
         speed = verdict.get("speedup")
+        if by_primary:
+            shapes = next((g.get("details", {}).get("shapes") for g in verdict.get("gates") or []
+                           if str(g.get("gate", "")).startswith("3")), None)
+            if shapes and isinstance(shapes[0].get("speedup"), (int, float)):
+                speed = shapes[0]["speedup"]
         params = meta.get("params") or {}
         if not params or not isinstance(speed, (int, float)):
             continue
