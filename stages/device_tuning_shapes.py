@@ -253,8 +253,8 @@ def chain_coverage(classes: list[ShapeClass], shapes: list[Variant]) -> str | No
 class PerShapeConfig(Tactic):
     name = "per-shape-config"
     summary = ("another launch configuration for another class of timed shapes (a decode-like M): a small dispatch on "
-               "the shape arguments at the launch, the incumbent's launch kept for the primary shape (or for the class, "
-               "with the search's configuration for the rest)")
+               "the shape arguments at the launch, the incumbent's launch kept for the primary shape (or for the "
+               "class, with the search's configuration for the rest)")
 
     def __init__(self, target: Callable[[KernelModel], LaunchSite | None]) -> None:
         self._target = target  # the launch-parameter search's choice of launch (stages.device_tuning.target_site)
@@ -370,9 +370,9 @@ class PerShapeConfig(Tactic):
     def _primary_winners(self, ctx: StageContext, site: LaunchSite, cls: ShapeClass,
                          current: dict[str, Any]) -> list[Candidate]:
         """The other way round: the launch search's verified configurations (fastest at the primary shape first) for
-        every shape but the class's, and the incumbent's launch kept for the class. A configuration the search rejected because it was
-        faster at the primary shape but slower at a decode-like one (on the H200: kb09's 128 x 256 tile, 0.87x at
-        M=16) gets the shapes it wins at; gate 3 times every shape, as for the other candidates."""
+        every shape but the class's, and the incumbent's launch kept for the class. A configuration the search
+        rejected because it was faster at the primary shape but slower at a decode-like one (on the H200: kb09's
+        128 x 256 tile, 0.87x at M=16) gets the shapes it wins at; gate 3 times every shape, as for the others."""
         names = tunable(ctx.model, site)
         fn = ctx.model.functions[site.kernel]
         out = []

@@ -284,10 +284,6 @@ def _pre_hook(plan: HostDescPlan, name: str, constexprs: list[str]) -> str:
 class _DropAllocator(cst.CSTTransformer):
     """Removes ``if <cond with .device.type == "cuda">: triton.set_allocator(...)`` (what the block_io stage writes)."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.removed = 0
-
     def leave_If(self, original: cst.If, updated: cst.If):
         body = original.body.body if isinstance(original.body, cst.IndentedBlock) else []
         code = cst.Module(body=[]).code_for_node(original.test)
@@ -295,7 +291,6 @@ class _DropAllocator(cst.CSTTransformer):
                 len(body[0].body) == 1 and isinstance(body[0].body[0], cst.Expr) and \
                 isinstance(body[0].body[0].value, cst.Call) and \
                 dotted(body[0].body[0].value.func) == "triton.set_allocator" and '.device.type == "cuda"' in code:
-            self.removed += 1
             return cst.RemovalSentinel.REMOVE
         return updated
 

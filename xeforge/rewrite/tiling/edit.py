@@ -5,7 +5,8 @@ replacing calls and statements inside one ``@triton.jit`` function by position, 
 a parameter to a kernel's signature, editing a launch site (grid, keyword arguments, statements inserted
 before it), adding a decorator, a module-level helper function, an import, or statements after a function.
 Positions come from the ``ast`` model (:mod:`xeforge.kernel_model`); kernel sources are ASCII in practice, so
-``ast`` columns and libcst columns agree (a line with non-ASCII text before an edited call is refused rather than mis-edited).
+``ast`` columns and libcst columns agree (a line with non-ASCII text before an edited call is refused rather than
+mis-edited).
 """
 
 from __future__ import annotations
@@ -340,7 +341,8 @@ def add_import(source: str, line: str) -> str:
         return source
     idx = 0
     for i, st in enumerate(body):
-        if isinstance(st, cst.SimpleStatementLine) and any(isinstance(s, (cst.Import, cst.ImportFrom)) for s in st.body):
+        if isinstance(st, cst.SimpleStatementLine) and \
+                any(isinstance(s, (cst.Import, cst.ImportFrom)) for s in st.body):
             idx = i + 1
     new = statements(line)
     if idx == 0 and body:
