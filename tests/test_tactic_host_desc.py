@@ -224,3 +224,25 @@ def test_retiling_a_dispatched_kernel_offers_nothing_instead_of_failing():
     ctx = tactic_context(p, source=src, **H200)
     assert with_configs(ctx, src, "matmul_kernel", 2) == []
     assert with_configs(tactic_context(p, **H200), p.kernel_source, "matmul_kernel", 2)  # one launch: configs
+
+
+GEMM_PROBLEMS = ("linear_relu", "linear_gelu_residual", "linear_logsumexp", "linear_groupnorm")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("problem", GEMM_PROBLEMS)
+def test_it_applies_in_every_style_of_the_corpus_gemm_problems(problem):
+    """Wherever the block_io rewrite applied, this one does: every style of the corpus's four GEMM problems."""
+    from tests.test_style_corpus import styles_of
+
+    missing = {}
+    for style in styles_of(problem):
+        _, src = described(problem, style)
+        try:
+            new, plan = host_desc.rewrite(src)
+        except NotApplicable as exc:
+            missing[style] = str(exc)
+            continue
+        if _calls(new, "make_tensor_descriptor"):
+            missing[style] = f"left in the kernel: {plan.kept}"
+    assert not missing, missing
