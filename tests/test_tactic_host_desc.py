@@ -16,7 +16,6 @@ import ast
 import pytest
 
 import stages
-from stages import block_io
 from stages.device_tuning_host_desc import HostDescriptors
 from tests.conftest import FIXTURES, tactic_context
 from xeforge.kernel_model import parse_kernel

@@ -33,13 +33,13 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, dotted_name, parse_kernel, parse_python
-from xeforge.rewrite.cst_tools import dotted, statements
+from xeforge.rewrite.blockio import FLAG  # the block_io stage's fast-path flag (USE_BLOCK_IO)
+from xeforge.rewrite.cst_tools import dotted
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling.edit import FunctionEdit, LaunchEdit, add_import, add_after_function, edit_function, \
     edit_launch
 from xeforge.rewrite.tiling.grid import enclosing_function, fresh_name, launch_bindings
 
-FLAG = "USE_BLOCK_IO"  # the block_io stage's fast-path flag (xeforge.rewrite.blockio.FLAG)
 IMPORT = "from triton.tools.tensor_descriptor import TensorDescriptor"
 #: calls a host expression may make and still be evaluated once more for a descriptor (no side effects)
 _PURE_CALLS = {"stride", "size", "numel", "dim", "cdiv", "next_power_of_2", "min", "max", "int", "len"}
