@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 from stages.base import Applicability, Candidate, StageContext, Tactic, TrialOutcome
 from xeforge.analysis.observe import traces
-from xeforge.kernel_model import KernelModel, LaunchSite, axis_blocks, parse_python
+from xeforge.kernel_model import KernelModel, LaunchSite, axis_blocks, parse_python, pure_expression
 from xeforge.problem import Variant, source_hash
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling.configs import (OPTION_KEYS, apply_config, current_config, describe, kb_configs,
@@ -113,10 +113,7 @@ def _pure(expr: str) -> bool:
         tree = parse_python(expr, mode="eval")
     except SyntaxError:
         return False
-    plain = (ast.Expression, ast.Name, ast.Attribute, ast.Subscript, ast.Constant, ast.BinOp, ast.UnaryOp, ast.Tuple,
-             ast.Slice, ast.expr_context, ast.operator, ast.unaryop)
-    return all(isinstance(n, plain) or (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                                        and n.func.attr in PURE_METHODS) for n in ast.walk(tree))
+    return pure_expression(tree, PURE_METHODS)
 
 
 def shape_arguments(ctx: StageContext, site: LaunchSite) -> tuple[dict[str, tuple[str, str]], str]:

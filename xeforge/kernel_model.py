@@ -3,8 +3,9 @@
 Owns: parsing a kernel source (``ast``) into :class:`KernelModel` — jit functions with their constexpr
 parameters and ``@triton.autotune`` configs, the launch sites ``kernel[grid](...)`` reachable from
 ``Model.forward`` with literal constexpr values and launch options, and the calls made inside each
-function (``tl.dot``, ``tl.make_block_ptr`` ...). Static checks (gate 1), knowledge-base constraints and the
-rules engine's tactics read this model; source *rewriting* lives in :mod:`xeforge.rewrite`.
+function (``tl.dot``, ``tl.make_block_ptr`` ...), and the ``ast`` helpers the tactics share (a parent map, whether a
+host expression may be evaluated twice). Static checks (gate 1), knowledge-base constraints and the rules engine's
+tactics read this model; source *rewriting* lives in :mod:`xeforge.rewrite`.
 """
 
 from __future__ import annotations
@@ -131,6 +132,34 @@ class KernelModel:
 
     def segment(self, node: ast.AST) -> str:
         return ast.get_source_segment(self.source, node) or ""
+
+
+def parent_map(root: ast.AST) -> dict[int, ast.AST]:
+    """``id(node)`` -> its parent, for every node under ``root``."""
+    out: dict[int, ast.AST] = {}
+    for node in ast.walk(root):
+        for child in ast.iter_child_nodes(node):
+            out[id(child)] = node
+    return out
+
+
+_PLAIN_NODES = (ast.Expression, ast.Name, ast.Attribute, ast.Subscript, ast.Constant, ast.BinOp, ast.UnaryOp,
+                ast.Tuple, ast.Slice, ast.expr_context, ast.operator, ast.unaryop)
+
+
+def pure_expression(node: ast.AST, methods: frozenset[str] | set[str],
+                    functions: frozenset[str] | set[str] = frozenset()) -> bool:
+    """Whether a rewrite may evaluate the host expression ``node`` once more: names, attributes, indexing, literals,
+    arithmetic, calls of the ``methods`` (``x.stride(0)``, ``triton.cdiv(...)``) and of the plain ``functions``
+    (``min(...)``) only."""
+    def ok(n: ast.AST) -> bool:
+        if isinstance(n, ast.Call):
+            f = n.func
+            return (isinstance(f, ast.Attribute) and f.attr in methods) or \
+                (isinstance(f, ast.Name) and f.id in functions)
+        return isinstance(n, _PLAIN_NODES)
+
+    return all(ok(n) for n in ast.walk(node))
 
 
 def _tl_alias(name: str) -> str:

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, dotted_name, parse_kernel, parse_python
+from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, dotted_name, parent_map, parse_kernel, \
+    parse_python, pure_expression
 from xeforge.rewrite.blockio import FLAG  # the block_io stage's fast-path flag (USE_BLOCK_IO)
 from xeforge.rewrite.cst_tools import dotted
 from xeforge.rewrite.tiling import NotApplicable
@@ -42,7 +43,8 @@ from xeforge.rewrite.tiling.grid import enclosing_function, fresh_name, launch_b
 
 IMPORT = "from triton.tools.tensor_descriptor import TensorDescriptor"
 #: calls a host expression may make and still be evaluated once more for a descriptor (no side effects)
-_PURE_CALLS = {"stride", "size", "numel", "dim", "cdiv", "next_power_of_2", "min", "max", "int", "len"}
+_PURE_METHODS = frozenset({"stride", "size", "numel", "dim", "cdiv", "next_power_of_2"})
+_PURE_FUNCTIONS = frozenset({"min", "max", "int", "len"})
 
 
 @dataclass
@@ -77,14 +79,6 @@ class HostDescPlan:
         return text
 
 
-def _parents(fn: ast.FunctionDef) -> dict[int, ast.AST]:
-    out: dict[int, ast.AST] = {}
-    for node in ast.walk(fn):
-        for child in ast.iter_child_nodes(node):
-            out[id(child)] = node
-    return out
-
-
 def _list_arg(call: ast.Call, pos: int, kw: str) -> list[ast.expr] | None:
     node = call.args[pos] if len(call.args) > pos else next((k.value for k in call.keywords if k.arg == kw), None)
     return list(node.elts) if isinstance(node, (ast.List, ast.Tuple)) else None
@@ -96,7 +90,7 @@ def _names(nodes: list[ast.expr]) -> set[str]:
 
 def device_descriptors(fn: JitFunction) -> tuple[list[DeviceDesc], list[str]]:
     """The kernel's descriptors that can be made on the host, and the others with the reason."""
-    parents = _parents(fn.node)
+    parents = parent_map(fn.node)
     params = set(fn.params)
     constexprs = set(fn.constexpr_params)
     assigned: dict[str, int] = {}
@@ -160,21 +154,6 @@ def device_descriptors(fn: JitFunction) -> tuple[list[DeviceDesc], list[str]]:
     return found, kept
 
 
-def _pure(node: ast.expr) -> bool:
-    """Whether evaluating the host expression once more is harmless: names, attributes, subscripts, literals,
-    arithmetic and calls of :data:`_PURE_CALLS` only."""
-    for n in ast.walk(node):
-        if isinstance(n, ast.Call):
-            f = n.func
-            tail = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
-            if tail not in _PURE_CALLS:
-                return False
-        elif isinstance(n, (ast.NamedExpr, ast.Lambda, ast.Await, ast.Yield, ast.YieldFrom, ast.ListComp,
-                            ast.GeneratorExp, ast.DictComp, ast.SetComp)):
-            return False
-    return True
-
-
 class _Substitute(ast.NodeTransformer):
     def __init__(self, values: dict[str, ast.expr]) -> None:
         self.values = values
@@ -236,7 +215,7 @@ def plan_host_descriptors(model: KernelModel, kernel: str) -> HostDescPlan:
             needed |= _names([e for d in descs for e in d.block])
         for p in sorted(needed):
             if p in values:
-                if not _pure(values[p]):
+                if not pure_expression(values[p], _PURE_METHODS, _PURE_FUNCTIONS):
                     raise NotApplicable(f"the launch of {kernel} at line {site.line} passes {p}={bind[p].strip()}, "
                                         "which the host would evaluate a second time for a descriptor")
             elif p in defaults:

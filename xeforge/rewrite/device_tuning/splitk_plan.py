@@ -14,7 +14,7 @@ import ast
 from dataclasses import dataclass
 from typing import Any
 
-from xeforge.kernel_model import KernelModel, dotted_name, parse_kernel, parse_python
+from xeforge.kernel_model import KernelModel, dotted_name, parent_map, parse_kernel, parse_python
 from xeforge.rewrite.memory import launch_facts
 from xeforge.rewrite.persistent import is_persistent, launched_programs
 from xeforge.rewrite.tiling import (BlockPtr, KernelAnalysis, NotApplicable, Ptr, _assign_counts, _kw, assigned_names,
@@ -64,14 +64,6 @@ class SplitPlan:
         what = f"{PARAM}={split}" if split else PARAM
         return (f"{self.kernel}: split-K, {what} programs per output tile each run a slice of {loops}; fp32 partial "
                 f"tiles summed in order by {SUM_KERNEL}")
-
-
-def _parents(root: ast.AST) -> dict[int, ast.AST]:
-    out = {}
-    for node in ast.walk(root):
-        for child in ast.iter_child_nodes(node):
-            out[id(child)] = node
-    return out
 
 
 def _chain(node: ast.AST, parents: dict[int, ast.AST], stop: ast.AST) -> list[ast.AST]:
@@ -400,7 +392,7 @@ def plan(model: KernelModel, kernel: str) -> SplitPlan:
     fn = model.functions[kernel]
     node, source = fn.node, model.source
     pids = _check_kernel(model, kernel)
-    parents = _parents(node)
+    parents = parent_map(node)
     loops = _k_loops(fn, parents)
     planned, accs, ranges = [], set(), set()
     for lp in loops:
