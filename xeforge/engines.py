@@ -40,8 +40,9 @@ class RulesEngine:
                   basis: str | None = None) -> list[TacticRecord]:
         """Each tactic of ``stage`` on ``ctx``'s source; candidates are judged by ``evaluate`` against the incumbent.
 
-        ``basis`` names the trial whose source ``ctx`` holds when it is not the incumbent (a correct rewrite whose
-        gain was below the noise margin, carried into this stage); its candidates say so.
+        ``basis`` says what ``ctx``'s source is when it is not the incumbent ("trial 0007-...": a correct rewrite
+        whose gain was below the noise margin, carried into this stage; or an earlier stage's rewrite of the
+        incumbent that a KB pattern names as this stage's basis); its candidates say so.
         """
         records = []
         tactics, first = tactic_order(list(stage.tactics), stage.name, ctx.diagnosis)
@@ -58,10 +59,10 @@ class RulesEngine:
                 rec.note = "; ".join(filter(None, [rec.note, failed]))
                 continue
             if basis:
-                basis_note = f"proposed on top of trial {basis}, not on the incumbent"
+                basis_note = f"proposed on top of {basis}, not on the incumbent"
                 rec.note = "; ".join(filter(None, [rec.note, basis_note]))
                 for c in candidates:
-                    c.description = f"{c.description} [on top of trial {basis}]"
+                    c.description = f"{c.description} [on top of {basis}]"
             if not candidates:
                 rec.note = "; ".join(filter(None, [rec.note, "the tactic applied but produced no candidate"]))
                 continue

@@ -388,10 +388,16 @@ class Pipeline:
                 rec.tactics = engine.run_stage(stage, ctx, evaluate, choose)
             if carried is not None and engine.name == "rules":
                 self.say(f"  again on top of trial {carried[1]} (correct, its gain was below the noise margin)")
-                more = engine.run_stage(stage, ctx.with_source(carried[0]), evaluate, choose, basis=carried[1])
+                more = engine.run_stage(stage, ctx.with_source(carried[0]), evaluate, choose,
+                                        basis=f"trial {carried[1]}")
                 if any(t.outcomes for t in more):
                     rec.tactics += [t for t in more if t.outcomes]
                     carried = None
+            if engine.name == "rules" and device.can_time:
+                for source, what in _kb_bases(stage, ctx, kbc):
+                    self.say(f"  again on top of {what}")
+                    more = engine.run_stage(stage, ctx.with_source(source), evaluate, choose, basis=what)
+                    rec.tactics += [t for t in more if t.outcomes]
             if llm_engine is not None:
                 rec.tactics += llm_engine.run_stage(stage, ctx.with_source(inc_holder["src"]), evaluate, choose)
             for t in rec.tactics:
@@ -572,6 +578,32 @@ def _hidden_gain(tactics: list[TacticRecord]) -> tuple[str, str] | None:
             and (o.verdict.speedup or 0.0) >= 1.0]
     best = max(near, key=lambda o: o.verdict.speedup, default=None)
     return (best.candidate.source, best.trial) if best is not None else None
+
+
+def _kb_bases(stage: Stage, ctx: StageContext, kbc: KBContext) -> list[tuple[str, str]]:
+    """(source, what it is) for each knowledge-base pattern of an earlier stage whose ``basis_for`` names ``stage``:
+    that pattern's tactic's rewrite of the incumbent, where the tactic still applies (its stage did not adopt it:
+    it was slower alone), so ``stage``'s candidates are also proposed on top of it. E.g. on the H200 an elementwise
+    chain fused into a GEMM's epilogue was 0.83x of the two kernels with one tile per program, while the
+    persistent kernel with the chain fused was the faster end point (KB
+    ``fusion-chain-pays-in-persistent-kernels-on-hopper``). Candidates on top of it are timed against the
+    incumbent like every other; on the CPU interpreter, where every correct rewrite is adopted, there is none."""
+    if kbc.kb is None or not kbc.device_id:
+        return []
+    out = []
+    for earlier in stage_registry.ALL:
+        if earlier.order >= stage.order:
+            break
+        tactics = {t.name: t for t in earlier.tactics}
+        for pattern in kbc.kb.select(earlier.name, kbc.device_id, kbc.triton).patterns:
+            tactic = tactics.get(pattern.spec.tactic or "")
+            if stage.name not in pattern.spec.basis_for or tactic is None or not tactic.check(ctx).applies:
+                continue
+            candidates, _ = propose_safely(tactic, ctx)
+            if candidates:
+                out.append((candidates[0].source, f"{earlier.name}'s {tactic.name} rewrite of the incumbent "
+                                                  f"(KB {pattern.id})"))
+    return out
 
 
 def _product(xs: list[float]) -> float:

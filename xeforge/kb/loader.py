@@ -227,9 +227,9 @@ def _schema_errors(display: str, data: Any, exc: ValidationError) -> list[Knowle
                     expected.append(word)
             what = f"should be {' or '.join(expected)}, not {_short(value)}"
             fix = _type_fix(expected, value)
-        else:
+        else:  # a model validator's own error; it may carry its fix in its context
             what = e["msg"]
-            fix = README_HINT
+            fix = ctx.get("fix", README_HINT)
         out.append(_err(display, line, key, what, fix))
     return out
 

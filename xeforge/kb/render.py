@@ -81,6 +81,8 @@ def pattern_lines(p: Pattern) -> list[str]:
     lines += _block("after", spec.after)
     lines += _block("effect", spec.effect)
     extra = f" · tactic: {spec.tactic}" if spec.tactic else ""
+    if spec.basis_for:
+        extra += f" · basis for: {', '.join(spec.basis_for)}"
     tags = f" · tags: {', '.join(spec.tags)}" if spec.tags else ""
     lines.append(
         f"({applies_to_text(spec)} · {_versions(spec)} · source: {', '.join(sources_of(spec))} · "
@@ -199,6 +201,7 @@ def pattern_dict(p: Pattern) -> dict[str, Any]:
         "triton_xpu": spec.triton_xpu,
         "tags": spec.tags,
         "tactic": spec.tactic,
+        "basis_for": spec.basis_for,
         "source": list(sources_of(spec)),
         "confidence": spec.confidence,
         "where": p.where,

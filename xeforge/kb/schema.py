@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from xeforge.kb._base import ID_PATTERN, Backend, Confidence, Family, KBModel, Severity, Stage
+from xeforge.kb._base import ID_PATTERN, STAGES, Backend, Confidence, Family, KBModel, Severity, Stage
 from xeforge.kb.checks import CheckSpec
 from xeforge.kb.facts import DeviceSpec
 from xeforge.kb.versions import VersionRange, VersionRangeError
@@ -94,10 +94,27 @@ class PatternSpec(Gated):
     confidence: Confidence
     tags: list[str] = Field(default_factory=list)
     tactic: str | None = None  # the rules-engine tactic that applies it, when one does
+    # later stages whose candidates are also proposed on top of this tactic's rewrite of their incumbent, where
+    # the rewrite was not adopted at its own stage (slower alone, faster combined; timed against the incumbent)
+    basis_for: list[Stage] = Field(default_factory=list)
 
     @property
     def stages(self) -> tuple[str, ...]:
         return (self.stage,) if isinstance(self.stage, str) else tuple(self.stage)
+
+    @model_validator(mode="after")
+    def basis_for_later_stages(self) -> "PatternSpec":
+        if self.basis_for and not self.tactic:
+            raise PydanticCustomError("basis_for", "basis_for without a tactic: nothing to rewrite the incumbent with",
+                                      {"fix": "add 'tactic: <the rules-engine tactic of this pattern's stage>'"})
+        last = max(STAGES.index(s) for s in self.stages)
+        early = [s for s in self.basis_for if STAGES.index(s) <= last]
+        if early:
+            raise PydanticCustomError("basis_for", "basis_for names stages that do not come after {stage}: {early} "
+                                      "(a rewrite can only be the basis of a later stage's candidates)",
+                                      {"stage": ", ".join(self.stages), "early": ", ".join(early),
+                                       "fix": f"name stages after {self.stages[-1]} in basis_for, or remove them"})
+        return self
 
 
 class Seed(KBModel):
