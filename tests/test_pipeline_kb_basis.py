@@ -64,7 +64,7 @@ def run_scripted(tmp_path: Path, monkeypatch, bases: bool = True):
     pipe._report = lambda store, device, kbc, engine, baseline, records, final: {"records": records, "final": final}
     monkeypatch.setattr("xeforge.pipeline.write_reports", lambda root, report: None)
     if not bases:
-        monkeypatch.setattr("xeforge.pipeline._kb_bases", lambda stage, ctx, kbc: [])
+        monkeypatch.setattr("xeforge.pipeline._kb_bases", lambda stage, ctx, kbc, selected=None: [])
     no_prewarm = type("Verifier", (), {"prewarm": lambda self, sources: 0})()
     return pipe._run(store, no_prewarm, H200, kbc, "rules"), trials
 
@@ -107,6 +107,7 @@ def test_no_basis_where_the_kb_names_none_or_the_tactic_no_longer_applies():
     assert "sub_mul_relu_kernel[" in problem.kernel_source and "sub_mul_relu_kernel[" not in bases[0][0]
     assert _kb_bases(persistent, ctx.with_source(bases[0][0]), kbc) == []  # fused already: nothing to carry
     assert _kb_bases(registry.get("fusion"), ctx, kbc) == []  # not a later stage
+    assert _kb_bases(persistent, ctx, kbc, {"persistent"}) == []  # --stages persistent: no fusion rewrite
     other = devices.DeviceInfo("cuda", "NVIDIA A100-SXM4-80GB", cores=108)
     okbc = kb_context(other)
     assert okbc.device_id != "h200"

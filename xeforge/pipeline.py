@@ -394,7 +394,7 @@ class Pipeline:
                     rec.tactics += [t for t in more if t.outcomes]
                     carried = None
             if engine.name == "rules" and device.can_time:
-                for source, what in _kb_bases(stage, ctx, kbc):
+                for source, what in _kb_bases(stage, ctx, kbc, {s.name for s in self.selected_stages()}):
                     self.say(f"  again on top of {what}")
                     more = engine.run_stage(stage, ctx.with_source(source), evaluate, choose, basis=what)
                     rec.tactics += [t for t in more if t.outcomes]
@@ -580,8 +580,10 @@ def _hidden_gain(tactics: list[TacticRecord]) -> tuple[str, str] | None:
     return (best.candidate.source, best.trial) if best is not None else None
 
 
-def _kb_bases(stage: Stage, ctx: StageContext, kbc: KBContext) -> list[tuple[str, str]]:
-    """(source, what it is) for each knowledge-base pattern of an earlier stage whose ``basis_for`` names ``stage``:
+def _kb_bases(stage: Stage, ctx: StageContext, kbc: KBContext, selected: set[str] | None = None
+              ) -> list[tuple[str, str]]:
+    """(source, what it is) for each knowledge-base pattern of an earlier stage (one of ``selected``, the stages
+    this port runs; all when None) whose ``basis_for`` names ``stage``:
     that pattern's tactic's rewrite of the incumbent, where the tactic still applies (its stage did not adopt it:
     it was slower alone), so ``stage``'s candidates are also proposed on top of it. E.g. on the H200 an elementwise
     chain fused into a GEMM's epilogue was 0.83x of the two kernels with one tile per program, while the
@@ -594,6 +596,8 @@ def _kb_bases(stage: Stage, ctx: StageContext, kbc: KBContext) -> list[tuple[str
     for earlier in stage_registry.ALL:
         if earlier.order >= stage.order:
             break
+        if selected is not None and earlier.name not in selected:
+            continue  # --stages left that stage out: its rewrites are not this port's to make
         tactics = {t.name: t for t in earlier.tactics}
         for pattern in kbc.kb.select(earlier.name, kbc.device_id, kbc.triton).patterns:
             tactic = tactics.get(pattern.spec.tactic or "")
