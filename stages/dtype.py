@@ -1,6 +1,6 @@
 """Stage 2, dtype: honour the precision contract: fp32 accumulation, no needless up-casts before tl.dot, no fp64 on parts without native fp64.
 
-Owns: this stage's goal, its issue detectors and four deterministic tactics, each a codemod from
+Owns: this stage's goal, its issue detectors and five deterministic tactics, each a codemod from
 :mod:`xeforge.rewrite.dtype`:
 
 - ``drop-upcast-before-dot``: fp16/bf16 tiles loaded and cast to fp32 before ``tl.dot`` feed the dot
@@ -9,6 +9,8 @@ Owns: this stage's goal, its issue detectors and four deterministic tactics, eac
 - ``dot-accumulate-in-place``: ``acc += tl.dot(a, b)`` -> ``acc = tl.dot(a, b, acc)`` for an fp32 ``acc``.
 - ``fp32-accumulator``: a dot accumulating in fp16/bf16 accumulates in fp32.
 - ``fp64-to-fp32``: fp64 arithmetic becomes fp32 when no input of any variant is fp64.
+- ``narrow-intermediate``: an fp32 buffer one Triton kernel writes and only other Triton kernels read is stored
+  in the writer's 16-bit input dtype, the readers' loads up-cast to fp32 (:mod:`xeforge.rewrite.dtype_narrow`).
 
 Which operands are 16-bit comes from the spec's variant dtypes (the verifier casts floating inputs and the
 Model to the variant's dtype), as each variant's trace shows them at the kernel's launch: a variant whose trace
@@ -26,6 +28,7 @@ from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Ta
 from xeforge.kernel_model import parse_kernel
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite import dtype as dr
+from xeforge.rewrite.dtype_narrow import narrow_intermediates
 from xeforge.rewrite.context import Ctx, guarded, memo_key
 from xeforge.rewrite.tiling.configs import describe
 from xeforge.rewrite.autotune import with_configs
@@ -108,6 +111,13 @@ class Fp64ToFp32(RewriteTactic):
     rewrite = staticmethod(dr.fp64_to_fp32)
 
 
+class NarrowIntermediate(RewriteTactic):
+    name = "narrow-intermediate"
+    summary = ("store an fp32 buffer passed from one Triton kernel to others in the inputs' 16-bit dtype "
+               "(the readers still compute in fp32)")
+    rewrite = staticmethod(narrow_intermediates)
+
+
 # ------------------------------------------------------------------------------------------------ detectors
 def _ctx(ctx: StageContext) -> Ctx | None:
     try:
@@ -159,7 +169,7 @@ def _detect_fp64(ctx: StageContext) -> list[Issue]:
 
 
 _TACTICS = {"upcast": DropUpcastBeforeDot(), "acc": DotAccumulateInPlace(), "fp32acc": Fp32Accumulator(),
-            "fp64": Fp64ToFp32()}
+            "fp64": Fp64ToFp32(), "narrow": NarrowIntermediate()}
 
 STAGE = Stage(
     name='dtype',

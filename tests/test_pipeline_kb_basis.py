@@ -64,7 +64,7 @@ def run_scripted(tmp_path: Path, monkeypatch, bases: bool = True):
     pipe._report = lambda store, device, kbc, engine, baseline, records, final: {"records": records, "final": final}
     monkeypatch.setattr("xeforge.pipeline.write_reports", lambda root, report: None)
     if not bases:
-        monkeypatch.setattr("xeforge.pipeline._kb_bases", lambda stage, ctx, kbc, selected=None: [])
+        monkeypatch.setattr("xeforge.pipeline._kb_bases", lambda stage, ctx, kbc, *rest: [])
     no_prewarm = type("Verifier", (), {"prewarm": lambda self, sources: 0})()
     return pipe._run(store, no_prewarm, H200, kbc, "rules"), trials
 

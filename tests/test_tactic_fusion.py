@@ -370,13 +370,14 @@ def test_group_norm_kernel_batches_groups_and_masks_the_last_block(verify, tmp_p
 
 @pytest.mark.parametrize("name,buffer,run", [
     ("kb30_gemm_groupnorm_hardtanh", "y = torch.empty((M, N), device=x.device, dtype=x.dtype)", False),
-    ("kb37_matmul_swish_sum_groupnorm", "z = torch.empty_like(y, dtype=x.dtype)", True),
+    ("kb37_matmul_swish_sum_groupnorm", "z = torch.empty_like(y, dtype=self.bias.dtype)", True),
     ("kb62_matmul_groupnorm_leakyrelu_sum", "y = torch.empty((M, N), device=x.device, dtype=x.dtype)", False),
     ("kb75_gemm_groupnorm_min_biasadd", "y = torch.empty((M, N), device=x.device, dtype=x.dtype)", True),
 ])
 def test_group_norm_first_candidate_reads_a_buffer_in_the_result_dtype(verify, name, buffer, run):
-    """The GEMM's fp32 output that only the GroupNorm reads is allocated in the module's result dtype (what a bf16
-    Linear returns); per-group partials stay fp32. The plain rewrite is still proposed after it."""
+    """The GEMM's fp32 output that only the GroupNorm kernel reads is allocated in the module's result dtype (what a
+    bf16 Linear returns; kb37: the swish kernel's output too, its input bias having that dtype); per-group partials
+    stay fp32, pinned where they took their dtype from the buffer. The plain rewrite is still proposed after it."""
     p = problem(KERNELS / name)
     cands = propose("fuse-group-norm", p)
     narrowed, plain = cands[0], cands[1]
@@ -397,20 +398,24 @@ def test_group_norm_first_candidate_reads_a_buffer_in_the_result_dtype(verify, n
 
 def test_group_norm_input_stays_fp32_when_the_result_is_fp32_or_it_is_read_again():
     from xeforge.rewrite import NotApplicable
+    from xeforge.rewrite.dtype_narrow import narrow_intermediates
     from xeforge.rewrite.fusion.norm import group_norm_kernel
 
     p = problem(KERNELS / "kb30_gemm_groupnorm_hardtanh")
     fp32 = p.kernel_source.replace("return y.to(x.dtype)", "return y")
-    with pytest.raises(NotApplicable, match="not returned in the dtype of one of its inputs"):
-        group_norm_kernel(fp32, p, narrow=True)
+    with pytest.raises(NotApplicable, match="forward's result is fp32 in every variant"):
+        narrow_intermediates(group_norm_kernel(fp32, p)[0], p)
     assert all("instead of fp32" not in c.description for c in propose("fuse-group-norm", p, fp32))
     p = problem(KERNELS / "kb37_matmul_swish_sum_groupnorm")
     reread = p.kernel_source.replace("z = F.group_norm(z,", "w = F.group_norm(z,").replace(
         "return z.to(x.dtype)", "return (w * z.mean()).to(x.dtype)")
     assert reread.count("w = F.group_norm(z,") == 1 and "z.mean()" in reread
-    with pytest.raises(NotApplicable, match="reads z after the GroupNorm"):
-        group_norm_kernel(reread, p, narrow=True)
-    assert "def group_norm_kernel(" in group_norm_kernel(reread, p)[0]  # the plain rewrite still applies
+    fused = group_norm_kernel(reread, p)[0]
+    assert "def group_norm_kernel(" in fused  # the plain rewrite still applies
+    new, desc = narrow_intermediates(fused, p)  # y (GEMM -> swish kernel) is narrowed, z (read by torch) is not
+    assert "z = torch.empty_like(y, dtype=torch.float32)" in new and "y = torch.empty((M, N), device=x.device, " \
+        "dtype=x.dtype)" in new
+    assert "torch.Tensor.mean" in desc and "reads it: only a buffer nothing but Triton kernels read" in desc
 
 
 # ------------------------------------------------------------------------------------------------ unsupported

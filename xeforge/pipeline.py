@@ -394,7 +394,12 @@ class Pipeline:
                     rec.tactics += [t for t in more if t.outcomes]
                     carried = None
             if engine.name == "rules" and device.can_time:
-                for source, what in _kb_bases(stage, ctx, kbc, {s.name for s in self.selected_stages()}):
+                skipped: list[str] = []
+                bases = _kb_bases(stage, ctx, kbc, {s.name for s in self.selected_stages()},
+                                  _incorrect_tactics(records), skipped)
+                for note in skipped:
+                    self.say(f"  not again on top of {note}")
+                for source, what in bases:
                     self.say(f"  again on top of {what}")
                     more = engine.run_stage(stage, ctx.with_source(source), evaluate, choose, basis=what)
                     rec.tactics += [t for t in more if t.outcomes]
@@ -580,8 +585,8 @@ def _hidden_gain(tactics: list[TacticRecord]) -> tuple[str, str] | None:
     return (best.candidate.source, best.trial) if best is not None else None
 
 
-def _kb_bases(stage: Stage, ctx: StageContext, kbc: KBContext, selected: set[str] | None = None
-              ) -> list[tuple[str, str]]:
+def _kb_bases(stage: Stage, ctx: StageContext, kbc: KBContext, selected: set[str] | None = None,
+              incorrect: dict[str, str] | None = None, skipped: list[str] | None = None) -> list[tuple[str, str]]:
     """(source, what it is) for each knowledge-base pattern of an earlier stage (one of ``selected``, the stages
     this port runs; all when None) whose ``basis_for`` names ``stage``:
     that pattern's tactic's rewrite of the incumbent, where the tactic still applies (its stage did not adopt it:
@@ -589,7 +594,10 @@ def _kb_bases(stage: Stage, ctx: StageContext, kbc: KBContext, selected: set[str
     chain fused into a GEMM's epilogue was 0.83x of the two kernels with one tile per program, while the
     persistent kernel with the chain fused was the faster end point (KB
     ``fusion-chain-pays-in-persistent-kernels-on-hopper``). Candidates on top of it are timed against the
-    incumbent like every other; on the CPU interpreter, where every correct rewrite is adopted, there is none."""
+    incumbent like every other; on the CPU interpreter, where every correct rewrite is adopted, there is none.
+    A tactic in ``incorrect`` (tactic -> the trial of this port that failed the correctness gate with it) is no
+    basis: what is built on it fails the same way (kb94's bf16 GEMM output before a GroupNorm was outside the
+    tolerance at its own trial and under all six persistent candidates on top of it); ``skipped`` gets why."""
     if kbc.kb is None or not kbc.device_id:
         return []
     out = []
@@ -601,12 +609,31 @@ def _kb_bases(stage: Stage, ctx: StageContext, kbc: KBContext, selected: set[str
         tactics = {t.name: t for t in earlier.tactics}
         for pattern in kbc.kb.select(earlier.name, kbc.device_id, kbc.triton).patterns:
             tactic = tactics.get(pattern.spec.tactic or "")
-            if stage.name not in pattern.spec.basis_for or tactic is None or not tactic.check(ctx).applies:
+            if stage.name not in pattern.spec.basis_for or tactic is None:
+                continue
+            if tactic.name in (incorrect or {}):
+                if skipped is not None:
+                    skipped.append(f"{earlier.name}'s {tactic.name} rewrite (KB {pattern.id}): its trial "
+                                   f"{incorrect[tactic.name]} failed the correctness gate")
+                continue
+            if not tactic.check(ctx).applies:
                 continue
             candidates, _ = propose_safely(tactic, ctx)
             if candidates:
                 out.append((candidates[0].source, f"{earlier.name}'s {tactic.name} rewrite of the incumbent "
                                                   f"(KB {pattern.id})"))
+    return out
+
+
+def _incorrect_tactics(records: list[StageRecord]) -> dict[str, str]:
+    """Tactic -> the first trial of this port in which one of its candidates failed gate 2 (correctness)."""
+    out: dict[str, str] = {}
+    for rec in records:
+        for t in rec.tactics:
+            for o in t.outcomes:
+                gates = getattr(o.verdict, "gates", None) or []
+                if any(str(g.gate).startswith("2") and g.status == "fail" for g in gates):
+                    out.setdefault(t.name, o.trial)
     return out
 
 

@@ -68,15 +68,20 @@ class _Recorder:
         self.tuning_launches = 0
         self._inside = 0  # > 0 inside Triton's launcher or autotuner: their torch calls are not recorded
         self._patched: list[tuple[Any, str, Any]] = []
+        self._alive: list[Any] = []  # every storage named so far (see key)
 
     # -- identities -------------------------------------------------------------------------------------
     def key(self, t: Any) -> str:
         try:
-            ptr = t.untyped_storage()._cdata  # the storage itself: shared by views, distinct on the meta device too
+            owner: Any = t.untyped_storage()
+            ptr = owner._cdata  # the storage itself: shared by views, distinct on the meta device too
         except (AttributeError, RuntimeError, NotImplementedError):
-            ptr = id(t)
+            owner, ptr = t, id(t)
         if ptr not in self.storages:
             self.storages[ptr] = f"s{len(self.storages)}"
+            # held until the call ends: a freed storage's address is reused by the next allocation, which would
+            # then be named like it (kb30's fp32 GEMM buffer and the result allocated after it was freed)
+            self._alive.append(owner)
         return self.storages[ptr]
 
     def tensor(self, t: Any) -> dict:

@@ -14,7 +14,8 @@ Shared plumbing:
 
 By stage:
 
-- dtype — :mod:`xeforge.rewrite.dtype`: the precision-contract rewrites around ``tl.dot`` and fp64.
+- dtype — :mod:`xeforge.rewrite.dtype`: the precision-contract rewrites around ``tl.dot`` and fp64;
+  :mod:`xeforge.rewrite.dtype_narrow`: fp32 buffers between Triton kernels stored in the inputs' dtype.
 - fusion — :mod:`xeforge.rewrite.fusion` (package): inlining calls into ``forward``, the epilogue translation
   table, the fusions, GroupNorm and combined-partials kernels.
 - memory_access — :mod:`xeforge.rewrite.memory`: coalescing and int32-overflow analysis, the int64 cast.

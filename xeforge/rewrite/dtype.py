@@ -60,7 +60,7 @@ class Reading(NamedTuple):
     why: str = ""
 
 
-def _traces(c: Ctx) -> dict[str, Trace | str]:
+def variant_traces(c: Ctx) -> dict[str, Trace | str]:
     try:
         return traces(c.problem, c.source)
     except Exception as exc:  # noqa: BLE001 — a problem the trace cannot describe is a reason, not a crash
@@ -80,7 +80,7 @@ def param_readings(c: Ctx, kernel: str, param: str) -> dict[str, Reading]:
     trace has no launch of ``kernel`` (a ``@triton.jit`` helper, a kernel forward does not reach), or whose
     launches pass ``param`` no tensor or tensors of different dtypes, has no dtype: the reason says which.
     """
-    traced = _traces(c)
+    traced = variant_traces(c)
     out: dict[str, Reading] = {}
     for vname in _variants(c):
         t = traced.get(vname, f"{vname} was not traced")
@@ -203,7 +203,7 @@ def pointer_param(fn: cst.FunctionDef, ptr: cst.BaseExpression, params: set[str]
     return None
 
 
-def _is_f32_cast(node: cst.CSTNode) -> cst.BaseExpression | None:
+def f32_cast_operand(node: cst.CSTNode) -> cst.BaseExpression | None:
     """The operand of ``X.to(tl.float32)`` (None for anything else)."""
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "to" \
             and node.args and TL_DTYPES.get(dotted(node.args[0].value) or "") == "float32" \
@@ -228,7 +228,7 @@ def _operand_upcasts(c: Ctx, fn: cst.FunctionDef, operand: cst.BaseExpression, p
     """The casts to drop for one dot operand, or why there are none."""
     name = fn.name.value
     # tl.load(...).to(tl.float32) inline, or v.to(tl.float32) with v a plain load
-    inner = _is_f32_cast(operand)
+    inner = f32_cast_operand(operand)
     if inner is not None:
         if isinstance(inner, cst.Call) and is_tl(call_name(inner), "load"):
             p = pointer_param(fn, arg(inner, 0, "pointer"), params)
@@ -250,7 +250,7 @@ def _operand_upcasts(c: Ctx, fn: cst.FunctionDef, operand: cst.BaseExpression, p
         if all(v is not None and isinstance(v, cst.Call) and is_tl(call_name(v), "load") for _, v in assigns):
             return f"{operand.value} is loaded without an fp32 up-cast already"
         for node, value in assigns:
-            inner = _is_f32_cast(value) if value is not None else None
+            inner = f32_cast_operand(value) if value is not None else None
             if inner is None or not (isinstance(inner, cst.Call) and is_tl(call_name(inner), "load")):
                 return f"{operand.value} is not a tl.load(...).to(tl.float32)"
             p = pointer_param(fn, arg(inner, 0, "pointer"), params)

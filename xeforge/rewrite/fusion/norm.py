@@ -11,8 +11,8 @@ over the channels) is split by group: each program stores its group's partial an
 the (rows, groups) partials, so the normalised tensor is never written.
 A flat elementwise Triton kernel that then reads the result (``out[i] = f(z[i], w[i % N], ...)``) is folded in:
 its body runs on each element with that element's flat index, and the kernel writes its output instead.
-With ``narrow``, the fp32 buffer the GroupNorm reads (a Triton kernel's output) is allocated in the module's
-result dtype instead (:func:`_narrow_input` says why that keeps every precision contract).
+(The fusion stage also proposes the result with the fp32 buffer the GroupNorm kernel reads stored in the inputs'
+dtype: :mod:`xeforge.rewrite.dtype_narrow`.)
 
 Not applicable, with the reason: no affine weight and bias, a group wider than :data:`MAX_GROUP` channels at
 the spec's shapes, an input that is not a 2D tensor, or an op the fusion table does not translate (the chain
@@ -32,7 +32,7 @@ from xeforge.kernel_model import dotted_name
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.context import Ctx, dead_code, fresh_namer, loads, pure_stmt
 from xeforge.rewrite.cst_tools import Edits, Substitute, code, names_in, rename, statements
-from xeforge.rewrite.fusion.common import (SPLIT_IDENTITY, _is_to_dtype, _last_assign, _operand_resolver,
+from xeforge.rewrite.fusion.common import (SPLIT_IDENTITY, _is_to_dtype, _operand_resolver,
                                            _reduction, result_lines, row_reduce_lines, with_generated_kernel)
 from xeforge.rewrite.fusion.tile import elementwise_kernel
 from xeforge.rewrite.fusion.tl_ops import EpilogueBuilder, Unsupported
@@ -102,9 +102,8 @@ def _group_widths(c: Ctx, y: ast.expr, groups: ast.expr, line: int) -> list[tupl
     return out
 
 
-def group_norm_kernel(source: str, problem: Any, narrow: bool = False) -> tuple[str, str]:
-    """The rewrite; ``narrow`` also stores the GroupNorm's fp32 input buffer in the module's result dtype
-    (:func:`_narrow_input`), or raises NotApplicable when that does not apply."""
+def group_norm_kernel(source: str, problem: Any) -> tuple[str, str]:
+    """The rewrite, or NotApplicable with the reason."""
     c = Ctx(source, problem)
     why = []
     for s in c.fwd:
@@ -112,13 +111,13 @@ def group_norm_kernel(source: str, problem: Any, narrow: bool = False) -> tuple[
                 and isinstance(s.value, ast.Call) and dotted_name(s.value.func) in GROUP_NORM):
             continue
         try:
-            return _rewrite(c, s, narrow)
+            return _rewrite(c, s)
         except NotApplicable as exc:
             why.append(f"line {s.lineno}: {exc}")
     raise NotApplicable("; ".join(why) or "no F.group_norm in forward")
 
 
-def _rewrite(c: Ctx, s: ast.Assign, narrow: bool = False) -> tuple[str, str]:
+def _rewrite(c: Ctx, s: ast.Assign) -> tuple[str, str]:
     args = _gn_args(s.value)
     missing = [a for a in ("input", "num_groups", "weight", "bias") if a not in args]
     if missing or any(isinstance(args[a], ast.Constant) and args[a].value is None for a in ("weight", "bias")):
@@ -215,9 +214,6 @@ def _rewrite(c: Ctx, s: ast.Assign, narrow: bool = False) -> tuple[str, str]:
     ys = c.seg(y)
     groups = c.seg(args["num_groups"])
     dtype = c.seg(to_dtype) if to_dtype is not None and ret is not None else f"{ys}.dtype"
-    narrowed = _narrow_input(c, y, s) if narrow else None
-    if narrowed is not None and dtype == f"{ys}.dtype":
-        dtype = "torch.float32"  # what the buffer held before: partials and outputs keep fp32
     eps = c.seg(args["eps"]) if "eps" in args else "1e-05"
     w, bias = (ast.unparse(_strip_float(args[a])) for a in ("weight", "bias"))
     kwargs = "".join(f", {k}={v}" for op in b.operands.values() for k, v in op.launch_args().items())
@@ -252,8 +248,6 @@ def _rewrite(c: Ctx, s: ast.Assign, narrow: bool = False) -> tuple[str, str]:
         result_lines(edits, s.lineno, lines, out, cur, ret)
     for st in chain:
         edits.replace[st.lineno] = []
-    if narrowed is not None:
-        edits.replace[narrowed[0]] = statements(narrowed[1])
     new = with_generated_kernel(c, edits, kernel, kernel_code)
     dead = {n.id for st in chain for n in ast.walk(st) if isinstance(n, ast.Name)}
     if fold:
@@ -272,81 +266,10 @@ def _rewrite(c: Ctx, s: ast.Assign, narrow: bool = False) -> tuple[str, str]:
     else:
         desc = (f"F.group_norm{tail} now run as {what}, one read and one write{cast})"
                 + (f"; stopped at {stop}" if stop and chain else ""))
-    if narrowed is not None:
-        desc += f"; {ys} stored in {narrowed[2]} (the module's result dtype) instead of fp32"
     return new, desc
 
 
 _SIZE_ATTRS = {"shape", "numel", "size", "stride", "device", "dtype", "dim"}
-_FP32 = {"torch.float32", "torch.float"}
-
-
-def _result_dtype(c: Ctx) -> str | None:
-    """``P.dtype`` when forward returns its result in the dtype of its tensor parameter ``P`` (``return
-    r.to(P.dtype)``, or a buffer allocated with ``dtype=P.dtype``), else None."""
-    fn = c.model.forward()
-    params = {a.arg for a in fn.args.args[1:]} if fn is not None else set()
-    ret = c.fwd[-1] if c.fwd else None
-    if not (isinstance(ret, ast.Return) and ret.value is not None):
-        return None
-    val = ret.value
-    if isinstance(val, ast.Name):
-        alloc = _last_assign(c, val.id, ret.lineno)
-        if alloc is None or not isinstance(alloc.value, ast.Call):
-            return None
-        val = next((k.value for k in alloc.value.keywords if k.arg == "dtype"), None)
-    elif isinstance(val, ast.Call) and isinstance(val.func, ast.Attribute) and val.func.attr == "to" \
-            and len(val.args) == 1 and not val.keywords:
-        val = val.args[0]
-    else:
-        return None
-    if isinstance(val, ast.Attribute) and val.attr == "dtype" and isinstance(val.value, ast.Name) \
-            and val.value.id in params:
-        return f"{val.value.id}.dtype"
-    return None
-
-
-def _narrow_input(c: Ctx, y: ast.Name, s: ast.Assign) -> tuple[int, str, str]:
-    """The GroupNorm's input ``y``, an fp32 buffer a Triton kernel writes in forward, allocated in the module's
-    result dtype instead: (line of its allocation, the new allocation, that dtype).
-
-    Under every precision contract this keeps the inputs' precision (``strict`` included): the reference computes
-    that tensor in the inputs' dtype (a Linear on bf16 inputs returns bf16), the generated kernel loads it into
-    fp32 before its statistics, and fp32 variants are unchanged. It halves the buffer's traffic, and the GEMM's
-    output tile staged for a descriptor store halves with it, which lets the wider tiles fit in shared memory.
-    """
-    want = _result_dtype(c)
-    if want is None:
-        raise NotApplicable("the module's result is not returned in the dtype of one of its inputs")
-    alloc = _last_assign(c, y.id, s.lineno)
-    if alloc is None or not isinstance(alloc.value, ast.Call):
-        raise NotApplicable(f"{y.id} is not allocated in forward")
-    call = alloc.value
-    name = (dotted_name(call.func) or "").rsplit(".", 1)[-1]
-    kw = next((k for k in call.keywords if k.arg == "dtype"), None)
-    if name == "empty" and kw is not None and dotted_name(kw.value) in _FP32:
-        new = ast.unparse(alloc).replace(f"dtype={ast.unparse(kw.value)}", f"dtype={want}")
-    elif name == "empty_like" and kw is None and len(call.args) == 1 and isinstance(call.args[0], ast.Name):
-        src = _last_assign(c, call.args[0].id, alloc.lineno)
-        skw = next((k for k in src.value.keywords if k.arg == "dtype"), None) if src is not None and isinstance(
-            src.value, ast.Call) else None
-        if skw is None or dotted_name(skw.value) not in _FP32:
-            raise NotApplicable(f"{y.id} is not an fp32 buffer")
-        new = f"{y.id} = torch.empty_like({call.args[0].id}, dtype={want})"
-    else:
-        raise NotApplicable(f"{y.id} is not allocated as an fp32 torch.empty / empty_like")
-    # written by Triton launches only, read by nothing but the GroupNorm (sizes aside)
-    rebound = s.targets[0].id == y.id  # later statements then mean the GroupNorm's result
-    for st in c.fwd:
-        if st.lineno <= alloc.lineno or st is s or (rebound and st.lineno > s.lineno):
-            continue
-        if _size_only(st, y.id):
-            continue
-        if st.lineno > s.lineno:
-            raise NotApplicable(f"line {st.lineno} reads {y.id} after the GroupNorm")
-        if not any(l.function == "forward" and l.line == st.lineno for l in c.model.launches):
-            raise NotApplicable(f"line {st.lineno} uses {y.id} outside a Triton launch")
-    return alloc.lineno, new, want
 
 
 def _size_only(st: ast.stmt, name: str) -> bool:

@@ -42,6 +42,7 @@ from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.context import Ctx, dead_code, fresh_namer, loads, pure_stmt
 from xeforge.rewrite.cst_tools import (Edits, Substitute, add_to_list_kwarg, apply_edits, body_statements, code, names_in, rename,
                                        set_call_kwargs, small, statements)
+from xeforge.rewrite.dtype_narrow import narrow_intermediates
 from xeforge.analysis.launches import live_launches
 from xeforge.analysis.forward_env import Val
 from xeforge.rewrite.fusion.combine import combine_partials
@@ -874,11 +875,14 @@ def _grid_tuple(c: Ctx, site: LaunchSite) -> ast.Tuple | None:
 
 
 def _group_norm_narrow(source: str, problem: Any) -> tuple[str, str]:
-    """The GroupNorm rewrite with its fp32 input buffer stored in the module's result dtype where that applies."""
+    """The GroupNorm rewrite, then the fp32 buffer its kernel reads (a GEMM's output, say) stored in the inputs'
+    dtype where :func:`xeforge.rewrite.dtype_narrow.narrow_intermediates` applies."""
+    new, desc = group_norm_kernel(source, problem)
     try:
-        return group_norm_kernel(source, problem, narrow=True)
+        narrowed, how = narrow_intermediates(new, problem)
     except NotApplicable:
-        return group_norm_kernel(source, problem)
+        return new, desc
+    return narrowed, f"{desc}; {how}"
 
 
 # ------------------------------------------------------------------------------------------------ combined
