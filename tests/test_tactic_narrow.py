@@ -93,6 +93,32 @@ def test_reasons_name_the_construct(edit, reason):
         narrow_intermediates(src, p)
 
 
+STORE = "    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))\n"
+
+
+def test_the_writers_cast_to_its_pointer_type_before_the_store():
+    """``c = acc.to(c_ptr.dtype.element_ty)`` and then ``tl.store(c_ptrs, c)`` is the store's own cast (a common
+    style); the same value also stored elsewhere is not, and says where."""
+    p = load_problem(WRAPPER)
+    assert STORE in p.kernel_source
+    split = p.kernel_source.replace(STORE, "    c = acc.to(c_ptr.dtype.element_ty)\n"
+                                    "    tl.store(c_ptrs, c, mask=(rm[:, None] < M) & (rn[None, :] < N))\n")
+    new, _ = narrow_intermediates(split, p)
+    assert "y = torch.empty((M, N), device=x.device, dtype=x.dtype)" in new
+    reused = split.replace("    tl.store(c_ptrs, c, mask=(rm[:, None] < M) & (rn[None, :] < N))\n",
+                           "    tl.store(c_ptrs, c, mask=(rm[:, None] < M) & (rn[None, :] < N))\n"
+                           "    tl.store(a_ptr + rm, tl.sum(c, axis=1), mask=rm < 0)\n")
+    with pytest.raises(NotApplicable, match=r"matmul_bias uses c_ptr at line \d+ other than as the address"):
+        narrow_intermediates(reused, p)
+
+
+def test_a_buffer_fp32_only_where_the_inputs_are_is_left_alone():
+    """``dtype=x.dtype`` is fp32 at an fp32 variant: not an fp32 intermediate (gemm_relu's GEMM output)."""
+    p = load_problem(ROOT / "kernels" / "gemm_relu")
+    with pytest.raises(NotApplicable, match="no fp32 tensor allocated in the traced code is passed"):
+        narrow_intermediates(p.kernel_source, p)
+
+
 def test_a_result_that_takes_the_buffers_dtype_keeps_it_fp32():
     """``out = torch.empty_like(y)`` makes forward's result fp32 (it follows y): nothing to narrow to. (An
     allocation that takes y's dtype and is not the result is pinned to fp32: kb75's partials,

@@ -165,6 +165,7 @@ def _fp32_allocation_at(signature: list[tuple], line: int) -> bool:
 def _buffers(traced: dict[str, Trace]) -> dict[tuple[str, int], _Buffer]:
     """Every fp32 tensor a torch allocation made (in the traced code) and some launch got, across the variants."""
     out: dict[tuple[str, int], _Buffer] = {}
+    wider: set[tuple[str, int]] = set()
     for variant, t in traced.items():
         returned = {a.storage for a in t.returns if a.kind == "tensor"}
         params = {a.storage for a in t.params.values() if a.kind == "tensor"}
@@ -174,11 +175,12 @@ def _buffers(traced: dict[str, Trace]) -> dict[tuple[str, int], _Buffer]:
             if not isinstance(ev, Launch):  # a torch op
                 outs = [a for a in ev.outputs if a.kind == "tensor"]
                 if ev.kind == "allocation" and ev.stack and outs and outs[0].storage not in params:
+                    key = (ev.stack[-1].function, ev.stack[-1].line)
                     if outs[0].dtype == "float32":
-                        f = ev.stack[-1]
-                        key = (f.function, f.line)
-                        b = out.setdefault(key, _Buffer(f.function, f.line, ev.op))
+                        b = out.setdefault(key, _Buffer(key[0], key[1], ev.op))
                         mine[outs[0].storage] = b
+                    else:
+                        wider.add(key)  # fp32 only where the inputs are (dtype=x.dtype): not an fp32 buffer
                     continue
                 same = {a.storage for a in outs}
                 for a in ev.inputs:
@@ -207,7 +209,7 @@ def _buffers(traced: dict[str, Trace]) -> dict[tuple[str, int], _Buffer]:
                 b.blocked = b.blocked or f"forward returns {len(result)} tensor dtype(s) at {variant}, not one"
             else:
                 b.target[variant] = next(iter(result))
-    return {k: b for k, b in out.items() if b.uses and not b.returned}
+    return {k: b for k, b in out.items() if b.uses and not b.returned and k not in wider}
 
 
 def _dtype_source(c: Ctx, traced: dict[str, Trace], b: _Buffer, writer: str) -> str:
@@ -324,6 +326,8 @@ def _role(c: Ctx, kernel: str, param: str) -> tuple[str, int]:
                     and stack[-1].attr.value == "dtype" and isinstance(stack[-2], cst.Attribute) \
                     and stack[-2].attr.value == "element_ty":
                 continue  # the store's own cast: tl.store(p + o, v.to(p.dtype.element_ty))
+        if _stored_cast(fn, stack, param, params):
+            continue  # c = acc.to(c_ptr.dtype.element_ty), then only tl.store(c_ptr + o, c)
         calls = any(isinstance(s, cst.Call) for s in stack)
         if not calls and isinstance(stack[-1], cst.AugAssign) and stack[-1].target is node:
             continue  # a pointer advanced in a loop: a_ptrs += BLOCK_K * stride
@@ -340,6 +344,31 @@ def _role(c: Ctx, kernel: str, param: str) -> tuple[str, int]:
     if not loads:
         raise NotApplicable(f"{kernel} neither loads nor stores {param}")
     return "load", len(loads - _cast_loads(fn))
+
+
+def _stored_cast(fn: cst.FunctionDef, stack: list[cst.CSTNode], param: str, params: set[str]) -> bool:
+    """The read of ``param`` above ``stack`` is ``v = x.to(param.dtype.element_ty)`` and ``v`` is read only as the
+    value of stores through ``param``: the cast is the store's own, whatever the buffer's dtype."""
+    if not (len(stack) >= 5 and isinstance(stack[-1], cst.Attribute) and stack[-1].attr.value == "dtype"
+            and isinstance(stack[-2], cst.Attribute) and stack[-2].attr.value == "element_ty"
+            and isinstance(stack[-3], cst.Arg) and isinstance(stack[-4], cst.Call)
+            and isinstance(stack[-4].func, cst.Attribute) and stack[-4].func.attr.value == "to"):
+        return False
+    assign = stack[-5]
+    if not (isinstance(assign, cst.Assign) and assign.value is stack[-4] and len(assign.targets) == 1
+            and isinstance(assign.targets[0].target, cst.Name)):
+        return False
+    v = _Uses({assign.targets[0].target.value})
+    fn.body.visit(v)
+    for read, above in v.found:
+        store = next((s for s in reversed(above) if isinstance(s, cst.Call) and is_tl(call_name(s), "load", "store")),
+                     None)
+        value = arg(store, 1, "value") if store is not None and is_tl(call_name(store), "store") else None
+        ptr = arg(store, 0, "pointer") if value is not None else None
+        if value is None or ptr is None or not (read is value or any(n is value for n in above)) \
+                or pointer_param(fn, ptr, params) != param:
+            return False
+    return bool(v.found)
 
 
 def _cast_loads(fn: cst.FunctionDef) -> set[int]:
