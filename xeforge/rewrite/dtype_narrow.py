@@ -203,8 +203,7 @@ def _buffers(traced: dict[str, Trace]) -> dict[tuple[str, int], _Buffer]:
                     b.launch_lines.setdefault(ev.kernel, set()).add(ev.site.line)
         for storage, b in mine.items():
             if storage in returned:
-                b.uses.clear()  # forward's result, not an intermediate
-                b.returned = True
+                b.returned = True  # forward's result, not an intermediate
             if len(result) != 1:
                 b.blocked = b.blocked or f"forward returns {len(result)} tensor dtype(s) at {variant}, not one"
             else:
