@@ -32,11 +32,11 @@ CASES = [
     ("reads_api_key", "vadd", "1-static", "environment"),
     ("pow2_only", "vadd", "2-correctness", "ragged"),
     ("rowsum_reads_oob", "rowsum", "2-correctness", "ragged"),
-    # past gate 1's names, caught by what the call did (run-time checks against the starting kernel's call)
-    ("skips_launch", "vadd", "2-correctness", "no Triton kernel ran during the call"),
-    ("torch_fallback_hidden", "vadd", "2-correctness", "torch computed beyond the starting kernel at run time: "
-                                                        "torch.Tensor.add"),
-    ("overwrites_output", "vadd", "2-correctness", "torch computed beyond the starting kernel at run time"),
+    # torch reached through a dict, a dunder or bound methods in a tuple: gate 1 follows them (and so do the run-time
+    # checks, below)
+    ("skips_launch", "vadd", "1-static", "torch.add beyond the starting kernel"),
+    ("torch_fallback_hidden", "vadd", "1-static", ".__add__ beyond the starting kernel"),
+    ("overwrites_output", "vadd", "1-static", ".copy_ beyond the starting kernel"),
     # fresh values at the same input addresses: a result cached by address is stale
     ("caches_by_address", "vadd", "2-correctness", "outside tolerance"),
     # obfuscated escapes: gate 1 is the fast first filter for them too (the sandbox is the defence)
@@ -76,6 +76,22 @@ def test_cheat_fails_at_its_gate(verifiers, name, problem, gate, reason):
     assert failed.gate == gate, f"{name} failed at {failed.gate}, expected {gate}: {failed.summary}"
     assert reason in failed.summary, f"{name}: reason {reason!r} not in {failed.summary!r}"
     assert not verdict.correct and not verdict.accepted
+
+
+# with gate 1 out of the way, what the call did (run-time checks against the starting kernel's call) rejects them too
+RUNTIME_CASES = [
+    ("skips_launch", "no Triton kernel ran during the call"),
+    ("torch_fallback_hidden", "torch computed beyond the starting kernel at run time: torch.Tensor.add"),
+    ("overwrites_output", "torch computed beyond the starting kernel at run time"),
+]
+
+
+@pytest.mark.parametrize("name,reason", RUNTIME_CASES, ids=[c[0] for c in RUNTIME_CASES])
+def test_the_runtime_checks_reject_it_past_gate_1(verifiers, name, reason):
+    v = verifiers("vadd")
+    g0, g2 = v.correctness(v.code(CHEATS / f"{name}.py"))
+    assert g0.passed and g2 is not None and g2.status == "fail", (g0.summary, g2)
+    assert reason in g2.summary, g2.summary
 
 
 def test_loop_forever_times_out_and_worker_is_replaced(verifiers):

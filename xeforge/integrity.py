@@ -125,8 +125,64 @@ def last_writers(trace: Any) -> list[str]:
                 if hasattr(ev, "kernel"):
                     if any(a.storage == ret.storage for a in ev.args.values() if a.kind in ("tensor", "descriptor")):
                         writer = "launch"
-                elif ev.kind != "allocation" and any(o.storage == ret.storage for o in ev.outputs) and \
+                elif ev.kind not in ("allocation", "own-op") and any(o.storage == ret.storage for o in ev.outputs) and \
                         (ev.kind == "compute" or all(i.storage != ret.storage for i in ev.inputs)):
                     writer = f"torch {ev.op}"  # computed, or copied (a cast, .contiguous()): not a view of its input
         out.append(writer)
     return out
+
+
+def dummy_launches(cand: Any, start: Any, cand_kernels: dict, start_kernels: dict) -> str | None:
+    """Work accounting: a kernel of the start that the candidate launches on fewer programs, into a far smaller
+    output (1/16 or less of the elements its launches store into at the start) *and* with a size argument shrunk as
+    far (``M=1`` where the start passed 32), while the call's output stays as large — a launch made to be seen,
+    with the work done elsewhere. (A fused row reduction stores per-tile partials, far fewer elements, but at the
+    same sizes.) A kernel that loops over its work by
+    program id (a persistent grid sized by the core count) is not judged; neither is one whose stored-into
+    parameters cannot be read. ``cand`` / ``start`` are the two calls' traces, ``*_kernels`` each file's kernels as
+    name -> (the parameters it stores into, whether it loops over program ids), read from the static model."""
+    def out_elems(trace: Any) -> int:
+        return max((_numel(r.shape) for r in trace.returns if r.kind == "tensor"), default=0)
+
+    def work(trace: Any, name: str, params: set) -> tuple[int, int, list, dict]:
+        programs, stored, grids, sizes = 0, 0, [], {}
+        for la in trace.launches_of(name):
+            if not isinstance(la.grid, tuple):
+                return -1, -1, [], {}
+            programs += _numel(la.grid)
+            stored = max(stored, sum(_numel(a.shape) for p, a in la.args.items()
+                                     if p in params and a.kind in ("tensor", "descriptor")))
+            grids.append(la.grid)
+            for p, a in la.args.items():  # the integer arguments that are no constexpr or stride: the sizes
+                if a.kind == "scalar" and type(a.value) is int and p not in la.constexprs and "stride" not in p:
+                    sizes[p] = max(sizes.get(p, 0), a.value)
+        return programs, stored, grids, sizes
+
+    if out_elems(cand) * 2 < out_elems(start):
+        return None
+    for name, (stores, loops) in cand_kernels.items():
+        if name not in start_kernels or not cand.launches_of(name) or not start.launches_of(name) or loops:
+            continue
+        c_prog, c_stored, c_grids, c_sizes = work(cand, name, stores)
+        s_prog, s_stored, s_grids, s_sizes = work(start, name, start_kernels[name][0])
+        if min(c_prog, s_prog, c_stored) < 0 or s_stored <= 0:
+            continue
+        shrunk = sorted(p for p, v in s_sizes.items() if v >= 16 and 0 <= c_sizes.get(p, v) * 16 <= v)
+        if c_prog < s_prog and c_stored * 16 <= s_stored and shrunk:
+            told = ", ".join(f"{p}={c_sizes[p]} (start {s_sizes[p]})" for p in shrunk[:3])
+            return (f"work accounting: {name} ran on grid {_grids(c_grids)} with {told}, storing into {c_stored} "
+                    f"elements, where the starting kernel's launch ran on grid {_grids(s_grids)} over {s_stored}, "
+                    f"while the output still holds {out_elems(cand)}: a dummy launch (the work was done elsewhere)")
+    return None
+
+
+def _numel(shape: Any) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def _grids(grids: list) -> str:
+    shown = ", ".join("x".join(str(g) for g in grid) for grid in grids[:3])
+    return shown + (f" (+{len(grids) - 3} launches)" if len(grids) > 3 else "")

@@ -351,3 +351,76 @@ def axis_blocks(fn: JitFunction) -> dict[int, set[str]]:
                     if is_literal(val):
                         out.setdefault(val, set()).add(other.id)
     return out
+
+
+def _param_sources(fn: ast.FunctionDef) -> dict[str, set[str]]:
+    """Per local name of a jit function, the parameters its value is made from (assignments followed)."""
+    params = {a.arg for a in fn.args.args}
+    out: dict[str, set[str]] = {p: {p} for p in params}
+    assigns = [n for n in ast.walk(fn) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and
+               getattr(n, "value", None) is not None]
+    for _ in range(8):
+        grew = False
+        for node in assigns:
+            used = set().union(*(out.get(n.id, set()) for n in ast.walk(node.value) if isinstance(n, ast.Name)))
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                for name in (n.id for n in ast.walk(t) if isinstance(n, ast.Name)):
+                    if not used <= out.setdefault(name, set()):
+                        out[name] |= used
+                        grew = True
+        if not grew:
+            break
+    return out
+
+
+def stored_params(fn: JitFunction) -> set[str]:
+    """The pointer (or descriptor) parameters a jit function stores into: ``tl.store(c_ptr + offs, ...)``,
+    ``tl.atomic_add(...)``, ``desc.store(...)`` of a descriptor made from a parameter or passed as one."""
+    sources = _param_sources(fn.node)
+    out: set[str] = set()
+    for node in ast.walk(fn.node):
+        if not isinstance(node, ast.Call):
+            continue
+        name = dotted_name(node.func) or ""
+        target: ast.AST | None = None
+        if _tl_alias(name) in ("tl.store",) or _tl_alias(name).startswith("tl.atomic_"):
+            target = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "pointer"), None)
+        elif isinstance(node.func, ast.Attribute) and node.func.attr in ("store", "atomic_add", "atomic_max",
+                                                                         "atomic_min", "scatter"):
+            target = node.func.value
+        if target is not None:
+            for n in ast.walk(target):
+                if isinstance(n, ast.Name):
+                    out |= sources.get(n.id, set())
+    return out & set(fn.params)
+
+
+def loops_over_programs(fn: JitFunction) -> bool:
+    """Whether a jit function loops over work by program id (a persistent tile loop, a grid-stride loop)."""
+    sources = {name for name, _ in _pid_names(fn.node)}
+    for node in ast.walk(fn.node):
+        if isinstance(node, (ast.For, ast.While)):
+            head = node.iter if isinstance(node, ast.For) else node.test
+            for n in ast.walk(head):
+                if isinstance(n, ast.Name) and n.id in sources:
+                    return True
+                if isinstance(n, ast.Call) and (dotted_name(n.func) or "").endswith(("program_id", "num_programs")):
+                    return True
+    return False
+
+
+def _pid_names(fn: ast.FunctionDef) -> list[tuple[str, ast.AST]]:
+    """Local names bound (directly or through arithmetic) from ``tl.program_id`` / ``tl.num_programs``."""
+    found: dict[str, ast.AST] = {}
+    for _ in range(4):
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Assign):
+                uses = any(isinstance(n, ast.Call) and (dotted_name(n.func) or "").endswith(("program_id", "num_programs"))
+                           or isinstance(n, ast.Name) and n.id in found for n in ast.walk(node.value))
+                if uses:
+                    for t in node.targets:
+                        for n in ast.walk(t):
+                            if isinstance(n, ast.Name):
+                                found.setdefault(n.id, node)
+    return list(found.items())

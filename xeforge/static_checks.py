@@ -3,8 +3,12 @@
 Owns: the structural rules (parses, has a jit kernel that ``Model.forward`` launches, every kernel is
 launched), the safety rules (no processes, sockets, ctypes, exec, environment access, file writes, threads or
 streams, try/except around launches, module-level output caches, tensor subclasses), the "no torch compute
-handed back to vendor libraries" rule (relative to the starting kernel), and the hook where the knowledge
-base's hard constraints plug in. Each finding names its rule id, the line and the fix.
+handed back to vendor libraries" rule, no torch internals (mode stacks, ``torch._C``, ``torch.ops``, profilers) and
+no patched library attributes — these three read the whole file, aliases followed (:mod:`xeforge.host_refs`)
+— and the hook where the knowledge base's hard constraints plug in. The starting file is the baseline: what it
+already does (its own imports, its torch calls, the internals it names) stays allowed in a candidate, and a finding
+names only what the candidate added, with the line and form of each place. Each finding names its rule id, the
+line and the fix.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from xeforge.host_refs import VENDOR_KERNEL, HostRefs, Ref
 from xeforge.errors import KernelSourceError
 from xeforge.kernel_model import KernelModel, dotted_name, literal, parse_kernel
 
@@ -48,70 +53,16 @@ REFLECTION_ATTRS = {"__builtins__", "__import__", "__subclasses__", "__globals__
 # modules that are never kernel code, also when reached as an attribute of an allowed one (torch.os.system)
 ESCAPE_MODULES = {"os", "sys", "subprocess", "ctypes", "socket", "builtins", "importlib", "shutil", "pathlib", "io",
                   "pickle", "marshal", "signal", "inspect", "gc", "posix", "pty", "urllib", "http", "requests"}
-ALLOC_OR_VIEW = {"empty", "empty_like", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like",
-                 "empty_strided", "arange", "new_empty", "new_zeros", "new_ones", "new_full", "view", "reshape",
-                 "permute", "transpose", "t", "contiguous", "unsqueeze", "squeeze", "expand", "expand_as",
-                 "flatten", "unflatten", "size", "stride", "numel", "dim", "is_contiguous", "data_ptr",
-                 "element_size", "chunk", "split", "narrow", "select", "as_strided", "device", "get_device",
-                 "is_floating_point", "no_grad", "inference_mode", "dtype", "finfo", "iinfo", "Size",
-                 "next_power_of_2", "cdiv"}
-COMPUTE_METHODS = {"sum", "mean", "max", "min", "amax", "amin", "exp", "log", "relu", "sigmoid", "softmax",
-                   "log_softmax", "matmul", "mm", "bmm", "addmm", "add", "add_", "mul", "mul_", "sub", "sub_", "div",
-                   "div_", "pow", "clamp", "clamp_", "clamp_min", "clamp_max", "norm", "var", "std", "tanh", "abs",
-                   "sqrt", "rsqrt", "logsumexp", "cumsum", "prod", "argmax", "argmin", "sort", "topk", "float",
-                   "half", "bfloat16", "double", "to", "type", "copy_", "fill_", "zero_", "masked_fill",
-                   "where", "gelu", "silu", "mish", "erf", "neg", "reciprocal", "square", "einsum", "conv2d",
-                   "linear", "layer_norm", "group_norm", "batch_norm", "leaky_relu", "hardtanh", "softplus",
-                   "maximum", "minimum", "clone", "lerp", "baddbmm", "avg_pool1d", "avg_pool2d", "max_pool1d",
-                   "max_pool2d", "scaled_dot_product_attention", "dropout", "cat", "stack"}
-
-
 def _line(node: ast.AST) -> int:
     return getattr(node, "lineno", 0)
 
 
 def torch_compute_calls(model: KernelModel) -> Counter:
-    """Multiset of torch compute operations reachable from ``Model.forward`` (allocation and views excluded)."""
-    counts: Counter = Counter()
-    for fn in _forward_closure(model):
-        for node in ast.walk(fn):
-            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
-                counts["@"] += 1
-            if not isinstance(node, ast.Call) or isinstance(node.func, ast.Subscript):
-                continue
-            name = dotted_name(node.func) or ""
-            last = name.rsplit(".", 1)[-1] if name else (node.func.attr if isinstance(node.func, ast.Attribute) else "")
-            if name.startswith(("torch.", "F.", "nn.")) and not name.startswith(("torch.cuda", "torch.xpu")):
-                if last not in ALLOC_OR_VIEW:
-                    counts[f"torch.{last}"] += 1
-            elif isinstance(node.func, ast.Attribute) and last in COMPUTE_METHODS and not name.startswith(
-                    ("triton.", "tl.", "math.")):
-                counts[f".{last}"] += 1
-            elif isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Attribute) \
-                    and (dotted_name(node.func.value) or "").startswith("self.") and last == "forward":
-                counts["module.forward"] += 1
-    # calling a torch submodule (self.linear(x)) is compute too
-    for fn in _forward_closure(model):
-        for node in ast.walk(fn):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "self" \
-                    and model.method(node.func.attr) is None and _is_submodule(model, node.func.attr):
-                counts[f"self.{node.func.attr}()"] += 1
-    return counts
-
-
-def _is_submodule(model: KernelModel, attr: str) -> bool:
-    init = model.method("__init__")
-    if init is None:
-        return False
-    for node in ast.walk(init):
-        if isinstance(node, ast.Assign):
-            for t in node.targets:
-                if isinstance(t, ast.Attribute) and t.attr == attr and isinstance(node.value, ast.Call):
-                    name = dotted_name(node.value.func) or ""
-                    if name.startswith(("nn.", "torch.nn.")) and not name.endswith(("Parameter", "ParameterList")):
-                        return True
-    return False
+    """Multiset of torch compute calls reachable from ``Model.forward`` (allocation and views excluded): what the
+    fusion stage could move into a kernel. Gate 1 reads the whole file (:class:`HostRefs`)."""
+    spans = [(fn.lineno, fn.end_lineno or fn.lineno) for fn in _forward_closure(model)]
+    return Counter(r.key for r in HostRefs(model).of("compute")
+                   if r.call and any(lo <= r.line <= hi for lo, hi in spans))
 
 
 def _forward_closure(model: KernelModel) -> list[ast.FunctionDef]:
@@ -202,6 +153,9 @@ class StaticChecker:
         # kernels the starting file already holds without forward launching them (backward kernels, helpers of
         # other entry points): they may stay, and are noted, not rejected
         self.dead_at_start = set(_dead_kernels(starting)) if starting is not None else set()
+        # the starting file is the user's: what it already does is the baseline a candidate is judged against
+        self._start_refs = HostRefs(starting) if starting is not None else None
+        self._start_safety = Counter(_key(f) for f in self._safety(starting)) if starting is not None else Counter()
         self.notes: list[str] = []  # what the last check noted without failing
 
     def check(self, source: str, path: str = "candidate.py") -> tuple[KernelModel | None, list[Finding]]:
@@ -209,7 +163,17 @@ class StaticChecker:
             model = parse_kernel(source, path)
         except KernelSourceError as exc:
             return None, [Finding("S001-parse", 0, exc.what, exc.fix)]
-        findings = [*self._structure(model), *self._safety(model), *self._torch_compute(model)]
+        refs = HostRefs(model)
+        self.notes = []
+        structure = self._structure(model)
+        safety, kept = [], Counter(self._start_safety)
+        for f in self._safety(model):
+            if kept[_key(f)] > 0:  # the starting file does the same: the user's own code
+                kept[_key(f)] -= 1
+                self.notes.append(f"as in the starting kernel: {f.message}")
+            else:
+                safety.append(f)
+        findings = [*structure, *safety, *self._torch_compute(refs), *self._internals(refs), *self._kernel_names(model)]
         if not findings:
             for hook in self.hooks:
                 findings.extend(hook(model))
@@ -234,7 +198,6 @@ class StaticChecker:
             out.append(Finding("S004-not-launched", m.forward().lineno,
                                "Model.forward launches no @triton.jit kernel",
                                "launch the kernel from forward: kernel[grid](...)"))
-        self.notes = []
         for name in _dead_kernels(m):
             if name in self.dead_at_start:
                 self.notes.append(f"kernel {name} is not launched by forward (as in the starting kernel: kept)")
@@ -303,15 +266,50 @@ class StaticChecker:
                                        "remove the try/except; a failing launch must fail"))
         return out
 
-    # -- torch compute ----------------------------------------------------------------------------------
-    def _torch_compute(self, m: KernelModel) -> list[Finding]:
-        cand = torch_compute_calls(m)
-        allowed = torch_compute_calls(self.starting) if self.starting is not None else Counter()
-        extra = cand - allowed
-        if not extra:
-            return []
-        fwd = m.forward()
-        ops = ", ".join(f"{k} x{v}" if v > 1 else k for k, v in sorted(extra.items()))
-        return [Finding("S020-torch-compute", fwd.lineno if fwd else 0,
-                        f"forward computes with torch beyond the starting kernel: {ops}",
-                        "do the work in Triton kernels; forward may only allocate, view and launch")]
+    # -- torch compute and internals, anywhere in the file ----------------------------------------------------
+    def _torch_compute(self, refs: HostRefs) -> list[Finding]:
+        allowed = self._start_refs.counts("compute") if self._start_refs is not None else Counter()
+        extra = refs.counts("compute") - allowed
+        out = []
+        for key, n in sorted(extra.items()):
+            sites = [r for r in refs.of("compute") if r.key == key]
+            out.append(Finding("S020-torch-compute", sites[0].line,
+                               f"{key} beyond the starting kernel ({n} more than it has): {_sites(sites)}",
+                               "do the work in Triton kernels; the host code may only allocate, view and launch"))
+        return out
+
+    def _internals(self, refs: HostRefs) -> list[Finding]:
+        """torch internals and library patches the starting file does not reference (by path)."""
+        start = self._start_refs
+        out = []
+        for kind, rule, what, fix in (
+                ("internal", "S021-torch-internals", "reaches {why} through {key}, which the starting kernel does not "
+                 "reference", "remove it: kernel host code uses torch's public tensor API, the mode stacks and "
+                 "profilers are the verifier's"),
+                ("patch", "S022-patches-library", "patches {key}, which the starting kernel does not",
+                 "do not assign to torch or triton attributes")):
+            have = {r.key for r in start.of(kind)} if start is not None else set()
+            by_key: dict[str, list[Ref]] = {}
+            for r in refs.of(kind):
+                if r.key not in have:
+                    by_key.setdefault(r.key, []).append(r)
+            for key, sites in by_key.items():
+                out.append(Finding(rule, sites[0].line, what.format(why=sites[0].why, key=key) + f": {_sites(sites)}",
+                                   fix))
+        return out
+
+    def _kernel_names(self, m: KernelModel) -> list[Finding]:
+        """A Triton kernel named like a vendor library's would pass for it in the run-time device account."""
+        start = set(self.starting.functions) if self.starting is not None else set()
+        return [Finding("S023-kernel-name", fn.line, f"kernel {name} is named like a vendor library's kernel",
+                        "give the @triton.jit function a name of its own")
+                for name, fn in m.functions.items() if VENDOR_KERNEL.match(name) and name not in start]
+
+
+def _key(f: Finding) -> tuple[str, str]:
+    return f.rule, f.message
+
+
+def _sites(sites: list[Ref]) -> str:
+    shown = "; ".join(r.describe() for r in sites[:4])
+    return shown + (f"; and {len(sites) - 4} more" if len(sites) > 4 else "")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from xeforge import integrity, wire
+from xeforge.analysis.account import account_problems
 from xeforge.analysis.observe import trace_at
 from xeforge.analysis.trace import Trace, TraceError
 from xeforge.compare import compare_outputs
@@ -39,7 +40,7 @@ from xeforge.problem import Code, Problem, Variant, default_tolerance, plan_inpu
 from xeforge.settings import Settings
 from xeforge.static_checks import ConstraintHook, StaticChecker
 from xeforge.timing import ShapeVerdict, decide, decide_shapes, noise_margin, paired_ratios, roofline_floor
-from xeforge.kernel_model import parse_kernel
+from xeforge.kernel_model import loops_over_programs, parse_kernel, stored_params
 
 GATES = ("0-isolation", "1-static", "2-correctness", "3-performance")
 
@@ -153,6 +154,8 @@ class Verifier:
         self._margins: dict[tuple[str, str], tuple[float, dict]] = {}  # (incumbent, shape) -> A/A margin
         self._weight_order: dict[str, list[str]] = {}  # variant -> the reference's parameter names, in order
         self._start_traces: dict[str, Any] = {}  # variant -> the starting kernel's traced call (run-time checks)
+        self._start_accounts: dict[str, dict | None] = {}  # variant -> its run-time account (a real call's)
+        self._start_model = self.static_checker.starting
         self.runtime_notes: list[str] = []  # where the run-time checks could not be made
         self._diagnoses: dict[str, dict] = {}  # source hash -> its diagnosis (compiler facts, findings)
         self._facts_traces: dict[str, Any] = {}  # source hash -> the trace of the call that wrote its kernels
@@ -377,8 +380,9 @@ class Verifier:
         return None
 
     def _runtime(self, cand: Code, facts: dict, variant: Variant) -> str | None:
-        """What the call did against what the starting kernel's call did (launches, torch compute, who wrote the
-        outputs), from the two calls' traces; the start's is taken once per variant."""
+        """What the call did against what the starting kernel's call did, from the two calls' traces (launches,
+        torch compute, who wrote the outputs, the work each launch did) and their run-time accounts (aten operators
+        and device kernels below Python); the start's are taken once per variant."""
 
         try:
             mine = Trace.from_json(variant.name, facts.get("trace"))
@@ -386,6 +390,7 @@ class Verifier:
             return f"the worker's record of the call was malformed ({exc})"
         if cand.hash == self.problem.kernel_code.hash:
             self._start_traces.setdefault(variant.name, mine)
+            self._start_accounts.setdefault(variant.name, facts.get("account"))
             return None
         if variant.name not in self._start_traces:
 
@@ -398,10 +403,33 @@ class Verifier:
                 self._start_traces[variant.name] = None
                 self.runtime_notes.append(f"{variant.name}: the starting kernel's call could not be traced "
                                           f"({exc.kind}: {exc.detail[:200]}); run-time checks skipped there")
-        if self._start_traces[variant.name] is None:
+        model = parse_kernel(cand.text, cand.filename)  # gate 1 parsed the same text
+        start = self._start_traces[variant.name]
+        if start is not None:
+            problem = integrity.runtime_problems(mine, start) or \
+                integrity.dummy_launches(mine, start, _work_facts(model), _work_facts(self._start_model))
+            if problem:
+                return f"{problem} (variant {variant.name})"
+        theirs = self._start_account(variant) if self.settings.runtime_account else None
+        if theirs is None:
             return None
-        problem = integrity.runtime_problems(mine, self._start_traces[variant.name])
+        kernels = set(self._start_model.functions) | set(model.functions)
+        problem = account_problems(facts.get("account"), theirs, kernels, len(mine.launches))
         return f"{problem} (variant {variant.name})" if problem else None
+
+    def _start_account(self, variant: Variant) -> dict | None:
+        """The starting kernel's run-time account at ``variant``: from its own verification in this verifier, or
+        from one real call of it (the meta-device trace runs nothing)."""
+        if variant.name not in self._start_accounts:
+            try:
+                reply = self._trace_reply(self.problem.kernel_code, variant)
+                got = reply.get("account")
+                self._start_accounts[variant.name] = got if isinstance(got, dict) and "error" not in got else None
+            except WorkerFailure as exc:
+                self._start_accounts[variant.name] = None
+                self.runtime_notes.append(f"{variant.name}: the starting kernel's call could not be accounted "
+                                          f"({exc.kind}: {exc.detail[:200]}); the account checks were skipped there")
+        return self._start_accounts[variant.name]
 
     def _stability(self, outs: dict, facts: dict, variant: Variant) -> str | None:
         if "n_rerun_outputs" not in facts or self.problem.spec.nondeterministic:
@@ -575,7 +603,8 @@ class Verifier:
                                         seed=seed, distribution=dist, out_file=str(out_file), rerun=rerun,
                                         compiled_dir=str(compiled) if compiled else None,
                                         compiled_irs=None if compiled is None or self.settings.keep_compiled
-                                        else sorted(self.diagnoser.irs))
+                                        else sorted(self.diagnoser.irs),
+                                        account_call=self.settings.runtime_account)
             if compiled is not None:
                 self._facts_traces[code.hash] = facts.get("trace")
             n = facts.get("n_outputs")
@@ -590,15 +619,17 @@ class Verifier:
 
     def trace(self, path: Path | Code, variant: Variant) -> "Trace":
         """One call of ``path``'s Model on ``variant``, every launch and torch op recorded, in the candidate worker."""
-
-        slot, timeout = self._slot_and_timeout(self.code(path), variant)
-        reply = self.worker.request("trace", timeout, slot=slot,
-                                    plan=[tp.wire() for tp in plan_inputs(self.problem, variant)], seed=0,
-                                    distribution="normal")
+        reply = self._trace_reply(self.code(path), variant)
         try:
             return Trace.from_json(variant.name, reply.get("trace"))
         except TraceError as exc:
             raise WorkerFailure("protocol", str(exc)) from None
+
+    def _trace_reply(self, code: Code, variant: Variant) -> dict:
+        slot, timeout = self._slot_and_timeout(code, variant)
+        return self.worker.request("trace", timeout, slot=slot,
+                                   plan=[tp.wire() for tp in plan_inputs(self.problem, variant)], seed=0,
+                                   distribution="normal")
 
     # ------------------------------------------------------------------------------------------ oracle
     def _oracle_name(self) -> str:
@@ -838,3 +869,9 @@ class Verifier:
         self.worker.close()
         self._slots.clear()
         self._first.clear()
+
+
+def _work_facts(model: Any) -> dict[str, tuple[set[str], bool]]:
+    """Per kernel of a file: the parameters it stores into and whether it loops over program ids (the work
+    accounting's static half, :func:`xeforge.integrity.dummy_launches`)."""
+    return {name: (stored_params(fn), loops_over_programs(fn)) for name, fn in model.functions.items()}

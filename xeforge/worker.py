@@ -27,6 +27,8 @@ from typing import Any
 
 from xeforge import wire
 from xeforge.devices import Runtime
+from xeforge.analysis import account
+from xeforge.host_refs import OP_NAMESPACE
 from xeforge.analysis.trace import NAMESPACE_ALIASES, record, record_call, register_impls
 from xeforge.diagnosis.capture import dump_compiled, write_call_cost
 from xeforge.inputs import TensorPlan, generate_inputs
@@ -50,12 +52,6 @@ def _outputs(out) -> list:
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
-#: namespaces a file defines ops in (custom_op / triton_op / define "ns::op", a Library of kind DEF or FRAGMENT);
-#: a Library("aten", "IMPL") implements existing ops and is left as it is
-_OP_NAMESPACE = re.compile(r"""(?:custom_op|triton_op|define)\(\s*["']([A-Za-z_]\w*)::"""
-                           r"""|Library\(\s*["']([A-Za-z_]\w*)["']\s*,\s*["'](?:DEF|FRAGMENT)["']""")
-
-
 def own_op_namespaces(source: str, n: int) -> str:
     """``source`` with the ``torch.library`` namespaces it defines made its own (``ns`` -> ``ns_x<n>``).
 
@@ -64,7 +60,7 @@ def own_op_namespaces(source: str, n: int) -> str:
     checked as the candidate. Each loaded file's definitions and its ``torch.ops.ns.op`` / ``"ns::op"`` uses are
     renamed together; the trace reports them under the name the file wrote (:data:`trace.NAMESPACE_ALIASES`).
     """
-    spaces = {a or b for a, b in _OP_NAMESPACE.findall(source)}
+    spaces = {a or b for a, b in OP_NAMESPACE.findall(source)}
     for ns in sorted(spaces):
         mine = f"{ns}_x{n}"
         NAMESPACE_ALIASES[mine] = ns
@@ -204,7 +200,7 @@ class WorkerState:
         return bufs
 
     def run(self, slot: str, plan: list, seed: int, distribution: str, out_file: str, rerun: bool,
-            compiled_dir: str | None = None, compiled_irs: list[str] | None = None) -> dict:
+            compiled_dir: str | None = None, compiled_irs: list[str] | None = None, account_call: bool = True) -> dict:
         """Call the model once (twice with ``rerun``) and write what it returned and its input buffers after it.
 
         ``out_file`` holds ``out.i`` (the outputs), ``rerun.i`` (a second call on pristine copies of the same
@@ -234,16 +230,18 @@ class WorkerState:
                 if id(kernel) not in seen:
                     seen.add(id(kernel))
                     dump_compiled(name, kernel, Path(compiled_dir), triton.__version__, irs=compiled_irs)
-        # the call, observed: what launched, what torch computed
+        # the call, observed: what launched, what torch computed (the Python trace), and below Python what ran
         t_call = time.perf_counter()
-        data, out = record_call(model, args, torch, "src", on_compiled=dump)
-        self.rt.synchronize()
+        with account.Recorder(torch, self.device, on=account_call) as acct:
+            data, out = record_call(model, args, torch, "src", on_compiled=dump, scope=acct.scope)
+            self.rt.synchronize()
         if compiled_dir:
             write_call_cost(Path(compiled_dir), time.perf_counter() - t_call)
         outs = _outputs(out)
         facts: dict[str, Any] = {"ok": True, "container": type(out).__name__, "n_outputs": len(outs),
                                  "types": [type(o).__module__ + "." + type(o).__qualname__ for o in outs],
-                                 "exact_tensor": [type(o) is torch.Tensor for o in outs], "trace": data}
+                                 "exact_tensor": [type(o) is torch.Tensor for o in outs], "trace": data,
+                                 "account": acct.data}
         ranges = [(buf.data_ptr(), buf.data_ptr() + buf.numel() * buf.element_size()) for buf, _ in padded]
         alias = []
         for o in outs:
@@ -274,13 +272,15 @@ class WorkerState:
         return facts
 
     def trace(self, slot: str, plan: list, seed: int, distribution: str) -> dict:
-        """One call of the model with every launch and torch op recorded (:mod:`xeforge.analysis.trace`)."""
+        """One call of the model with every launch and torch op recorded (:mod:`xeforge.analysis.trace`), and its
+        run-time account (:mod:`xeforge.analysis.account`)."""
 
         inputs = generate_inputs([TensorPlan.from_wire(d) for d in plan], seed, distribution, self.device)
         self._called.add(slot)
-        data = record(self.models[slot], inputs, self.torch, "src")
-        self.rt.synchronize()
-        return {"ok": True, "trace": data, "autotune_pinned": sorted(self.pinned)}
+        with account.Recorder(self.torch, self.device) as acct:
+            data = record_call(self.models[slot], inputs, self.torch, "src", scope=acct.scope)[0]
+            self.rt.synchronize()
+        return {"ok": True, "trace": data, "account": acct.data, "autotune_pinned": sorted(self.pinned)}
 
     def trace_meta(self, source: str, filename: str, init_args: list, dtype: str | None, plan: list) -> dict:
         """A trace on the meta device: the Model built and called there, launches recorded but not run."""

@@ -16,7 +16,9 @@ Owns both halves of the trace. In a worker, :func:`record` calls the Model once 
   an op made with ``torch.library.define`` + a Python ``@torch.library.impl`` (the worker notes those functions when
   it loads a file: :func:`register_impls`).
 
-Each event carries the Python call stack from ``forward`` down to it (the frames in the code under trace, with
+Each launch and each autotuner timing run is also wrapped in a range of the run-time account
+(:mod:`xeforge.analysis.account`, the ``scope`` argument), so that what Triton itself does there is told apart below
+Python too. Each event carries the Python call stack from ``forward`` down to it (the frames in the code under trace, with
 what each frame is: a method, a ``torch.autograd.Function``'s forward, a lambda), and tensors are named by their
 storage, so which op or kernel produced what a later one reads is exact. Dynamo (which captures user Triton
 kernels into an FX graph) was the alternative; it needs a compile per variant, graph-breaks on the data-dependent
@@ -30,6 +32,7 @@ constexprs.
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
 import sys
 from dataclasses import dataclass, field
@@ -56,8 +59,10 @@ class _Recorder:
     """Installed for one call: records launches and torch ops into ``events`` (worker side)."""
 
     def __init__(self, torch: Any, code_dir: str, execute: bool = True,
-                 on_compiled: Callable[[str, Any], None] | None = None) -> None:
+                 on_compiled: Callable[[str, Any], None] | None = None,
+                 scope: Callable[[str], Any] | None = None) -> None:
         self.torch = torch
+        self.scope = scope or (lambda kind: contextlib.nullcontext())  # the run-time account's ranges
         self.on_compiled = on_compiled  # called with (kernel name, compiled kernel) after each launch that ran
         self.code_dir = code_dir
         self.execute = execute  # False: launches are recorded, not run (a trace on the meta device)
@@ -204,7 +209,8 @@ class _Recorder:
                     return None
                 rec._inside += 1  # torch calls Triton's launcher makes are its own, not the program's
                 try:
-                    ret = _original(self, *args, **kwargs)
+                    with rec.scope("launch"):
+                        ret = _original(self, *args, **kwargs)
                 finally:
                     rec._inside -= 1
                 if rec.on_compiled is not None and not rec._benchmarking and ret is not None:
@@ -225,7 +231,8 @@ class _Recorder:
             rec._benchmarking += 1
             rec._inside += 1  # the autotuner's timing (cache flushes, events) is not the program's either
             try:
-                return tuner_bench(self, *args, **kwargs)
+                with rec.scope("tuning"):
+                    return tuner_bench(self, *args, **kwargs)
             finally:
                 rec._benchmarking -= 1
                 rec._inside -= 1
@@ -264,7 +271,7 @@ def _mode(rec: _Recorder):
             out = body(*args, **kwargs) if body is not None else func(*args, **kwargs)
             if rec._inside:
                 return out
-            name = resolve_name(func) or getattr(func, "__name__", str(func))
+            name = _op_name(torch, func, resolve_name)
             for mine, written in NAMESPACE_ALIASES.items():  # a file's own torch.library namespace, as written
                 name = name.replace(f"{mine}.", f"{written}.")
             short = name.rsplit(".", 1)[-1]
@@ -273,11 +280,22 @@ def _mode(rec: _Recorder):
             flat_in = [a for a in _flatten(list(args) + list(kwargs.values())) if isinstance(a, torch.Tensor)]
             flat_out = [o for o in _flatten([out]) if isinstance(o, torch.Tensor)]
             kind = "allocation" if short in ALLOCATIONS else "view" if short in VIEWS else "compute"
+            if name.split(".")[0] in NAMESPACE_ALIASES.values():
+                kind = "own-op"  # a torch.library op the loaded file defines: its body's launches are recorded
             rec.add({"event": "torch", "op": name, "kind": kind, "stack": rec.stack(),
                      "inputs": [rec.tensor(t) for t in flat_in], "outputs": [rec.tensor(t) for t in flat_out]})
             return out
 
     return Mode()
+
+
+def _op_name(torch: Any, func: Any, resolve_name: Callable[[Any], str | None]) -> str:
+    """The name a traced torch function is reported by: ``torch.mm`` for torch.mm, which torch's own
+    ``resolve_name`` gives as ``torch.spmm`` (the same function object is bound to both names)."""
+    short = getattr(func, "__name__", None)
+    if isinstance(short, str) and getattr(torch, short, None) is func:
+        return f"torch.{short}"
+    return resolve_name(func) or short or str(func)
 
 
 #: torch.library namespaces the worker gave a loaded file (``ns_x3`` -> ``ns``): op names are reported as written
@@ -349,10 +367,13 @@ def record(model: Any, args: list, torch: Any, code_dir: str, execute: bool = Tr
 
 
 def record_call(model: Any, args: list, torch: Any, code_dir: str, execute: bool = True,
-                on_compiled: Callable[[str, Any], None] | None = None) -> tuple[dict, Any]:
+                on_compiled: Callable[[str, Any], None] | None = None,
+                scope: Callable[[str], Any] | None = None) -> tuple[dict, Any]:
     """:func:`record`, and what the call returned (the worker's correctness run observes the call it checks).
-    ``on_compiled`` receives each launch's compiled kernel (:mod:`xeforge.diagnosis.capture` writes them out)."""
-    rec = _Recorder(torch, str(Path(code_dir).resolve()) + "/", execute, on_compiled)
+    ``on_compiled`` receives each launch's compiled kernel (:mod:`xeforge.diagnosis.capture` writes them out);
+    ``scope(kind)`` opens the run-time account's range around each launch and autotuner timing run
+    (:mod:`xeforge.analysis.account`)."""
+    rec = _Recorder(torch, str(Path(code_dir).resolve()) + "/", execute, on_compiled, scope)
     params = {name: rec.tensor(t) for name, t in list(model.named_parameters()) + list(model.named_buffers())}
     inputs = [rec.value(a) for a in args]
     with torch.no_grad(), rec:
@@ -412,7 +433,7 @@ class Launch:
 @dataclass(frozen=True)
 class TorchOp:
     op: str
-    kind: str  # allocation | view | compute
+    kind: str  # allocation | view | compute | own-op (an op of the file's own torch.library namespace)
     stack: tuple[Frame, ...]
     inputs: tuple[Arg, ...]
     outputs: tuple[Arg, ...]

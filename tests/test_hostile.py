@@ -1,0 +1,63 @@
+"""Hostile candidates that hide a torch fallback (``tests/hostile.py``), on the CPU interpreter through the real
+verifier: gate 1 names each one's class; with gate 1 out of the way, gate 2's run-time checks (the account below
+Python, the work accounting) still reject it, naming what ran. The honest starting kernel passes both."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import hostile
+from xeforge.analysis.account import account_problems
+from xeforge.analysis.trace import Trace
+from xeforge.devices import describe
+from xeforge.problem import Code, load_problem
+from xeforge.settings import Settings
+from xeforge.verifier import Verifier
+
+
+@pytest.fixture(scope="module")
+def verifier(tmp_path_factory):
+    p = load_problem(hostile.START.parent)
+    v = Verifier(p, describe("cpu"), Settings(compile_timeout_s=60.0, run_timeout_s=60.0, correctness_rounds=1),
+                 tmp_path_factory.mktemp("hostile"))
+    yield v
+    v.close()
+
+
+@pytest.mark.parametrize("name", sorted(hostile.CASES))
+def test_gate1_names_the_class(verifier, name):
+    rules, _, _ = hostile.CASES[name]
+    g1 = verifier.static(hostile.source(name), f"{name}.py")
+    assert g1.status == "fail", f"{name} passed gate 1"
+    found = {f["rule"] for f in g1.details["findings"]}
+    assert set(rules) <= found, f"{name}: {sorted(found)} lacks {rules}: {g1.summary}"
+    assert hostile.CLASS_WORDS[name] in g1.summary, g1.summary
+
+
+@pytest.mark.parametrize("name", sorted(hostile.CASES))
+def test_runtime_checks_reject_it_without_gate1(verifier, name):
+    _, reason, _ = hostile.CASES[name]
+    g0, g2 = verifier.correctness(Code(hostile.source(name), f"{name}.py"))
+    assert g0.passed, g0.summary
+    assert g2 is not None and g2.status == "fail", f"{name} passed gate 2 with gate 1 bypassed"
+    assert reason in g2.summary, f"{name}: {reason!r} not in {g2.summary!r}"
+
+
+@pytest.mark.parametrize("name", sorted(hostile.CASES))
+def test_the_account_alone_sees_it(verifier, name):
+    """The account below Python on its own (the Python-level trace left aside): what it names for each."""
+    _, _, seen = hostile.CASES[name]
+    variant = verifier.correctness_variants()[0][0]
+    _, facts = verifier._run(Code(hostile.source(name), f"{name}.py"), variant, 7, "normal", rerun=False)
+    launches = len(Trace.from_json(variant.name, facts["trace"]).launches)
+    kernels = set(verifier.static_checker.starting.functions)
+    problem = account_problems(facts["account"], verifier._start_account(variant), kernels, launches)
+    assert problem is not None and seen in problem, f"{name}: {seen!r} not in {problem!r}"
+
+
+def test_the_start_passes_with_its_account(verifier):
+    verdict = verifier.verify(verifier.problem.kernel_path)
+    assert verdict.correct, verdict.feedback()
+    assert verifier._start_accounts, "no run-time account was taken"
+    acct = next(iter(verifier._start_accounts.values()))
+    assert acct["ranges"]["call"] == 1 and acct["ranges"]["launch"] >= 2 and not acct["aten"]
