@@ -140,7 +140,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(os.environ.get("WORK", "/tmp/xeforge-h200-hostile"))  # the run folders: never under OUT
     everything = sorted(d.name for d in FINALS.iterdir() if (d / "final-kernel.py").exists())
-    rows = {"init": lambda: part_init(work), "hostile": lambda: part_hostile(work), "finals": lambda: part_finals(work, problems or everything),
+    rows = {"init": lambda: part_init(work), "hostile": lambda: part_hostile(work),
+            "finals": lambda: part_finals(work, problems or everything),
             "cost": lambda: part_cost(work, problems or ["gemm_relu", "kb09_matmul_subtract_multiply_relu",
                                                         "softmax", "layernorm"])}[part]()
     (out / f"{part}.json").write_text(json.dumps(rows, indent=1, default=str))

@@ -67,12 +67,21 @@ def refs(src: str) -> set[tuple[str, str]]:
     ("from triton.runtime.jit import JITFunction\nJITFunction.run = print\n", "", "", "patch",
      "triton.runtime.jit.JITFunction.run", "assigned at module level"),
     ("torch.Tensor.__add__ = torch.Tensor.__sub__\n", "", "", "patch", "torch.Tensor.__add__", "assigned"),
+    ("", "", "        copy_kernel._bench(x, y, config=None)", "internal", "copy_kernel._bench", "a call"),
 ])
 def test_a_reference_is_found_wherever_it_stands(head, params, body, kind, key, form):
     src = make(head, params, body)
     found = [r for r in HostRefs(parse_kernel(src)).refs if r.kind == kind and r.key == key]
     assert found, f"{kind} {key} not found in {sorted(refs(src))}"
     assert any(form in r.form for r in found), [r.form for r in found]
+
+
+def test_torch_inside_a_kernel_body_counts_and_tl_methods_do_not():
+    src = START.replace("    tl.store(y_ptr", "    z = torch.mm(x_ptr, x_ptr)\n    tl.store(y_ptr")
+    kinds = refs(src)
+    assert ("compute", "torch.mm") in kinds
+    assert not any(k == ".sum" for _, k in refs(START.replace("tl.load(x_ptr + offs, mask=offs < n)",
+                                                               "tl.load(x_ptr + offs, mask=offs < n).sum(0)")))
 
 
 def test_class_attributes_are_followed_through_self():

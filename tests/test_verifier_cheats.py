@@ -201,3 +201,16 @@ def test_relative_work_folder_works(tmp_path, monkeypatch):
     with Verifier(problem, describe("cpu"), Settings(correctness_rounds=1), Path("rel") / "work") as v:
         verdict = v.verify(problem.kernel_path)
     assert verdict.correct, verdict.feedback()
+
+
+def test_a_start_with_device_side_descriptors_and_no_allocator_runs(tmp_path):
+    """The worker sets a Triton allocator, as torch's own Triton integration does: a kernel that makes its tensor
+    descriptors in the kernel (scratch memory at launch on Hopper) runs without a set_allocator of its own."""
+    from tests.conftest import gpu_kind
+    from xeforge.settings import Settings
+
+    problem = load_problem(FIXTURES / "problems" / "vadd")
+    with Verifier(problem, describe(gpu_kind() or "cpu"), Settings(correctness_rounds=1), tmp_path) as v:
+        g0, g2 = v.correctness(v.code(FIXTURES / "descriptors" / "vadd_device_desc.py"))
+    assert g0.passed, g0.summary  # on a GPU without the worker's allocator: "no allocator was set"
+    assert g2 is not None and g2.passed, g2.summary

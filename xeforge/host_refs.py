@@ -3,10 +3,13 @@
 Owns: every reference the code outside the ``@triton.jit`` bodies makes to
 
 - **torch compute** — a torch function (``torch.mm``, ``F.relu``), a tensor method (``.sum()``, ``.__matmul__``,
-  ``.numpy()``), the ``@`` operator, ``operator``'s arithmetic, a call of a torch submodule (``self.linear(x)``);
-- **torch internals** — ``torch._C`` and every other private path, ``torch.ops``, ``torch.library``,
+  ``.numpy()``, also bound and passed around: ``f = x.sum``), the ``@`` operator, ``operator``'s arithmetic, a call of
+  a torch submodule (``self.linear(x)``); inside a ``@triton.jit`` body only what names torch counts (``tl`` has
+  methods of the same names), and an ``autograd.Function``'s ``backward`` that nothing calls by name is not read;
+- **torch internals** — ``torch._C`` and every other private path, ``torch.ops`` (but the file's own ops),
   ``torch.overrides`` and the mode stacks, ``torch.utils._python_dispatch``, the profilers, ``torch.jit`` (fork),
-  ``torch.multiprocessing`` / ``torch.futures`` (threads), and Triton's private paths;
+  ``torch.multiprocessing`` / ``torch.futures`` (threads), a ``torch.library`` registration into a namespace the file
+  does not define (``aten``), Triton's private paths and a kernel's private attributes (``kernel._bench``);
 - **patches** — an assignment to an attribute of torch or triton (``torch.mm = ...``,
   ``JITFunction.run = ...``),
 
@@ -85,6 +88,10 @@ VENDOR_KERNEL = re.compile(r"^(nvjet|cublas|cutlass|cudnn|xmma|sm\d+_|ampere_|vo
                            r"splitKreduce|at_native|onednn|oneapi|mkl|dnnl|gen_gemm|esimd)", re.IGNORECASE)
 
 
+KERNEL_BODY = "kernel body"  # where a @triton.jit function's own statements stand
+BACKWARD_BODY = "backward body"  # an autograd.Function's backward: never run by the no-grad call a verdict judges
+
+
 @dataclass(frozen=True)
 class Ref:
     kind: str  # compute | internal | patch
@@ -101,8 +108,9 @@ class Ref:
 class _Scopes(ast.NodeVisitor):
     """For every node of the host code, the description of where it stands (module level, a class body, ...)."""
 
-    def __init__(self, jit: set[int]) -> None:
+    def __init__(self, jit: set[int], backward: set[int]) -> None:
         self.jit = jit
+        self.backward = backward
         self.where: dict[int, str] = {}
         self.stack: list[str] = ["at module level"]
 
@@ -119,10 +127,11 @@ class _Scopes(ast.NodeVisitor):
             self._mark(dec, f"in a decorator of {node.name}()")
         for d in [*node.args.defaults, *(k for k in node.args.kw_defaults if k is not None)]:
             self._mark(d, f"in a default argument of {node.name}()")
-        if id(node) in self.jit:
-            self.where[id(node)] = "jit"
+        if id(node) in self.jit or id(node) in self.backward:
+            label = KERNEL_BODY if id(node) in self.jit else BACKWARD_BODY
+            self.where[id(node)] = label
             for n in ast.walk(node):
-                self.where.setdefault(id(n), "jit")
+                self.where.setdefault(id(n), label)
             return
         nested = len(self.stack) > 1 and not self.stack[-1].startswith("in class")
         self.stack.append(f"in {node.name}()" + (" (a nested function)" if nested else ""))
@@ -154,8 +163,7 @@ class HostRefs:
 
     def __init__(self, model: KernelModel) -> None:
         self.model = model
-        jit = {id(f.node) for f in model.functions.values()} | _backward_bodies(model)
-        scopes = _Scopes(jit)
+        scopes = _Scopes({id(f.node) for f in model.functions.values()}, _backward_bodies(model))
         scopes.visit(model.tree)
         self.where = scopes.where
         self.aliases: dict[str, set[str]] = {}
@@ -170,7 +178,7 @@ class HostRefs:
 
     # -- aliases ----------------------------------------------------------------------------------
     def _host(self, node: ast.AST) -> bool:
-        return self.where.get(id(node), "at module level") != "jit"
+        return self.where.get(id(node), "at module level") not in (KERNEL_BODY, BACKWARD_BODY)
 
     def _alias(self, name: str, path: str) -> bool:
         have = self.aliases.setdefault(name, set())
@@ -264,10 +272,17 @@ class HostRefs:
                 parents[id(child)] = node
         submodules = _submodules(self.model)
         for node in ast.walk(self.model.tree):
+            parent = parents.get(id(node))
             if not self._host(node):
+                # a kernel body: tl code has methods of the same names, so only what names torch counts there (the
+                # interpreter would run a torch.mm written inside a @triton.jit body)
+                if self.where.get(id(node)) == KERNEL_BODY and isinstance(node, (ast.Attribute, ast.Name)) \
+                        and not isinstance(parent, ast.Attribute) and isinstance(node.ctx, ast.Load):
+                    for path in self.resolve(node):
+                        if path.startswith("torch."):
+                            self._classify(path, node.lineno, "in a kernel body", False, node)
                 continue
             where = self.where.get(id(node), "at module level")
-            parent = parents.get(id(node))
             called = isinstance(parent, ast.Call) and parent.func is node
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
@@ -294,6 +309,11 @@ class HostRefs:
                     and node.func.attr in submodules:
                 self.refs.append(Ref("compute", f"self.{node.func.attr}()", node.lineno,
                                      f"a call of the torch submodule self.{node.func.attr} {where}", True))
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id in self.model.functions and node.attr.startswith("_"):
+                # a kernel's private machinery (the autotuner's _bench runs hooks inside its timing range)
+                self.refs.append(Ref("internal", f"{node.value.id}.{node.attr}", node.lineno,
+                                     _form(node, parent, where, called), called, "Triton's internals"))
             if not isinstance(node, (ast.Attribute, ast.Name, ast.Call)) or isinstance(parent, ast.Attribute):
                 continue  # the outermost of a dotted chain stands for it
             if isinstance(node, ast.Call) and (dotted_name(node.func) or "") != "getattr":
@@ -421,7 +441,9 @@ def _form(node: ast.AST, parent: ast.AST | None, where: str, called: bool) -> st
 def _backward_bodies(model: KernelModel) -> set[int]:
     """The ``backward`` / ``setup_context`` methods of the file's ``torch.autograd.Function`` subclasses, when no host
     code calls them by name: torch runs them in a backward pass, never in the no-grad call a verdict is about."""
-    called = {n.func.attr for n in ast.walk(model.tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+    called = {n.func.attr for n in ast.walk(model.tree)
+              if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+    called |= {n.value for n in ast.walk(model.tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     out: set[int] = set()
     for cls in (n for n in ast.walk(model.tree) if isinstance(n, ast.ClassDef)):
         if any((dotted_name(b) or "").endswith("autograd.Function") for b in cls.bases):

@@ -137,10 +137,10 @@ def dummy_launches(cand: Any, start: Any, cand_kernels: dict, start_kernels: dic
     output (1/16 or less of the elements its launches store into at the start) *and* with a size argument shrunk as
     far (``M=1`` where the start passed 32), while the call's output stays as large — a launch made to be seen,
     with the work done elsewhere. (A fused row reduction stores per-tile partials, far fewer elements, but at the
-    same sizes.) A kernel that loops over its work by
-    program id (a persistent grid sized by the core count) is not judged; neither is one whose stored-into
-    parameters cannot be read. ``cand`` / ``start`` are the two calls' traces, ``*_kernels`` each file's kernels as
-    name -> (the parameters it stores into, whether it loops over program ids), read from the static model."""
+    same sizes.) A kernel that loops over its work by program id (a persistent grid sized by the core count) is not
+    judged; neither is one whose stored-into parameters cannot be read. ``cand`` / ``start`` are the two calls'
+    traces, ``*_kernels`` each file's kernels as name -> (the parameters it stores into, whether it loops over
+    program ids), read from the static model."""
     def out_elems(trace: Any) -> int:
         return max((_numel(r.shape) for r in trace.returns if r.kind == "tensor"), default=0)
 

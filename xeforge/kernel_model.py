@@ -4,8 +4,9 @@ Owns: parsing a kernel source (``ast``) into :class:`KernelModel` — jit functi
 parameters and ``@triton.autotune`` configs, the launch sites ``kernel[grid](...)`` reachable from
 ``Model.forward`` with literal constexpr values and launch options, and the calls made inside each
 function (``tl.dot``, ``tl.make_block_ptr`` ...), and the ``ast`` helpers the tactics share (a parent map, whether a
-host expression may be evaluated twice). Static checks (gate 1), knowledge-base constraints and the rules engine's
-tactics read this model; source *rewriting* lives in :mod:`xeforge.rewrite`.
+host expression may be evaluated twice); and what gate 2's work accounting reads of a kernel (the parameters
+it stores into, whether it loops over program ids). Static checks (gate 1), knowledge-base constraints and the
+rules engine's tactics read this model; source *rewriting* lives in :mod:`xeforge.rewrite`.
 """
 
 from __future__ import annotations
@@ -396,6 +397,9 @@ def stored_params(fn: JitFunction) -> set[str]:
     return out & set(fn.params)
 
 
+_PID_CALLS = ("program_id", "num_programs")
+
+
 def loops_over_programs(fn: JitFunction) -> bool:
     """Whether a jit function loops over work by program id (a persistent tile loop, a grid-stride loop)."""
     sources = {name for name, _ in _pid_names(fn.node)}
@@ -405,7 +409,7 @@ def loops_over_programs(fn: JitFunction) -> bool:
             for n in ast.walk(head):
                 if isinstance(n, ast.Name) and n.id in sources:
                     return True
-                if isinstance(n, ast.Call) and (dotted_name(n.func) or "").endswith(("program_id", "num_programs")):
+                if isinstance(n, ast.Call) and (dotted_name(n.func) or "").endswith(_PID_CALLS):
                     return True
     return False
 
@@ -416,7 +420,7 @@ def _pid_names(fn: ast.FunctionDef) -> list[tuple[str, ast.AST]]:
     for _ in range(4):
         for node in ast.walk(fn):
             if isinstance(node, ast.Assign):
-                uses = any(isinstance(n, ast.Call) and (dotted_name(n.func) or "").endswith(("program_id", "num_programs"))
+                uses = any(isinstance(n, ast.Call) and (dotted_name(n.func) or "").endswith(_PID_CALLS)
                            or isinstance(n, ast.Name) and n.id in found for n in ast.walk(node.value))
                 if uses:
                     for t in node.targets:

@@ -18,8 +18,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from xeforge.host_refs import VENDOR_KERNEL, HostRefs, Ref
 from xeforge.errors import KernelSourceError
+from xeforge.host_refs import VENDOR_KERNEL, HostRefs, Ref
 from xeforge.kernel_model import KernelModel, dotted_name, literal, parse_kernel
 
 

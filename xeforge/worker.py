@@ -87,6 +87,18 @@ class WorkerState:
         self.filenames: dict[str, str] = {}  # the file the worker wrote -> the name the code came with
         if device == "cpu":
             self._pin_autotune()
+        self._set_allocator()
+
+    def _set_allocator(self) -> None:
+        """A Triton allocator for the scratch memory kernels ask for at launch (device-side tensor descriptors on
+        Hopper): torch's caching allocator, as torch's own Triton integration sets one. A start that builds its
+        descriptors in the kernel then runs as it does in the user's process; a file's own ``set_allocator`` still
+        replaces it."""
+        import triton  # lazy: triton, with torch
+
+        if hasattr(triton, "set_allocator"):
+            torch, device = self.torch, self.device
+            triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=device))
 
     def _pin_autotune(self) -> None:
         """On the interpreter, an ``@triton.autotune`` kernel with several configs runs its first (pruned) one.

@@ -17,8 +17,10 @@ Owns both halves of the trace. In a worker, :func:`record` calls the Model once 
   it loads a file: :func:`register_impls`).
 
 Each launch and each autotuner timing run is also wrapped in a range of the run-time account
-(:mod:`xeforge.analysis.account`, the ``scope`` argument), so that what Triton itself does there is told apart below
-Python too. Each event carries the Python call stack from ``forward`` down to it (the frames in the code under trace, with
+(:mod:`xeforge.analysis.account`, the ``scope`` argument), so that what Triton itself does there is told apart
+below Python too.
+
+Each event carries the Python call stack from ``forward`` down to it (the frames in the code under trace, with
 what each frame is: a method, a ``torch.autograd.Function``'s forward, a lambda), and tensors are named by their
 storage, so which op or kernel produced what a later one reads is exact. Dynamo (which captures user Triton
 kernels into an FX graph) was the alternative; it needs a compile per variant, graph-breaks on the data-dependent
