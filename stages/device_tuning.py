@@ -186,9 +186,13 @@ def _detect_defaults(ctx: StageContext) -> list[Issue]:
     m = ctx.model
     for site in live_launches(m):
         fn = m.functions[site.kernel]
-        if "num_warps" not in launch_options(m, site) and not fn.is_autotuned:
+        warps = bindings(m, site).get("num_warps")
+        if warps is None and not fn.is_autotuned:
             out.append(Issue("device_tuning", "default-warps", f"{site.kernel} launches with default num_warps",
                              site.line))
+        elif warps is not None and not warps.constant and not fn.is_autotuned:
+            out.append(Issue("device_tuning", "host-computed-warps", f"{site.kernel} launches with "
+                             f"num_warps={warps.expr}, computed on the host ({warps.why})", site.line))
         blocks = block_params(fn)
         small = [f"{k}={b.value}" for k, b in bindings(m, site).items() if k in blocks and b.constant and
                  isinstance(b.value, int) and not isinstance(b.value, bool) and 0 < b.value <= 32]

@@ -163,3 +163,36 @@ def test_a_gemv_without_tl_dot_is_tuned_from_the_gemv_space_not_with_gemm_tiles(
     for c in cands:
         site = next(s for s in parse_kernel(c.source).launches if s.kernel == "gemv_kernel")
         assert site.constexprs["BLOCK_N"] <= 32  # never a GEMM tile
+
+
+HOST_WARPS = '''import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+
+class Model(torch.nn.Module):
+    def forward(self, x, y):
+        out = torch.empty_like(x)
+        n = x.numel()
+        num_warps = 4 if n < 4096 else 8
+        add_kernel[(triton.cdiv(n, 64),)](x, y, out, n, BLOCK=64, num_warps=num_warps)
+        return out
+'''
+
+
+def test_warps_computed_on_the_host_are_not_called_default():
+    from stages.device_tuning import _detect_defaults
+
+    p = load_problem(ROOT / "tests" / "fixtures" / "problems" / "vadd")
+    issues = _detect_defaults(tactic_context(p, HOST_WARPS))
+    codes = {i.code for i in issues}
+    assert "default-warps" not in codes, [i.message for i in issues]
+    computed = next(i for i in issues if i.code == "host-computed-warps")
+    assert "num_warps=num_warps" in computed.message and "changes with the shape" in computed.message

@@ -51,6 +51,14 @@ def test_static_values_literal_module_constant_local_and_unpacking():
     assert tunable_names(m, m.launches[0])[0] == ["BM", "BN"]
 
 
+def test_a_constexpr_passed_positionally_is_named_as_such_not_as_missing():
+    m = _model("def f(x, M, N):\n    bm, bn = 64, 32\n    k[(triton.cdiv(M, bm),)](x, M, N, bm, bn, 1e-5)\n")
+    b = launches.bindings(m, m.launches[0])
+    assert b["BM"].how == "positional" and b["BM"].expr == "bm"
+    assert f"passed positionally at line {m.launches[0].line} (argument 4: bm)" in b["BM"].why and "pass it as BM=bm" in b["BM"].why
+    assert "not passed" not in b["BN"].why
+
+
 def test_a_value_only_a_trace_knows_is_constant_when_every_variant_agrees():
     host = "def f(x, M, N, cfg):\n    k[(triton.cdiv(M, cfg.bm),)](x, M, N, BM=cfg.bm, BN=cfg.bn, EPS=1e-5)\n"
     m = _model(host)

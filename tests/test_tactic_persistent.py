@@ -209,3 +209,40 @@ def test_on_a_gpu_the_tile_loop_is_also_proposed_over_descriptors_the_block_io_s
     on_desc = blockio.rewrite(src)[0]
     assert not [c for c in stage.PersistentTileLoop().propose(context(p, on_desc, kind="cuda"))
                 if c.params.get("block_io")]
+
+
+VADD_WITH_TRAILING_RETURN = '''import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
+    return
+
+
+class Model(torch.nn.Module):
+    def forward(self, x, y):
+        out = torch.empty_like(x)
+        n = x.numel()
+        add_kernel[(triton.cdiv(n, 64), 1)](x, y, out, n, BLOCK=64)
+        return out
+'''
+
+
+def test_a_return_that_ends_the_kernel_and_a_unit_grid_axis_do_not_block_the_tile_loop(verify):
+    """Real kernels end with a bare `return` and launch 1D work on an `(n, 1)` grid: neither is an early exit
+    nor a second axis; the trailing return is dropped (inside the tile loop it would end the loop)."""
+    p = load_problem(FIXTURES / "problems" / "vadd")
+    src, plan = persistent.rewrite(VADD_WITH_TRAILING_RETURN)
+    assert "return\n" not in src[src.index("def add_kernel"):src.index("class Model")]
+    verdict = verify(p, src)
+    assert verdict.correct, verdict.feedback()
+    early = VADD_WITH_TRAILING_RETURN.replace("    pid = tl.program_id(0)\n",
+                                              "    pid = tl.program_id(0)\n    if pid > 1000:\n        return\n")
+    with pytest.raises(persistent.NotApplicable, match=r"returns early \(line 10\)"):
+        persistent.rewrite(early)

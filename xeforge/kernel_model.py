@@ -397,6 +397,14 @@ def stored_params(fn: JitFunction) -> set[str]:
     return out & set(fn.params)
 
 
+def early_returns(fn: ast.FunctionDef) -> list[ast.Return]:
+    """The ``return`` statements of a jit function that leave before its end: all but a bare ``return`` that is its
+    last statement (which ends the body as falling off it would)."""
+    last = fn.body[-1] if fn.body else None
+    return [n for n in ast.walk(fn) if isinstance(n, ast.Return)
+            and not (n is last and n.value is None)]
+
+
 _PID_CALLS = ("program_id", "num_programs")
 
 

@@ -42,7 +42,7 @@ class Binding:
 
     name: str
     value: Any  # the constant value, or None where it is not one constant
-    how: str  # literal | expression | autotune | default | missing
+    how: str  # literal | expression | autotune | default | positional | missing
     expr: str | None = None  # the host expression the launch passes (literal or not)
     why: str = ""  # why ``value`` is None, or where it was read
 
@@ -225,6 +225,12 @@ def bindings(model: KernelModel, site: LaunchSite) -> dict[str, Binding]:
             elif name in defaults:
                 out[name] = Binding(name, literal(defaults[name]) if is_literal(literal(defaults[name])) else None,
                                     "default", None, f"{name} takes the kernel's default")
+            elif name in fn.constexpr_params and fn.params.index(name) < len(site.node.args):
+                i = fn.params.index(name)
+                expr = ast.get_source_segment(model.source, site.node.args[i]) or ast.unparse(site.node.args[i])
+                out[name] = Binding(name, None, "positional", expr,
+                                    f"{name} is passed positionally at line {site.line} (argument {i + 1}: {expr}); "
+                                    f"a rewrite edits keyword arguments: pass it as {name}={expr}")
             elif name in fn.constexpr_params:
                 out[name] = Binding(name, None, "missing", None, f"{name} is not passed at line {site.line}")
             continue

@@ -23,12 +23,13 @@ or a name carried from before the loop and reassigned inside it is left alone, w
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from dataclasses import dataclass
 
 import libcst as cst
 
-from xeforge.kernel_model import KernelModel, parse_kernel
+from xeforge.kernel_model import KernelModel, early_returns, literal, parse_kernel
 from xeforge.rewrite.memory import launch_facts
 from xeforge.rewrite.tiling import KernelAnalysis, NotApplicable, _assign_counts, is_tl_call, names_in
 from xeforge.rewrite.tiling.grid import (GridTranslator, enclosing_function, fresh_name, launch_bindings, launch_grid,
@@ -107,8 +108,10 @@ def plan_persistent(model: KernelModel, kernel: str) -> PersistentPlan:
     axes = sorted(p.axis for p in pids)
     if axes not in ([0], [0, 1]):
         raise NotApplicable(f"{kernel} uses grid axes {axes}; the rewrite handles 1D and 2D grids")
-    if any(isinstance(n, ast.Return) for n in ast.walk(fn.node)):
-        raise NotApplicable(f"{kernel} returns early; a persistent loop would skip the remaining tiles")
+    early = early_returns(fn.node)
+    if early:
+        raise NotApplicable(f"{kernel} returns early (line {early[0].lineno}); a persistent loop would skip the "
+                            "remaining tiles")
     counts = _assign_counts(fn.node)
     for p in pids:
         if counts.get(p.name, 0) != 1:
@@ -116,6 +119,8 @@ def plan_persistent(model: KernelModel, kernel: str) -> PersistentPlan:
     grid = launch_grid(model, site)
     if grid is None:
         raise NotApplicable(f"the grid of the launch at line {site.line} is not a tuple or a lambda returning one")
+    while len(grid.elements) > len(axes) and literal(grid.elements[-1]) == 1:  # (n, 1): a 1D grid written as 2D
+        grid = dataclasses.replace(grid, elements=grid.elements[:-1])
     if len(grid.elements) != len(axes):
         raise NotApplicable(f"the grid has {len(grid.elements)} axes but {kernel} reads {len(axes)} program ids")
     an = KernelAnalysis(fn)
@@ -227,6 +232,18 @@ def apply_persistent(source: str, plan: PersistentPlan, flatten: bool = False) -
     return edit_launch(source, edit)
 
 
+def _drop_trailing_returns(source: str, model: KernelModel, kernels: list[str]) -> str:
+    """``source`` without the bare ``return`` that ends any of ``kernels`` (the same kernel: it falls off its end)."""
+    lines = source.splitlines(keepends=True)
+    drop = set()
+    for name in kernels:
+        fn = model.functions.get(name)
+        last = fn.node.body[-1] if fn is not None and len(fn.node.body) > 1 else None
+        if isinstance(last, ast.Return) and last.value is None and lines[last.lineno - 1].strip() == "return":
+            drop.add(last.lineno - 1)
+    return "".join(line for i, line in enumerate(lines) if i not in drop)
+
+
 def _grid_var_used_once(model: KernelModel, site, var: str) -> bool:
     fn = enclosing_function(model, site)
     if fn is None:
@@ -238,6 +255,8 @@ def _grid_var_used_once(model: KernelModel, site, var: str) -> bool:
 def rewrite(source: str, kernel: str | None = None, flatten: bool = False) -> tuple[str, PersistentPlan]:
     model = parse_kernel(source)
     names = [kernel] if kernel else launched_kernels_gemm_first(model)
+    source = _drop_trailing_returns(source, model, names)  # inside a tile loop it would end the loop
+    model = parse_kernel(source)
     errors = []
     for name in names:
         try:

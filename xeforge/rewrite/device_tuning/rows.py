@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from xeforge.analysis.launches import live_launches
-from xeforge.kernel_model import JitFunction, KernelModel, dotted_name, parse_kernel
+from xeforge.kernel_model import JitFunction, KernelModel, dotted_name, early_returns, parse_kernel
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.context import loads
 from xeforge.rewrite.cst_tools import Edits, apply_edits, expr, is_tl, set_call_kwargs, statements
@@ -97,9 +97,10 @@ def _check_body(fn: JitFunction, model: KernelModel, dep: set[str]) -> None:
     """Raise when something in the kernel would change meaning once rows are batched."""
     node = fn.node
     consts = set(fn.constexpr_params)
+    early = {id(r) for r in early_returns(node)}
     for n in (n for st in node.body for n in ast.walk(st)):
         line = getattr(n, "lineno", fn.line)
-        if isinstance(n, ast.Return):
+        if id(n) in early:
             raise NotApplicable(f"{fn.name} returns early (line {line}); a batched program serves several rows")
         test = None
         if isinstance(n, (ast.If, ast.While, ast.IfExp)):
