@@ -214,3 +214,36 @@ def test_a_start_with_device_side_descriptors_and_no_allocator_runs(tmp_path):
         g0, g2 = v.correctness(v.code(FIXTURES / "descriptors" / "vadd_device_desc.py"))
     assert g0.passed, g0.summary  # on a GPU without the worker's allocator: "no allocator was set"
     assert g2 is not None and g2.passed, g2.summary
+
+
+def test_a_partly_written_output_is_diagnosed_as_never_written(verifiers):
+    v = verifiers("vadd")
+    _, g2 = v.correctness(v.code(FIXTURES / "unstable" / "vadd_partial.py"))
+    assert g2.status == "fail" and "outside tolerance" in g2.summary
+    assert "64 of 256 elements are never written by the call" in g2.summary, g2.summary
+
+
+def test_weights_that_hold_nan_once_loaded_are_named_as_the_cause(verifiers):
+    v = verifiers("vadd")
+    _, g2 = v.correctness(v.code(FIXTURES / "unstable" / "vadd_nan_buffer.py"))
+    assert g2.status == "fail", g2.summary
+    assert "the weights scale hold NaN or Inf once loaded" in g2.summary, g2.summary
+
+
+def test_a_start_whose_two_runs_differ_gets_its_cause(tmp_path):
+    """A start that is its own baseline, every element written, but carrying state between calls: the verdict says
+    so and names the fix (not only 'two runs differ')."""
+    import shutil
+
+    from xeforge.settings import Settings
+
+    folder = tmp_path / "stateful"
+    shutil.copytree(FIXTURES / "problems" / "vadd", folder)
+    shutil.copy(FIXTURES / "unstable" / "vadd_state.py", folder / "kernel.py")
+    problem = load_problem(folder)
+    with Verifier(problem, describe("cpu"), Settings(correctness_rounds=1), tmp_path / "work") as v:
+        verdict = v.verify(problem.kernel_path)
+    failed = verdict.failed_gate
+    assert failed is not None and "two runs on the same inputs gave different bits" in failed.summary
+    assert "differ although every element is written in both runs" in failed.summary, failed.summary
+    assert "nondeterministic: true" in failed.summary and "state the Model keeps between calls" in failed.summary

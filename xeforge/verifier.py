@@ -160,6 +160,7 @@ class Verifier:
         self._diagnoses: dict[str, dict] = {}  # source hash -> its diagnosis (compiler facts, findings)
         self._facts_traces: dict[str, Any] = {}  # source hash -> the trace of the call that wrote its kernels
         self.weights_by_position: dict[str, dict[str, str]] = {}  # source hash -> reference name -> kernel name
+        self._nonfinite: dict[str, list[str]] = {}  # source hash -> weights holding NaN / Inf once loaded
         self.last_timing: dict = {}  # launch-overhead delay of the latest timing request (see timing.delay_flushes)
         # the float64 reference runs where fp64 is native; on an Intel part without it, on the host
         self._oracle_device = device.kind if (device.kind != "xpu" or device.has_fp64) else "cpu"
@@ -279,7 +280,8 @@ class Verifier:
                 mm = compare_outputs(got, refs, dtypes, rtol, atol)
                 del got, refs
                 if mm is not None:
-                    return fail(f"variant {variant.describe()}, {dist} inputs: {mm.message}",
+                    cause = self._cause(cand, variant, seed, dist, outs, facts, unstable=False)
+                    return fail(f"variant {variant.describe()}, {dist} inputs: {mm.message}{cause}",
                                 {**where, "dims": variant.dims, "reason": mm.reason, **mm.details})
                 # right values; now how they were made: launches, torch compute, who wrote the outputs
                 cheat = self._runtime(cand, facts, variant)
@@ -287,6 +289,7 @@ class Verifier:
                     return fail(cheat, {**where, "reason": "runtime"})
                 unstable = self._stability(outs, facts, variant)
                 if unstable:
+                    unstable += self._cause(cand, variant, seed, dist, outs, facts, unstable=True)
                     return fail(unstable, {**where, "reason": "unstable"})
                 rounds_done += 1
         names = [v.name for v, _ in self.correctness_variants()]
@@ -444,6 +447,46 @@ class Verifier:
                     "'nondeterministic: true' only if that is intended")
         return None
 
+    def _cause(self, cand: Code, variant: Variant, seed: int, dist: str, outs: dict, facts: dict,
+               unstable: bool) -> str:
+        """Why a call's outputs are wrong or differ between two runs on the same inputs, and the fix: output
+        elements the call never writes (a rerun with every uninitialized allocation poisoned leaves them NaN / the
+        sentinel), or, for two runs that differ with every element written both times, a race, atomics or state
+        kept between calls. Empty when neither shows."""
+        import torch  # lazy: torch, for the tensors the worker returned
+
+        first = [outs.get(f"out.{i}") for i in range(facts["n_outputs"])]
+        try:
+            poisoned, _ = self._run(cand, variant, seed, dist, rerun=True, poisoned=True)
+        except WorkerFailure:
+            return ""
+        parts = []
+        for i, a in enumerate(first):
+            b = poisoned.get(f"rerun.{i}")
+            if a is None or b is None or a.shape != b.shape or a.numel() == 0:
+                continue
+            differ = (a.view(-1) != b.view(-1)) & ~(a.view(-1).isnan() & b.view(-1).isnan()) \
+                if a.dtype.is_floating_point else a.view(-1) != b.view(-1)
+            filler = integrity.canary_value(torch, b.dtype)
+            never = (b.view(-1).isnan() & ~a.view(-1).isnan()) if b.dtype.is_floating_point else \
+                (b.view(-1) == filler) & (a.view(-1) != filler)
+            n_never, n_diff = int(never.sum()), int(differ.sum())
+            if n_never:
+                first_idx = int(never.nonzero()[0])
+                fix = ("fix the kernel, or, if it is meant for aligned shapes only, name those dims in the spec's "
+                       "'fixed:' (or 'ragged: false')") if variant.ragged else "fix the kernel"
+                parts.append(f"output {i}: {n_never} of {a.numel()} elements are never written by the call (a rerun "
+                             f"with its allocations poisoned leaves them unset, the first at flat index {first_idx}): "
+                             f"the grid or the masks miss them, or the output is only partly written; {fix}")
+            elif n_diff and unstable:
+                parts.append(f"output {i}: {n_diff} of {a.numel()} elements differ although every element is written "
+                             "in both runs: atomics or a race between programs (mark the spec 'nondeterministic: "
+                             "true' if that is intended), or state the Model keeps between calls")
+        if cand.hash in self._nonfinite:
+            parts.append(f"the weights {', '.join(self._nonfinite[cand.hash])} hold NaN or Inf once loaded: never "
+                         "initialized (nn.Parameter(torch.empty(...)) that nothing fills)? initialize them in __init__")
+        return "; cause: " + "; ".join(parts) if parts else ""
+
     def _tolerances(self, variant: Variant) -> tuple[float, float]:
         dt = variant.dtype or next((i.dtype for i in self.problem.input_specs(variant)), None)
         default = default_tolerance(dt, self.settings)
@@ -466,6 +509,8 @@ class Verifier:
                                     **self._load_payload(code, variant, slot, compile_mode))
         if reply.get("weights_by_position"):
             self.weights_by_position[code.hash] = {str(k): str(v) for k, v in reply["weights_by_position"].items()}
+        if isinstance(reply.get("nonfinite_weights"), list) and reply["nonfinite_weights"]:
+            self._nonfinite[code.hash] = [str(k)[:80] for k in reply["nonfinite_weights"][:8]]
         self._slots[key] = self.worker.generation
         self._slot_names[key] = slot
         self._first.add(key)
@@ -589,8 +634,10 @@ class Verifier:
             return {"available": False, "why": str(reply["why"])[:300]}
         return deep.read_ncu_csv(report)
 
-    def _run(self, code: Code, variant: Variant, seed: int, dist: str, rerun: bool) -> tuple[dict, dict]:
-        """Run ``code`` once in the candidate worker: (the tensors it wrote, the facts it replied)."""
+    def _run(self, code: Code, variant: Variant, seed: int, dist: str, rerun: bool,
+             poisoned: bool = False) -> tuple[dict, dict]:
+        """Run ``code`` once in the candidate worker: (the tensors it wrote, the facts it replied); ``poisoned``: the
+        rerun's uninitialized allocations start as NaN / the sentinel (see :meth:`_unstable_cause`)."""
         slot, timeout, first = self._slot_call(code, variant)
         out_file = self._io_file(self.worker, "out")
         compiled = None
@@ -604,7 +651,7 @@ class Verifier:
                                         compiled_dir=str(compiled) if compiled else None,
                                         compiled_irs=None if compiled is None or self.settings.keep_compiled
                                         else sorted(self.diagnoser.irs),
-                                        account_call=self.settings.runtime_account)
+                                        account_call=self.settings.runtime_account, poisoned=poisoned)
             if compiled is not None:
                 self._facts_traces[code.hash] = facts.get("trace")
             n = facts.get("n_outputs")

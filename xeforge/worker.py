@@ -48,6 +48,27 @@ def _die_with_parent() -> None:
             pass
 
 
+def _poisoned_allocations(torch: Any, on: bool) -> Any:
+    """While on: every tensor the call allocates uninitialized (``torch.empty`` and its kin) starts as NaN (floats)
+    or the canary sentinel, so an output element the call never writes shows in the rerun (the parent's diagnosis
+    of a start whose two runs differ)."""
+    import contextlib  # lazy: only the diagnosis uses it
+
+    if not on:
+        return contextlib.nullcontext()
+    from torch.overrides import TorchFunctionMode  # lazy: torch, in the worker only
+
+    class Poison(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if getattr(func, "__name__", "") in ("empty", "empty_like", "new_empty", "empty_strided") \
+                    and isinstance(out, torch.Tensor) and out.numel():
+                out.fill_(canary_value(torch, out.dtype))
+            return out
+
+    return Poison()
+
+
 def _outputs(out) -> list:
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
@@ -183,7 +204,10 @@ class WorkerState:
             model = torch.compile(model, mode=None if compile_mode == "default" else compile_mode)
         self.models[slot] = model
         self._called.discard(slot)
-        return {"ok": True, "weights_by_position": renamed}
+        # weights that hold NaN / Inf once loaded: nn.Parameter(torch.empty(...)) that nothing initializes
+        nonfinite = [k for k, t in [*model.named_parameters(), *model.named_buffers()]
+                     if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all())]
+        return {"ok": True, "weights_by_position": renamed, "nonfinite_weights": nonfinite[:16]}
 
     # -- running ---------------------------------------------------------------------------------
     def _padded(self, t):
@@ -212,7 +236,8 @@ class WorkerState:
         return bufs
 
     def run(self, slot: str, plan: list, seed: int, distribution: str, out_file: str, rerun: bool,
-            compiled_dir: str | None = None, compiled_irs: list[str] | None = None, account_call: bool = True) -> dict:
+            compiled_dir: str | None = None, compiled_irs: list[str] | None = None, account_call: bool = True,
+            poisoned: bool = False) -> dict:
         """Call the model once (twice with ``rerun``) and write what it returned and its input buffers after it.
 
         ``out_file`` holds ``out.i`` (the outputs), ``rerun.i`` (a second call on pristine copies of the same
@@ -274,7 +299,7 @@ class WorkerState:
         tensors.update({f"input.{j}": buf for j, (buf, _) in enumerate(padded)})
         if rerun:
             fresh = generate_inputs(plan, seed, distribution, self.device)
-            with torch.no_grad():
+            with torch.no_grad(), _poisoned_allocations(torch, poisoned):
                 out2 = model(*[self._padded(x)[1] for x in fresh])
             self.rt.synchronize()
             outs2 = _outputs(out2)
