@@ -250,3 +250,21 @@ def test_on_a_gpu_the_kb_tiles_go_to_the_kernel_forward_launches_not_a_backward_
         after = {s.kernel: s.constexprs for s in parse_kernel(c.source).launches}
         assert after["fc_relu_bwd_input"] == start["fc_relu_bwd_input"], c.description
         assert after["fc_relu"]["BM"] == c.params["BM"] != start["fc_relu"]["BM"]
+
+
+def test_a_torch_fallback_at_some_variants_does_not_block_the_rewrite(verify, tmp_path):
+    """Real wrappers fall back to torch below a size (or off the GPU): where the kernel does not run its operands'
+    dtype is moot, so the variants where it runs decide, and the fallback is kept as it was."""
+    folder = variant_of(tmp_path, KERNELS / "gemm_relu")
+    src = (folder / "kernel.py").read_text().replace('''        M, K = x.shape
+        N = w.shape[0]''', '''        M, K = x.shape
+        N = w.shape[0]
+        if M <= 16:  # decode-sized batches: torch is fast enough there
+            return torch.relu(x @ w.t())''')
+    (folder / "kernel.py").write_text(src)
+    p = load_problem(folder)  # the user's start, fallback included
+    assert "if M <= 16:" in p.kernel_source
+    cand = propose("drop-upcast-before-dot", p)  # bench-gpu-1 (M=16) takes the fallback
+    assert ".to(tl.float32)" not in cand.source and "if M <= 16:" in cand.source
+    verdict = verify(p, cand.source)
+    assert verdict.correct, verdict.feedback()

@@ -78,17 +78,21 @@ def param_readings(c: Ctx, kernel: str, param: str) -> dict[str, Reading]:
     Read from the trace of the source at each variant only: what the kernel was really given, wherever it is
     launched from (forward, a wrapper, a method, an autograd Function). A variant whose trace failed, or whose
     trace has no launch of ``kernel`` (a ``@triton.jit`` helper, a kernel forward does not reach), or whose
-    launches pass ``param`` no tensor or tensors of different dtypes, has no dtype: the reason says which.
+    launches pass ``param`` no tensor or tensors of different dtypes, has no dtype: the reason says which. A variant
+    whose call does not launch ``kernel`` while another one does (a torch fallback off the GPU or below a size, an
+    early return of the wrapper) is left out: the kernel does not run there, so what it is given there is moot, and
+    the code path that skips it is kept as it is.
     """
     traced = variant_traces(c)
     out: dict[str, Reading] = {}
+    unlaunched: dict[str, Reading] = {}
     for vname in _variants(c):
         t = traced.get(vname, f"{vname} was not traced")
         if not isinstance(t, Trace):
             out[vname] = Reading(None, _cap(t))
             continue
         if not t.launches_of(kernel):
-            out[vname] = Reading(None, f"{vname}'s trace has no launch of {kernel}")
+            unlaunched[vname] = Reading(None, f"{vname}'s trace has no launch of {kernel}")
             continue
         ds = t.arg_dtypes(kernel, param)
         if len(ds) == 1 and None not in ds:
@@ -98,7 +102,7 @@ def param_readings(c: Ctx, kernel: str, param: str) -> dict[str, Reading]:
         else:
             out[vname] = Reading(None, f"{param} is {'/'.join(sorted(ds))} at different launches of {kernel} in "
                                        f"{vname}'s trace")
-    return out
+    return out if out else unlaunched
 
 
 def param_dtypes(c: Ctx, kernel: str, param: str) -> dict[str, str | None]:
@@ -297,7 +301,8 @@ def drop_dot_upcasts(source: str, problem: Any) -> tuple[str, str]:
             continue
         # operand names used anywhere but as dot operands would change type: leave those alone
         readings = {u.param: param_readings(c, fn, u.param) for u in ups}
-        per_variant = {v: {readings[u.param][v].dtype for u in ups} for v in _variants(c)}
+        per_variant = {v: {readings[u.param][v].dtype for u in ups} for v in _variants(c)
+                       if all(v in readings[u.param] for u in ups)}
         unknown = unknown_dtypes(readings)
         if unknown:
             why.append(f"{fn} line {c.parsed.line(dot)}: the element type of "
