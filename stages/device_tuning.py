@@ -53,6 +53,9 @@ def target_site(model: KernelModel) -> LaunchSite | None:
 
     sites = [s for s in live_launches(model) if _pinnable(model, s) or
              (not model.functions[s.kernel].is_autotuned and tunable_names(model, s)[0])]
+    if not sites:  # block sizes the host computes (next_power_of_2 of a row): the launch options are still searched
+        sites = [s for s in live_launches(model) if not model.functions[s.kernel].is_autotuned
+                 and sum(o.kernel == s.kernel for o in model.launches) == 1]
     return min(sites, key=score) if sites else None
 
 
@@ -103,7 +106,8 @@ class LaunchParamSearch(Tactic):
                                        "the KB's, each pinned at the launch (decorator removed)")
         names, why = tunable_names(m, site)
         extra = f" (left alone: {'; '.join(why.values())})" if why else ""
-        return Applicability(True, f"{site.kernel} at line {site.line}: {', '.join(names)} + launch options{extra}")
+        what = f"{', '.join(names)} + launch options" if names else "the launch options (num_warps, num_stages)"
+        return Applicability(True, f"{site.kernel} at line {site.line}: {what}{extra}")
 
     def _current(self, m: KernelModel, site: LaunchSite) -> tuple[list[str], dict[str, Any], list[dict[str, Any]]]:
         """The names to search, the configuration to search around, and configurations to try first."""

@@ -196,3 +196,18 @@ def test_warps_computed_on_the_host_are_not_called_default():
     assert "default-warps" not in codes, [i.message for i in issues]
     computed = next(i for i in issues if i.code == "host-computed-warps")
     assert "num_warps=num_warps" in computed.message and "changes with the shape" in computed.message
+
+
+def test_a_block_the_host_computes_leaves_the_launch_options_to_search(verify):
+    """softmax sizes its block from the row (BLOCK = next_power_of_2(n_cols)): the block stays the user's, and the
+    search still tries num_warps / num_stages at the launch (each candidate verified)."""
+    p = load_problem(ROOT / "kernels" / "softmax")
+    ctx = tactic_context(p, kind="cuda", target="h200", cores=132)  # the KB's H200 space (the CPU's has no warps)
+    app = LaunchParamSearch().check(ctx)
+    assert app.applies and "the launch options" in app.reason and "BLOCK=BLOCK changes with the shape" in app.reason
+    cands = LaunchParamSearch().propose(ctx)
+    assert cands and all(set(c.params) <= {"num_warps", "num_stages", "grf_mode", "warp_size"} for c in cands)
+    for c in cands:
+        assert "BLOCK = triton.next_power_of_2(n_cols)" in c.source
+        verdict = verify(p, c.source)
+        assert verdict.correct, verdict.feedback()
