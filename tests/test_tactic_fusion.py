@@ -557,3 +557,12 @@ def test_split_partials_of_an_autotuned_kernel_survive_its_autotuner(tmp_path):
         assert int(n) >= 2 and chosen == "256", out.stdout  # several configs ran; the widest was chosen
         errors[name] = float(err)
     assert errors["restored"] < 1e-3 and errors["stale"] > 0.1, errors
+
+
+def test_a_synchronize_or_an_assert_between_the_launch_and_its_epilogue_does_not_stop_the_fusion(verify):
+    p = load_problem(FUSION / "gemm_sync_relu")
+    (cand,) = propose("fuse-epilogue", p)
+    assert "torch.relu" not in cand.source and "torch.cuda.synchronize()" in cand.source  # the sync stays
+    assert 'assert K == w.shape[1], "shape mismatch"' in cand.source
+    verdict = verify(p, cand.source)
+    assert verdict.correct, verdict.feedback()

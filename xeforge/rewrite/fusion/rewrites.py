@@ -484,6 +484,8 @@ def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = Fals
         mentions = {n.id for n in ast.walk(s) if isinstance(n, ast.Name)}
         if pure_stmt(s, c.env) and not isinstance(s.value, ast.Name) and not (mentions & older):
             continue  # allocations, sizes, aliases of Model attributes stay where they are
+        if _inert(s, ch.cur):
+            continue  # a synchronize or an assert of something else: stays where it is, computes nothing
         launched = [l.kernel for l in c.model.launches if any(l.node is n for n in ast.walk(s))]
         if launched:
             ch.stop = (f"line {s.lineno}: {launched[0]} reads {ch.cur} (a kernel, not a torch op: the "
@@ -914,3 +916,20 @@ def fuse_all(source: str, problem: Any, first: str, limit: int = 8, narrow: bool
         else:
             break
     return new, done
+
+
+#: host calls that wait or check and compute nothing (real wrappers put them between a launch and its epilogue)
+_INERT_CALLS = ("torch.cuda.synchronize", "torch.xpu.synchronize", "torch.cuda.current_stream().synchronize")
+
+
+def _inert(s: ast.stmt, cur: str) -> bool:
+    """A statement the chain may step over: a device synchronize (also under an ``if``), or an assert that does not
+    read ``cur`` (the value the fused ops would no longer make)."""
+    if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call):
+        return ast.unparse(s.value.func) in _INERT_CALLS
+    if isinstance(s, ast.Assert):
+        return cur not in {n.id for n in ast.walk(s) if isinstance(n, ast.Name)}
+    if isinstance(s, ast.If):  # `if x.is_cuda: torch.cuda.synchronize()`
+        return cur not in {n.id for n in ast.walk(s.test) if isinstance(n, ast.Name)} and \
+            all(_inert(b, cur) for b in s.body + s.orelse)
+    return False
