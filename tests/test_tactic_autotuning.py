@@ -163,3 +163,50 @@ def test_an_autotuned_kernel_keeps_its_list_and_gets_the_kbs_configs(verify):
 def test_detector_reports_fixed_configs():
     issues = stage.STAGE.detect(context(load_problem(KERNELS / "gemm_relu")))
     assert any(i.code == "fixed-config" and "BLOCK_M=32" in i.message and "M/N/K" in i.message for i in issues)
+
+
+VADD_HEURISTICS = '''import torch
+import triton
+import triton.language as tl
+
+
+@triton.heuristics({"EVEN": lambda args: args["n"] % args["BLOCK"] == 0})
+@triton.jit
+def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    out = tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask)
+    if EVEN:  # the heuristic's value, a constexpr branch (here both give the same result)
+        out = out * 1.0
+    tl.store(out_ptr + offs, out, mask=mask)
+
+
+class Model(torch.nn.Module):
+    def forward(self, x, y):
+        out = torch.empty_like(x)
+        n = x.numel()
+        add_kernel[(triton.cdiv(n, 64),)](x, y, out, n, BLOCK=64, num_warps=4)
+        return out
+'''
+
+
+def test_autotuning_composes_with_heuristics(verify, tmp_path):
+    """@triton.autotune goes above the kernel's @triton.heuristics, and no configuration sets what the heuristics
+    set (EVEN follows each config's BLOCK); the result verifies, at the ragged shapes too."""
+    import shutil
+
+    folder = tmp_path / "vadd_heuristics"
+    shutil.copytree(FIXTURES / "problems" / "vadd", folder)
+    (folder / "kernel.py").write_text(VADD_HEURISTICS)
+    p = load_problem(folder)
+    src, plan = autotune.rewrite(p.kernel_source, [{"BLOCK": 128}], "cuda")
+    assert "EVEN" not in plan.tuned and all("EVEN" not in c for c in plan.configs)
+    assert src.index("@triton.autotune(") < src.index("@triton.heuristics(") < src.index("@triton.jit")
+    verdict = verify(p, src)
+    assert verdict.correct, verdict.feedback()
+    opaque = VADD_HEURISTICS.replace('@triton.heuristics({"EVEN": lambda args: args["n"] % args["BLOCK"] == 0})',
+                                     "@triton.heuristics(RULES)").replace("@triton.heuristics", "RULES = {}\n\n\n"
+                                                                           "@triton.heuristics", 1)
+    with pytest.raises(autotune.NotApplicable, match="keys are not a literal dict"):
+        autotune.rewrite(opaque, [], "cuda")

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xeforge.analysis.launches import autotune_configs, bindings, launch_options
-from xeforge.kernel_model import KernelModel, axis_blocks, parse_kernel
+from xeforge.kernel_model import KernelModel, axis_blocks, dotted_name, parse_kernel
 from xeforge.rewrite.tiling import BlockPtr, KernelAnalysis, Mask, NotApplicable, Ptr, is_tl_call
 from xeforge.rewrite.tiling.grid import GridTranslator, launch_grid, launched_kernels_gemm_first, single_launch
 from xeforge.rewrite.tiling.configs import OPTION_KEYS, apply_config, kb_configs, tunable
@@ -78,6 +78,8 @@ def shape_args(an: KernelAnalysis) -> list[str]:
         if is_tl_call(node, "cdiv"):
             for a in node.args[:1]:
                 used |= {n.id for n in ast.walk(a) if isinstance(n, ast.Name)}
+        if isinstance(node, ast.Compare):  # a bound: `offs < n`, also in a branch the access analysis leaves out
+            used |= {n.id for c in node.comparators for n in ast.walk(c) if isinstance(n, ast.Name)}
     pointers = {acc.ptr.base for acc in an.accesses if isinstance(acc.ptr, (Ptr, BlockPtr))}
     return [p for p in an.params if p in used and p not in an.constexprs and p not in pointers
             and not p.lower().startswith("stride")]
@@ -89,8 +91,10 @@ def plan_autotune(model: KernelModel, kernel: str, configs: list[dict[str, Any]]
     fn = model.functions[kernel]
     if fn.is_autotuned:
         raise NotApplicable(f"{kernel} is already @triton.autotune'd")
-    if fn.has_heuristics:
-        raise NotApplicable(f"{kernel} uses @triton.heuristics (autotuning would have to compose with it)")
+    heuristic = _heuristic_keys(fn)  # what @triton.heuristics sets: the autotuner above it must leave those alone
+    if heuristic is None:
+        raise NotApplicable(f"{kernel} uses @triton.heuristics whose keys are not a literal dict (what it sets is "
+                            "not known, so configurations could clash with it)")
     site = single_launch(model, kernel)
     an = KernelAnalysis(fn)
     if any(n for n in ast.walk(fn.node) if isinstance(n, ast.Call) and
@@ -99,7 +103,7 @@ def plan_autotune(model: KernelModel, kernel: str, configs: list[dict[str, Any]]
     key = shape_args(an)
     if not key:
         raise NotApplicable(f"{kernel} has no shape arguments to key the autotuner on")
-    names = tunable(model, site)
+    names = [n for n in tunable(model, site) if n not in heuristic]
     if not names and not launch_options(model, site):
         left = [b.why for b in bindings(model, site).values() if b.why and not b.constant and b.how != "default"]
         raise NotApplicable(f"{kernel}'s launch has no block sizes or launch options with one value to tune"
@@ -109,7 +113,7 @@ def plan_autotune(model: KernelModel, kernel: str, configs: list[dict[str, Any]]
     current = {**{n: values[n].value for n in names}, **launch_options(model, site)}
     cleaned: list[dict[str, Any]] = []
     for cfg in ([current] if include_incumbent else []) + list(configs):
-        c = {k: v for k, v in {**current, **cfg}.items() if k in names or k in OPTION_KEYS}
+        c = {k: v for k, v in {**current, **cfg}.items() if (k in names or k in OPTION_KEYS) and k not in heuristic}
         if not xpu:
             c = {k: v for k, v in c.items() if k not in XPU_DICT_OPTIONS}
         if c not in cleaned:
@@ -145,6 +149,20 @@ def plan_autotune(model: KernelModel, kernel: str, configs: list[dict[str, Any]]
     stored = {a.ptr.base for a in an.accesses if a.kind == "store" and isinstance(a.ptr, (Ptr, BlockPtr))}
     restore = [p for p in fn.params if p in loaded & stored]
     return AutotunePlan(kernel, key, names, options, cleaned, new_grid, restore)
+
+
+def _heuristic_keys(fn: Any) -> set[str] | None:
+    """The names a kernel's ``@triton.heuristics({...})`` decorators set (empty without one); None when a
+    decorator's argument is not a dict literal with string keys."""
+    keys: set[str] = set()
+    for dec in fn.node.decorator_list:
+        if isinstance(dec, ast.Call) and (dotted_name(dec.func) or "").rsplit(".", 1)[-1] == "heuristics":
+            arg = dec.args[0] if dec.args else next((k.value for k in dec.keywords if k.arg == "values"), None)
+            if not isinstance(arg, ast.Dict) or not all(isinstance(k, ast.Constant) and isinstance(k.value, str)
+                                                        for k in arg.keys):
+                return None
+            keys |= {k.value for k in arg.keys}
+    return keys
 
 
 def _uses_meta(node: ast.AST, meta: str | None) -> bool:
