@@ -25,6 +25,17 @@ _POPPED = """
                 _push(m)
 """
 
+#: what every candidate's Model starts with: the start's weight (forward's body follows)
+_MODEL = """
+
+class Model(torch.nn.Module):
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        self.linear = torch.nn.Linear(in_features, out_features, bias=False)
+
+    def forward(self, x):
+"""
+
 _RELU = """
         out = torch.empty_like(y)
         relu_kernel[(triton.cdiv(y.numel(), 1024),)](y, out, y.numel(), BLOCK_SIZE=1024)
@@ -39,39 +50,17 @@ _len = torch._C._len_torch_function_stack
 _pop = torch._C._pop_torch_function_stack
 _push = torch._C._push_on_torch_function_stack
 
-
-class Model(torch.nn.Module):
-    def __init__(self, in_features, out_features):
-        super().__init__()
-        self.linear = torch.nn.Linear(in_features, out_features, bias=False)
-
-    def forward(self, x):
-        w = self.linear.weight
+""" + _MODEL + """        w = self.linear.weight
 """ + _POPPED.format(expr="_mm(x, w.t())") + _RELU),
     # the same through default arguments of forward
     "alias_default_args": ("""
-
-class Model(torch.nn.Module):
-    def __init__(self, in_features, out_features):
-        super().__init__()
-        self.linear = torch.nn.Linear(in_features, out_features, bias=False)
-
-    def forward(self, x, _mm=torch.mm, _len=torch._C._len_torch_function_stack,
+""" + _MODEL.replace("(self, x):", "(self, x, _mm=torch.mm,", 1).rstrip("\n") + """ _len=torch._C._len_torch_function_stack,
                 _pop=torch._C._pop_torch_function_stack, _push=torch._C._push_on_torch_function_stack):
         w = self.linear.weight
 """ + _POPPED.format(expr="_mm(x, w.t())") + _RELU),
     # class attributes, reached as self.<name>
     "alias_class_attr": ("""
-
-class Model(torch.nn.Module):
-    ops = (torch.mm, torch._C)
-
-    def __init__(self, in_features, out_features):
-        super().__init__()
-        self.linear = torch.nn.Linear(in_features, out_features, bias=False)
-
-    def forward(self, x):
-        w = self.linear.weight
+""" + _MODEL.replace("torch.nn.Module):\n", "torch.nn.Module):\n    ops = (torch.mm, torch._C)\n\n", 1) + """        w = self.linear.weight
         mm, C = self.ops
         _len, _pop, _push = C._len_torch_function_stack, C._pop_torch_function_stack, C._push_on_torch_function_stack
 """ + _POPPED.format(expr="mm(x, w.t())") + _RELU),
@@ -79,14 +68,7 @@ class Model(torch.nn.Module):
     "disable_torch_function": ("""
 _off = torch._C.DisableTorchFunction
 
-
-class Model(torch.nn.Module):
-    def __init__(self, in_features, out_features):
-        super().__init__()
-        self.linear = torch.nn.Linear(in_features, out_features, bias=False)
-
-    def forward(self, x):
-        w = self.linear.weight
+""" + _MODEL + """        w = self.linear.weight
         with _off():
             y = x @ w.t()
 """ + _RELU),
@@ -97,14 +79,7 @@ from torch.overrides import _pop_mode_temporarily
 
 _len = torch._C._len_torch_function_stack
 
-
-class Model(torch.nn.Module):
-    def __init__(self, in_features, out_features):
-        super().__init__()
-        self.linear = torch.nn.Linear(in_features, out_features, bias=False)
-
-    def forward(self, x):
-        w = self.linear.weight
+""" + _MODEL + """        w = self.linear.weight
         with _disable_current_modes():
             if _len():
                 with _pop_mode_temporarily():
@@ -119,14 +94,7 @@ _len = torch._C._len_torch_function_stack
 _pop = torch._C._pop_torch_function_stack
 _push = torch._C._push_on_torch_function_stack
 
-
-class Model(torch.nn.Module):
-    def __init__(self, in_features, out_features):
-        super().__init__()
-        self.linear = torch.nn.Linear(in_features, out_features, bias=False)
-
-    def forward(self, x):
-        w = self.linear.weight
+""" + _MODEL + """        w = self.linear.weight
         M, K = x.shape
         dummy = torch.empty((1, 1), device=x.device, dtype=x.dtype)
         matmul_kernel[(1, 1)](x, w, dummy, 1, 1, K, x.stride(0), x.stride(1), w.stride(1), w.stride(0),
@@ -134,14 +102,7 @@ class Model(torch.nn.Module):
 """ + _POPPED.format(expr="_mm(x, w.t())") + _RELU),
     # numpy does the product (the interpreter's host tensors; on a GPU through .cpu())
     "numpy": ("""
-
-class Model(torch.nn.Module):
-    def __init__(self, in_features, out_features):
-        super().__init__()
-        self.linear = torch.nn.Linear(in_features, out_features, bias=False)
-
-    def forward(self, x):
-        w = self.linear.weight
+""" + _MODEL + """        w = self.linear.weight
         prod = x.detach().cpu().numpy() @ w.detach().cpu().numpy().T
         y = torch.from_numpy(prod).to(x.device)
 """ + _RELU),
@@ -151,14 +112,7 @@ import operator
 
 _matmul = operator.matmul
 
-
-class Model(torch.nn.Module):
-    def __init__(self, in_features, out_features):
-        super().__init__()
-        self.linear = torch.nn.Linear(in_features, out_features, bias=False)
-
-    def forward(self, x):
-        y = _matmul(x, self.linear.weight.t())
+""" + _MODEL + """        y = _matmul(x, self.linear.weight.t())
 """ + _RELU),
     # functools.partial over torch.matmul, made at module level
     "functools_partial": ("""
@@ -166,49 +120,21 @@ import functools
 
 _gemm = functools.partial(torch.matmul)
 
-
-class Model(torch.nn.Module):
-    def __init__(self, in_features, out_features):
-        super().__init__()
-        self.linear = torch.nn.Linear(in_features, out_features, bias=False)
-
-    def forward(self, x):
-        y = _gemm(x, self.linear.weight.t())
+""" + _MODEL + """        y = _gemm(x, self.linear.weight.t())
 """ + _RELU),
     # the method looked up by name through __getattribute__
     "getattribute": ("""
-
-class Model(torch.nn.Module):
-    def __init__(self, in_features, out_features):
-        super().__init__()
-        self.linear = torch.nn.Linear(in_features, out_features, bias=False)
-
-    def forward(self, x):
-        y = x.__getattribute__("mat" + "mul")(self.linear.weight.t())
+""" + _MODEL + """        y = x.__getattribute__("mat" + "mul")(self.linear.weight.t())
 """ + _RELU),
     # the function found in torch's namespace by vars()
     "vars_torch": ("""
-
-class Model(torch.nn.Module):
-    def __init__(self, in_features, out_features):
-        super().__init__()
-        self.linear = torch.nn.Linear(in_features, out_features, bias=False)
-
-    def forward(self, x):
-        y = vars(torch)["m" + "m"](x, self.linear.weight.t())
+""" + _MODEL + """        y = vars(torch)["m" + "m"](x, self.linear.weight.t())
 """ + _RELU),
     # the product on another thread, joined before the kernel reads it
     "thread": ("""
 import threading
 
-
-class Model(torch.nn.Module):
-    def __init__(self, in_features, out_features):
-        super().__init__()
-        self.linear = torch.nn.Linear(in_features, out_features, bias=False)
-
-    def forward(self, x):
-        box = []
+""" + _MODEL + """        box = []
         worker = threading.Thread(target=lambda: box.append(torch.mm(x, self.linear.weight.t())))
         worker.start()
         worker.join()
