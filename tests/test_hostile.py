@@ -4,6 +4,8 @@ Python, the work accounting) still reject it, naming what ran. The honest starti
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests import hostile
@@ -61,3 +63,23 @@ def test_the_start_passes_with_its_account(verifier):
     assert verifier._start_accounts, "no run-time account was taken"
     acct = next(iter(verifier._start_accounts.values()))
     assert acct["ranges"]["call"] == 1 and acct["ranges"]["launch"] >= 2 and not acct["aten"]
+
+
+def test_the_llm_engine_port_does_not_adopt_the_dummy_launch(tmp_path):
+    """The issue's own path: the dummy launch served to `port --engine llm --stages fusion` (a scripted model, the
+    real engine and pipeline). It was the port's final kernel; now it is rejected and the start is the result."""
+    from cover_agent.config import LMConfig
+    from cover_agent.scripted import kernel_answer, scripted
+    from xeforge.pipeline import Pipeline, PortOptions
+
+    model = scripted([kernel_answer(hostile.source("dummy_launch"), "fused the ReLU; the GEMM is launched once")])
+    settings = Settings(compile_timeout_s=60.0, run_timeout_s=60.0, correctness_rounds=1)
+    cfg = LMConfig(max_iters=1, best_k=1, retries=0).with_lm(model.lm())
+    opts = PortOptions(device="cpu", engine="llm", stages=["fusion"], llm=cfg, settings=settings,
+                       run_dir=tmp_path / "run")
+    report = Pipeline(load_problem(hostile.START.parent), opts).run()
+    (cand,) = report["stages"][0]["tactics"][0]["candidates"]
+    assert not cand["correct"] and not cand["adopted"]
+    assert "S021-torch-internals" in json.dumps(cand) and "the mode stack" in json.dumps(cand), cand
+    final = (tmp_path / "run" / "final" / "kernel.py").read_text()
+    assert "_pop_torch_function_stack" not in final and final.strip() == hostile.START.read_text().strip()
