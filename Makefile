@@ -43,7 +43,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow" $(ARGS)
 
 # the tests marked slow: the style corpus's chained ports, its starts that need their own verifier, and the few
-# single tests of about 10-30 s (7:43 for 121 tests on 2 cores); CI runs them after `make test`
+# single tests of about 10-30 s (8:11 for 116 tests on 2 cores); CI runs them after `make test`
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m slow $(ARGS)
 
