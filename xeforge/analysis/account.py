@@ -128,7 +128,6 @@ def summarize(events: Any, device: str, all_threads: bool = True) -> dict:
             elif not e.name.startswith("aten::"):
                 runtime.setdefault(e.id, e)
     for e in events:
-        chain = _chain(e)
         if not str(e.device_type).endswith("CPU"):
             if e.name.startswith(RANGE) or e.name.startswith("xeforge."):
                 continue  # the device side of a range
@@ -142,6 +141,7 @@ def summarize(events: Any, device: str, all_threads: bool = True) -> dict:
         op = _aten(e.name)
         if op is None:
             continue
+        chain = _chain(e)
         if any(_aten(n) is not None for n in chain):
             continue  # only the outermost operator counts: its inner ones are its own
         kinds = [n[len(RANGE):] for n in chain if n.startswith(RANGE)]
