@@ -18,6 +18,7 @@ from xeforge.bench import register as register_bench
 from xeforge.cli_args import add_llm_args, add_time_budget, positive_int
 from xeforge.errors import DeviceError, UsageError, XeforgeError
 from xeforge.kb.cli import register as register_kb
+from xeforge.newproblem import register as register_new
 from xeforge.problem import load_problem
 from xeforge.report import rerender_all
 from xeforge.settings import load_settings
@@ -44,7 +45,7 @@ def cmd_port(args: argparse.Namespace) -> int:
     opts = PortOptions(device=args.device, stages=_split(args.stages), engine=args.engine, dry_run=args.dry_run,
                        resume=args.resume, run_dir=Path(args.run_dir) if args.run_dir else None,
                        runs_dir=Path(args.runs_dir), target=args.target, triton=args.triton, settings=settings,
-                       llm=_llm_config(args), argv=sys.argv[1:])
+                       llm=_llm_config(args), argv=sys.argv[1:], patch=args.patch)
     pipe = Pipeline(problem, opts)
     if args.dry_run:
         plan = pipe.dry_run()
@@ -61,6 +62,12 @@ def cmd_port(args: argparse.Namespace) -> int:
         print(f"{report['summary']}")
         print(f"final kernel: {report['final']['path']}")
         print(f"report: {Path(report['run_dir']) / 'report.md'}")
+        patch = report["final"].get("patch")
+        if patch:
+            state = "empty: nothing to change" if patch["empty"] else f"git -C {patch['apply_in']} apply {patch['path']}"
+            print(f"patch of {patch['applies_to']}: {patch['path']} ({state})")
+            for note in patch["notes"]:
+                print(f"note: {note}", file=sys.stderr)
     if report.get("outcome") == "no-usable-answer":
         # exit 3: the run completed, but no answer of the llm engine reached the verifier (docs/llm.md)
         print("note: the llm engine produced no answer that reached the verifier; exit status 3", file=sys.stderr)
@@ -252,6 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=positive_int, default=None, help="hardware evaluations per search tactic")
     add_time_budget(p)
     p.add_argument("--json", action="store_true", help="print the report (or plan) as JSON on stdout")
+    p.add_argument("--patch", action="store_true", help="write final/upstream.patch: the result as a diff that "
+                   "`git apply` takes (against the original file for a problem made by `xeforge new`)")
     add_llm_args(p)
     p.set_defaults(func=cmd_port)
 
@@ -285,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_aa)
 
+    register_new(sub)
     register_kb(sub)
     register_bench(sub)
     return parser

@@ -43,6 +43,7 @@ from xeforge.report import write_reports
 from xeforge.settings import Settings
 from xeforge.static_checks import Finding
 from xeforge.store import RunStore, atomic_write, make_run_folder, read_json, write_json
+from xeforge.upstream import UPSTREAM_FILE, write_patch
 from xeforge.verifier import Verdict, Verifier
 
 
@@ -60,6 +61,7 @@ class PortOptions:
     settings: Settings = field(default_factory=Settings)
     llm: Any = None  # cover_agent LM configuration, when the llm engine is used
     argv: list[str] = field(default_factory=list)
+    patch: bool = False  # write final/upstream.patch (always, for a problem made by `xeforge new`)
 
 
 def log(msg: str) -> None:
@@ -536,9 +538,14 @@ class Pipeline:
         dest = store.root / "final" / self.problem.kernel_path.name
         atomic_write(dest, path.read_text())
         write_json(store.root / "final" / "verdict.json", verdict.as_dict())
-        return {"path": str(dest), "from": str(path.relative_to(store.root)), "claim": claim, "improved": improved,
-                "verdict": verdict.as_dict(), "source_hash": source_hash(path.read_text()),
-                "is_start": path.parent.name == "baseline"}
+        out = {"path": str(dest), "from": str(path.relative_to(store.root)), "claim": claim, "improved": improved,
+               "verdict": verdict.as_dict(), "source_hash": source_hash(path.read_text()),
+               "is_start": path.parent.name == "baseline"}
+        if self.opt.patch or (self.problem.root / UPSTREAM_FILE).is_file():
+            # the way back: the final kernel as a diff of the user's file (docs/new.md)
+            out["patch"] = write_patch(self.problem.root, self.problem.kernel_source, path.read_text(),
+                                       store.root / "final", self.problem.kernel_path.name)
+        return out
 
     def _report(self, store, device, kbc, engine_name, baseline, records, final) -> dict[str, Any]:
         stages = [_stage_dict(r) for r in records]
