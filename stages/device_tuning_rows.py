@@ -32,9 +32,10 @@ def _pow2(v: Any) -> bool:
 
 
 def row_shape(ctx: StageContext, plan: rows.RowsPlan) -> tuple[int | None, int | None, str]:
-    """(widest arange, rows) at the device's timing variant, None where forward cannot be followed."""
+    """(widest arange, rows) at the device's timing variant, None where forward cannot be followed. On the
+    interpreter, which times nothing, at the primary GPU shape: the rows a GPU would batch (ci may be one row)."""
     try:
-        variant = ctx.problem.timing_variant(ctx.device.kind)
+        variant = ctx.problem.timing_variant("xpu" if ctx.device.kind == "cpu" else ctx.device.kind)
         model = ctx.model
         site = single_launch(model, plan.kernel)
         bound = launch_facts(model, site, ctx.problem, variant)

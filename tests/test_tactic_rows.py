@@ -89,6 +89,15 @@ def test_codemod_edge_cases_are_correct(verify):
     assert verdict.correct, verdict.feedback()
 
 
+def test_a_2d_grid_batches_the_rows_of_axis_0_and_keeps_axis_1(verify):
+    """Axis 1 (column blocks, heads) stays a scalar program id; its conditions are not the row's."""
+    p = load_problem(ROW_SCALE)
+    src = rewritten(p, GRID_2D).source
+    assert "grid = (triton.cdiv(R, 32), 1)" in src and "extra = tl.program_id(1)" in src
+    verdict = verify(p, src)
+    assert verdict.correct, verdict.feedback()
+
+
 def test_gpu_candidates_are_powers_of_two_sized_from_the_row(verify):
     p = load_problem(KERNELS / "rotary")
     ctx = tactic_context(p, kind="cuda", target="h200", cores=132)
@@ -123,6 +132,8 @@ CARRIED = SCALE.replace("    tl.store(out_ptr + pid * stride_o + cols, x * w + b
 ROW_BRANCH = SCALE.replace("    w = tl.load(w_ptr + pid)\n", "    w = tl.load(w_ptr + pid) if pid > 0 else 1.0\n")
 GRID_2D = SCALE.replace("    pid = tl.program_id(0)\n", "    pid = tl.program_id(0)\n    extra = tl.program_id(1)\n") \
     .replace("m = cols < D\n", "m = cols < D + extra\n").replace("grid = (R,)", "grid = (R, 1)")
+GRID_3D = SCALE.replace("    pid = tl.program_id(0)\n", "    pid = tl.program_id(0)\n    extra = tl.program_id(2)\n") \
+    .replace("m = cols < D\n", "m = cols < D + extra\n").replace("grid = (R,)", "grid = (R, 1, 1)")
 SHARED_STORE = SCALE.replace("tl.store(w2_ptr + pid, w * w)", "tl.store(w2_ptr + cols, w * w + b, m)")
 
 
@@ -132,13 +143,13 @@ SHARED_STORE = SCALE.replace("tl.store(w2_ptr + pid, w * w)", "tl.store(w2_ptr +
     (KERNELS / "gemv_decode", None, "combines elements (tl.sum"),
     (KERNELS / "flash_attn_fwd", None, "combines elements (tl.dot"),
     (KERNELS / "layernorm", None, "combines elements (tl.sum"),
-    (ROW_SCALE, GRID_2D, "reads program ids of axes [0, 1]"),
+    (ROW_SCALE, GRID_3D, "reads program ids of axes [0, 2]"),
     (ROW_SCALE, EARLY_RETURN, "returns early"),
     (ROW_SCALE, ROW_LOOP, "a loop bound depends on the row"),
     (ROW_SCALE, CARRIED, "b is set per program before line"),
     (ROW_SCALE, ROW_BRANCH, "a condition depends on the row"),
     (ROW_SCALE, SHARED_STORE, "has an address that does not depend on the row"),
-], ids=["softmax", "rmsnorm", "gemv", "attention", "layernorm", "2d-grid", "early-return", "row-loop", "carried",
+], ids=["softmax", "rmsnorm", "gemv", "attention", "layernorm", "3d-grid", "early-return", "row-loop", "carried",
         "row-branch", "shared-store"])
 def test_unsupported_kernels_are_left_alone_with_a_reason(folder, source, reason):
     p = load_problem(folder)

@@ -108,6 +108,10 @@ def _print_plan(plan: dict) -> None:
                 print(f"    {t['failed']}")
             if t.get("diff"):
                 print("    " + t["diff"].rstrip().replace("\n", "\n    "))
+            if t.get("patch"):
+                print(f"    patch of {t['patch']['applies_to']}: {t['patch']['path']}"
+                      + (" (edits of the generated Model: " + t["patch"]["model_diff"] + ")"
+                         if t["patch"].get("model_diff") else ""))
         if "kb" in st and "prompt" not in st:  # the prompt already carries the KB entries
             print("  knowledge base entries for this stage:")
             print("    " + st["kb"].rstrip().replace("\n", "\n    "))

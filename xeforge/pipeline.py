@@ -183,6 +183,8 @@ class Pipeline:
         plan = {"problem": self.problem.name, "device": device.as_dict(), "kb_device": kbc.device_id,
                 "triton": getattr(kbc.triton, "text", None), "engine": engine, "engine_reason": why,
                 "trace": trace_summary(self.problem), "stages": []}
+        folder = self._dry_run_folder()
+        upstream = self.opt.patch or (self.problem.root / UPSTREAM_FILE).is_file()
         for stage in self.selected_stages():
             issues = stage.detect(ctx)
             entry: dict[str, Any] = {"name": stage.name, "order": stage.order, "goal": stage.goal,
@@ -203,11 +205,14 @@ class Pipeline:
                     if cands:
                         t["description"] = cands[0].description
                         t["diff"] = unified_diff(ctx.source, cands[0].source, "incumbent", cands[0].tactic)
+                        if upstream:  # what this tactic alone would change in the user's file (docs/new.md)
+                            t["patch"] = write_patch(self.problem.root, self.problem.kernel_source, cands[0].source,
+                                                     folder / "patches" / f"{stage.order}-{tactic.name}",
+                                                     self.problem.kernel_path.name)
                 entry["tactics"].append(t)
             if engine in {"llm", "both"} or self.opt.engine == "llm":
                 entry["prompt"] = self._render_prompt(stage, ctx, issues, kbc)
             plan["stages"].append(entry)
-        folder = self._dry_run_folder()
         write_json(folder / "plan.json", plan)
         for st in plan["stages"]:
             if "prompt" in st:

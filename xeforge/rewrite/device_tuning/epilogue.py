@@ -94,6 +94,33 @@ def _k_loops(fn: cst.FunctionDef) -> dict[cst.For, str]:
     return loops
 
 
+def _k_loop_calls(fn: cst.FunctionDef, parsed: Parsed) -> dict[cst.CSTNode, str]:
+    """Statements that run a K loop in a @triton.jit helper: ``acc, l_i, m_i = _attn_inner(acc, ...)``, the
+    helper's loop accumulating into its parameter at the position ``acc`` is passed at (flash attention's
+    tutorial form). The statement stands for the loop; the epilogue is what follows it."""
+    out: dict[cst.CSTNode, str] = {}
+    for node in walk(fn):
+        stmt = small(node)
+        if not (isinstance(stmt, cst.Assign) and isinstance(stmt.value, cst.Call)):
+            continue
+        helper = parsed.function(call_name(stmt.value) or "")
+        if helper is None or helper is fn:
+            continue
+        inner = _k_loops(helper)
+        params = [p.name.value for p in helper.params.params]
+        targets = [t.target for t in stmt.targets]
+        names = {e.value.value for t in targets for e in (t.elements if isinstance(t, (cst.Tuple, cst.List)) else [])
+                 if isinstance(e.value, cst.Name)} | {t.value for t in targets if isinstance(t, cst.Name)}
+        for acc in set(inner.values()):
+            if acc not in params:
+                continue
+            i = params.index(acc)
+            passed = stmt.value.args[i].value if i < len(stmt.value.args) else None
+            if isinstance(passed, cst.Name) and passed.value in names:
+                out[node] = passed.value
+    return out
+
+
 def _blocks(node: cst.CSTNode, depth: int = 0):
     """Every indented block under ``node`` with its depth."""
     for child in node.children:
@@ -142,7 +169,7 @@ def split_epilogue(source: str, kernel: str) -> tuple[str, EpiloguePlan]:
     fn = parsed.function(kernel)
     if fn is None:
         raise NotApplicable(f"{kernel} is not a top-level function")
-    loops = _k_loops(fn)
+    loops = _k_loops(fn) or _k_loop_calls(fn, parsed)
     if not loops:
         raise NotApplicable(f"{kernel}: no K loop accumulating tl.dot into a tile")
     accs = set(loops.values())
@@ -161,6 +188,11 @@ def split_epilogue(source: str, kernel: str) -> tuple[str, EpiloguePlan]:
         raise NotApplicable(f"{kernel}: the K loops are not in one block")
     block, _, last = best
     before, epilogue = list(block.body[:last + 1]), list(block.body[last + 1:])
+    # leading statements that neither read the accumulator nor store stay whole, before the halves: they are
+    # per-row (flash attention's `l_i = tl.where(offs_m < N, l_i, 1.0)`), computed once for both
+    while epilogue and acc not in names_in(epilogue[0]) and not any(
+            isinstance(n, cst.Call) and (call_name(n) or "").rpartition(".")[2] == "store" for n in walk(epilogue[0])):
+        before.append(epilogue.pop(0))
     if not epilogue:
         raise NotApplicable(f"{kernel}: nothing follows the K loop in its block")
     line = parsed.line(epilogue[0])
@@ -259,9 +291,19 @@ def split_epilogue(source: str, kernel: str) -> tuple[str, EpiloguePlan]:
         if uses != 1:  # the assignment only
             raise NotApplicable(f"{kernel}: descriptor {nm} is used before the epilogue too")
         halved.append(nm)
+    block_ptrs: dict[str, cst.Call] = {}  # made once before the epilogue, read only there: one per half
     for nm in sorted(read):
-        if any(isinstance(v, cst.Call) and is_tl(call_name(v), "make_block_ptr") for v in defs.get(nm, []) if v):
-            raise NotApplicable(f"{kernel}: the epilogue uses block pointer {nm}: not split into halves")
+        made = [v for v in defs.get(nm, []) if isinstance(v, cst.Call) and is_tl(call_name(v), "make_block_ptr")]
+        if not made:
+            continue
+        bshape, offs = arg(made[0], 4, "block_shape"), arg(made[0], 3, "offsets")
+        uses = sum(1 for n in plain_names(fn.body) if n.value == nm and id(n) not in epi_nodes)
+        if len(defs[nm]) != 1 or uses != 1 or not isinstance(bshape, (cst.List, cst.Tuple)) or \
+                len(bshape.elements) != 2 or _norm(code(bshape.elements[1].value)) != _norm(cols) or \
+                not isinstance(offs, (cst.List, cst.Tuple)) or len(offs.elements) != 2 or nm in assigned_in_epi:
+            raise NotApplicable(f"{kernel}: the epilogue uses block pointer {nm}, which is not one [.., {cols}] "
+                                "block made once before it and read only there")
+        block_ptrs[nm] = made[0]
 
     fresh = fresh_namer(names_in(fn))
     both = fresh(f"{acc}_halves")
@@ -289,6 +331,18 @@ def split_epilogue(source: str, kernel: str) -> tuple[str, EpiloguePlan]:
                 head.append(f"{target} = {code(made)}")
         else:
             head.append(f"{lo}, {hi} = tl.split(tl.permute(tl.reshape({nm}, (2, {half})), (1, 0)))")
+        names[nm] = (lo, hi)
+    for nm, call in sorted(block_ptrs.items()):  # each half's block pointer: half the columns, moved for the second
+        bshape, offs = arg(call, 4, "block_shape"), arg(call, 3, "offsets")
+        lo, hi = fresh(f"{nm}_lo"), fresh(f"{nm}_hi")
+        for h, target in ((0, lo), (1, hi)):
+            shape = bshape.with_changes(elements=[bshape.elements[0], bshape.elements[1].with_changes(value=expr(half))])
+            col = offs.elements[1]
+            moved = offs.with_changes(elements=[offs.elements[0], col.with_changes(
+                value=expr(f"{code(col.value)} + {half}"))]) if h else offs
+            args = [a.with_changes(value=shape if a.value is bshape else moved if a.value is offs else a.value)
+                    for a in call.args]
+            head.append(f"{target} = {code(call.with_changes(args=args))}")
         names[nm] = (lo, hi)
     out: list[cst.BaseStatement] = statements("\n".join(head))
     for h in (0, 1):

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from xeforge.analysis.launches import live_launches
-from xeforge.kernel_model import JitFunction, KernelModel, dotted_name, early_returns, parse_kernel
+from xeforge.kernel_model import JitFunction, KernelModel, dotted_name, early_returns, literal, parse_kernel
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.context import loads
 from xeforge.rewrite.cst_tools import Edits, apply_edits, expr, is_tl, set_call_kwargs, statements
@@ -64,6 +64,8 @@ class RowsPlan:
     masked: list[tuple[int, int, str, int]] = field(default_factory=list)  # loads/stores: position, mask index
     names: tuple[str, str, str] = (PARAM, COUNT, MASK)  # ROWS constexpr, row-count parameter, row mask
     cdiv: str = "triton.cdiv"  # or "" when the module does not import triton
+    other_axes: list[str] = field(default_factory=list)  # the grid's other elements, kept as written
+    meta: str | None = None  # a lambda grid's parameter (the new grid stays a lambda of it)
 
     def describe(self) -> str:
         rows, count, _ = self.names
@@ -223,17 +225,18 @@ def plan_rows(model: KernelModel, kernel: str) -> RowsPlan:
                             "`pid = tl.program_id(0)` at the top")
     if not pids:
         raise NotApplicable(f"{kernel} never reads tl.program_id")
-    if [p.axis for p in pids] != [0]:
-        raise NotApplicable(f"{kernel} reads program ids of axes {sorted(p.axis for p in pids)}; the rewrite "
-                            "batches the rows of a 1D grid")
-    pid = pids[0]
+    axes = sorted(p.axis for p in pids)
+    if axes not in ([0], [0, 1]):
+        raise NotApplicable(f"{kernel} reads program ids of axes {axes}; the rewrite batches the rows of axis 0 "
+                            "of a 1D or 2D grid")
+    pid = next(p for p in pids if p.axis == 0)  # axis 1 (column blocks, heads) stays as it is
     if _assign_counts(fn.node).get(pid.name, 0) != 1:
         raise NotApplicable(f"{pid.name} is assigned more than once")
     if not _binds(model.tree, "tl", "triton.language"):
         raise NotApplicable("the module does not import triton.language as tl")
     if fn.node.args.defaults or fn.node.args.vararg or fn.node.args.kwonlyargs or fn.node.args.kwarg:
         raise NotApplicable(f"{kernel} has parameters with defaults, *args or keyword-only parameters")
-    dep = pid_derived_names(fn.node) | {pid.name}
+    dep = pid_derived_names(fn.node, axis=0) | {pid.name}  # the row's values; axis 1's stay scalars
     _check_body(fn, model, dep)
     aranges, sizes = _aranges(fn)
     if not sizes:
@@ -242,11 +245,17 @@ def plan_rows(model: KernelModel, kernel: str) -> RowsPlan:
     if not any(name.endswith("store") for *_, name, _ in masked):
         raise NotApplicable(f"no tl.store of {kernel} writes a row-dependent address")
     grid = launch_grid(model, site)
-    if grid is None or grid.kind != "tuple":
-        raise NotApplicable(f"the grid of the launch at line {site.line} is not a tuple (the rewrite needs `(n,)`)")
-    if len(grid.elements) != 1:
-        raise NotApplicable(f"the grid of the launch at line {site.line} has {len(grid.elements)} axes")
-    el = grid.elements[0]
+    if grid is None or (grid.kind == "lambda" and grid.meta in names_in(grid.elements[0])):
+        raise NotApplicable(f"the grid of the launch at line {site.line} is not a tuple, or a lambda whose row count "
+                            "does not depend on the meta-parameters (the rewrite needs `(n,)`)")
+    elements = list(grid.elements)
+    while len(elements) > len(axes) and literal(elements[-1]) == 1:  # (n, 1): a 1D grid written as 2D
+        elements.pop()
+    if len(elements) != len(axes):
+        raise NotApplicable(f"the grid of the launch at line {site.line} has {len(grid.elements)} axes and "
+                            f"{kernel} reads {len(axes)}")
+    el = elements[0]
+    rest = [model.segment(e).strip() or ast.unparse(e) for e in grid.elements[1:]]
     n_rows = model.segment(el).strip() or ast.unparse(el)
     host = enclosing_function(model, site)
     edit_assign = False
@@ -267,7 +276,7 @@ def plan_rows(model: KernelModel, kernel: str) -> RowsPlan:
         taken.add(names[-1])
     cdiv = "triton.cdiv" if _binds(model.tree, "triton", "triton") else ""
     return RowsPlan(kernel, pid.name, pid.read(), pid.stmt.lineno, n_rows, edit_assign, sizes, aranges, masked,
-                    tuple(names), cdiv)
+                    tuple(names), cdiv, rest, grid.meta if grid.kind == "lambda" else None)
 
 
 def _with_row_mask(pos: int, mask: str):
@@ -324,7 +333,8 @@ def apply_rows(source: str, plan: RowsPlan, rows: int, num_warps: int | None = N
     grid = launch_grid(model, site)
     n = plan.n_rows if "\n" not in plan.n_rows else f"({plan.n_rows})"
     size = f"{plan.cdiv}({n}, {rows})" if plan.cdiv else f"({n} + {rows - 1}) // {rows}"
-    new_grid = expr(f"({size},)")
+    elements = f"({', '.join([size, *plan.other_axes])}{',' if not plan.other_axes else ''})"
+    new_grid = expr(f"lambda {plan.meta}: {elements}" if plan.meta else elements)
 
     def launch(call: cst.Call) -> cst.Call:
         has_warps = any(a.keyword is not None and a.keyword.value == "num_warps" for a in call.args)
@@ -342,7 +352,7 @@ def apply_rows(source: str, plan: RowsPlan, rows: int, num_warps: int | None = N
 
     edits = Edits(params={plan.kernel: [count, f"{param}: tl.constexpr"]}, calls={site.line: launch})
     if plan.edit_assign:
-        edits.tuples[grid.assign.lineno] = lambda t: new_grid if len(t.elements) == 1 else None
+        edits.tuples[grid.assign.lineno] = lambda t: new_grid if len(t.elements) == 1 + len(plan.other_axes) else None
     try:
         return apply_edits(source, edits)
     except LookupError as exc:

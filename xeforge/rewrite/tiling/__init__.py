@@ -604,14 +604,17 @@ class KernelAnalysis:
     def _subscript(self, node: ast.Subscript) -> Any:
         v = self._eval(node.value)
         sl = node.slice
-        if isinstance(v, Vec) and isinstance(sl, ast.Tuple) and len(sl.elts) == 2:
+        if isinstance(v, (Vec, Mask)) and isinstance(sl, ast.Tuple) and len(sl.elts) == 2 and \
+                (isinstance(v, Vec) or v.rank == 1):
             kinds = ["none" if isinstance(e, ast.Constant) and e.value is None else
                      "full" if isinstance(e, ast.Slice) and e.lower is None and e.upper is None and e.step is None
                      else "other" for e in sl.elts]
-            if kinds == ["full", "none"]:
-                return Bcast(v, 0, 2)
-            if kinds == ["none", "full"]:
-                return Bcast(v, 1, 2)
+            dim = {("full", "none"): 0, ("none", "full"): 1}.get(tuple(kinds))
+            if dim is not None and isinstance(v, Mask):
+                # a named 1-D bound broadcast into the tile (``k_ok = offs_k < K`` ... ``k_ok[None, :]``)
+                return Mask(2, tuple(Bound(dim, b.vec, b.limit) for b in v.bounds))
+            if dim is not None:
+                return Bcast(v, dim, 2)
         return UNKNOWN
 
     def _call(self, node: ast.Call) -> Any:

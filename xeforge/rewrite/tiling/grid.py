@@ -61,9 +61,18 @@ def program_id_vars(fn: ast.FunctionDef) -> tuple[list[PidVar], list[ast.Call]]:
     return pids, inline
 
 
-def pid_derived_names(fn: ast.FunctionDef) -> set[str]:
+def pid_derived_names(fn: ast.FunctionDef, axis: int | None = None) -> set[str]:
     """Names whose value depends on a program id (assigned from tl.program_id or from such names: plain, augmented
-    and annotated assignments, loop targets)."""
+    and annotated assignments, loop targets); with ``axis``, on that axis's program id only."""
+
+    def is_pid(n: ast.AST) -> bool:
+        if not is_tl_call(n, "program_id"):
+            return False
+        if axis is None:
+            return True
+        arg = n.args[0] if n.args else next((k.value for k in n.keywords if k.arg == "axis"), None)
+        return not (isinstance(arg, ast.Constant) and arg.value != axis)
+
     derived: set[str] = set()
     changed = True
     while changed:
@@ -78,7 +87,7 @@ def pid_derived_names(fn: ast.FunctionDef) -> set[str]:
                 targets, value = [node.target], node.iter
             if value is None:
                 continue
-            uses = any(is_tl_call(n, "program_id") for n in ast.walk(value)) or \
+            uses = any(is_pid(n) for n in ast.walk(value)) or \
                 any(isinstance(n, ast.Name) and n.id in derived for n in ast.walk(value))
             if uses:
                 for t in targets:
@@ -162,12 +171,26 @@ def launch_grid(model: KernelModel, site: LaunchSite) -> GridInfo | None:
                 if assign is None or node.lineno > assign.lineno:
                     assign = node
         if assign is None:
-            return None
+            return _def_grid(fn, var, site.line)
         sl = assign.value
     if isinstance(sl, ast.Tuple):
         return GridInfo("tuple", list(sl.elts), None, var, assign)
     if isinstance(sl, ast.Lambda) and len(sl.args.args) == 1 and isinstance(sl.body, ast.Tuple):
         return GridInfo("lambda", list(sl.body.elts), sl.args.args[0].arg, var, assign)
+    return None
+
+
+def _def_grid(fn: ast.AST, var: str, before: int) -> GridInfo | None:
+    """A grid written as a nested function, ``def grid(meta): return (cdiv(M, meta["BLOCK_M"]), ...)``: read
+    as the lambda it is (a rewrite replaces it at the launch and leaves the function unused)."""
+    defs = [n for n in ast.walk(fn) if isinstance(n, ast.FunctionDef) and n.name == var and n.lineno < before]
+    if not defs:
+        return None
+    d = max(defs, key=lambda n: n.lineno)
+    body = [st for st in d.body if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant))]
+    if len(d.args.args) == 1 and len(body) == 1 and isinstance(body[0], ast.Return) and \
+            isinstance(body[0].value, ast.Tuple):
+        return GridInfo("lambda", list(body[0].value.elts), d.args.args[0].arg, var, None)
     return None
 
 
