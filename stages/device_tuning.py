@@ -40,7 +40,7 @@ from stages.device_tuning_swizzle import GroupedTileOrder
 from xeforge.analysis.launches import autotune_configs, bindings, block_params, launch_options, live_launches
 from xeforge.kernel_model import KernelModel, LaunchSite
 from xeforge.rewrite import NotApplicable, autotune
-from xeforge.rewrite.tiling.configs import apply_config, kb_rejects, kernel_family, tunable_names
+from xeforge.rewrite.tiling.configs import apply_config, current_config, kb_rejects, kernel_family, tunable_names
 
 
 def target_site(model: KernelModel) -> LaunchSite | None:
@@ -118,8 +118,7 @@ class LaunchParamSearch(Tactic):
             names = sorted({k for c in own for k in c if k in blocks})
             return names, dict(own[0]), [dict(c) for c in own]
         names, _ = tunable_names(m, site)
-        values = bindings(m, site)
-        return names, {**{n: values[n].value for n in names}, **launch_options(m, site)}, []
+        return names, current_config(m, site), []
 
     def configs(self, ctx: StageContext, site: LaunchSite, names: list[str]) -> list[dict[str, Any]]:
         m = ctx.model

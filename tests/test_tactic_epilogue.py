@@ -103,16 +103,33 @@ def test_a_row_reduction_in_the_epilogue_is_left_alone():
     assert not app.applies and "the epilogue calls tl.max" in app.reason
 
 
-def test_a_tile_made_before_the_loop_and_narrow_halves_are_refused():
+def _with_tile_before_the_loop(src: str, extra: str = "") -> str:
+    """linear_relu with its output pointers as a [BM, BN] tile built before the K loop (the serving libraries'
+    ``c_ptrs = ...`` made with the A and B pointers), ``extra`` after it."""
+    ptrs = "y_ptr + rm[:, None] * sym + rn[None, :] * syn"
+    tiled = src.replace("    for k in range(", f"    out_tile = {ptrs}\n{extra}    for k in range(", 1)
+    tiled = tiled.replace(f"tl.store({ptrs},", "tl.store(out_tile,", 1)
+    assert tiled.count("out_tile") >= 2, "fixture drifted: the store's pointer expression changed"
+    return tiled
+
+
+def test_a_tile_made_once_before_the_loop_is_made_again_per_half(verify):
+    p = load_problem(STYLES / "linear_relu" / "direct.py")
+    kernel = target_site(parse_kernel(p.kernel_source)).kernel
+    new, plan = split_epilogue(_with_tile_before_the_loop(p.kernel_source), kernel)
+    assert "out_tile" in plan.columns
+    assert "out_tile_lo = y_ptr + rm[:, None] * sym + rn_lo[None, :] * syn" in new
+    assert "out_tile_hi = y_ptr + rm[:, None] * sym + rn_hi[None, :] * syn" in new
+    verdict = verify(p, new)
+    assert verdict.correct, verdict.feedback()
+
+
+def test_a_tile_assigned_twice_and_narrow_halves_are_refused():
     p = load_problem(STYLES / "linear_relu" / "direct.py")
     src = p.kernel_source
     kernel = target_site(parse_kernel(src)).kernel
-    # the output pointers as a [BM, BN] tile built before the K loop: not a column vector, so not split
-    ptrs = "y_ptr + rm[:, None] * sym + rn[None, :] * syn"
-    tiled = src.replace("    for k in range(", f"    out_tile = {ptrs}\n    for k in range(", 1)
-    tiled = tiled.replace(f"tl.store({ptrs},", "tl.store(out_tile,", 1)
-    assert tiled.count("out_tile") == 2, "fixture drifted: the store's pointer expression changed"
-    with pytest.raises(NotApplicable, match=r"reads out_tile, a \[\.\., BN\] tile made before the K loop"):
+    tiled = _with_tile_before_the_loop(src, "    out_tile += 0\n")
+    with pytest.raises(NotApplicable, match=r"reads out_tile, a \[\.\., BN\] tile assigned more than once"):
         split_epilogue(tiled, kernel)
     app = TACTIC.check(tactic_context(p))  # the start launches BN=16: halves of 8 columns
     assert app.applies is False and "halves of 8 columns are too narrow" in app.reason

@@ -414,8 +414,7 @@ def _model_text(doc: str, call: ast.Call, call_text: str, params: list[str], ini
         lines.append(f"        self.{name} = {ast.unparse(_Rename(setup_names - {name}).visit(parse_python(expr, mode='eval')).body)}")
     lines += ["", f"    def forward(self{''.join(', ' + p for p in params)}):"]
     if dims_in_body:
-        lines.append(f"        {', '.join(dims_in_body)}{',' if len(dims_in_body) == 1 else ''} = "
-                     f"{', '.join('self.' + d for d in dims_in_body)}")
+        lines.append(f"        {', '.join(dims_in_body)} = {', '.join('self.' + d for d in dims_in_body)}")
     lines += [f"        {o} = {o}.clone()  # written in place by the call: the caller's tensor stays as it was"
               for o in outputs]
     lines += [f"        {name} = {expr}" for name, expr in derived.items()]

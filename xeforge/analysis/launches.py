@@ -205,6 +205,12 @@ def static_value(model: KernelModel, site: LaunchSite, node: ast.AST) -> Any:
     return found[0] if len(found) == 1 else literal(None)
 
 
+def unpacked_dict(site: LaunchSite) -> str | None:
+    """The variable a launch unpacks as its only ``**kwargs`` (``kernel[grid](..., **cfg)``), else None."""
+    spread = [kw.value for kw in site.node.keywords if kw.arg is None]
+    return spread[0].id if len(spread) == 1 and isinstance(spread[0], ast.Name) else None
+
+
 def _kwarg(site: LaunchSite, name: str) -> ast.keyword | None:
     return next((k for k in site.node.keywords if k.arg == name), None)
 
@@ -216,8 +222,15 @@ def bindings(model: KernelModel, site: LaunchSite) -> dict[str, Binding]:
     tuned = {k for cfg in autotune_configs(model, site.kernel) for k in cfg}
     defaults = dict(zip(reversed(fn.params), reversed(fn.node.args.defaults)))
     out: dict[str, Binding] = {}
+    spread = unpacked_dict(site)
     for name in list(fn.constexpr_params) + [o for o in LAUNCH_OPTIONS if _kwarg(site, o) is not None or o in tuned]:
         kw = _kwarg(site, name)
+        expr = None
+        if kw is None and spread is not None and name not in tuned and name not in defaults and \
+                fn.params.index(name) >= len(site.node.args):
+            # ``**cfg``: the dict gives it (the traces say which value at each shape)
+            expr = f'{spread}["{name}"]'
+            kw = ast.keyword(arg=name, value=ast.parse(expr, mode="eval").body)
         if kw is None:
             if name in tuned or (fn.is_autotuned and not tuned and name in fn.constexpr_params):
                 out[name] = Binding(name, None, "autotune", None, f"{name} comes from the @triton.autotune configs "
@@ -234,7 +247,7 @@ def bindings(model: KernelModel, site: LaunchSite) -> dict[str, Binding]:
             elif name in fn.constexpr_params:
                 out[name] = Binding(name, None, "missing", None, f"{name} is not passed at line {site.line}")
             continue
-        expr = ast.get_source_segment(model.source, kw.value) or ast.unparse(kw.value)
+        expr = expr or ast.get_source_segment(model.source, kw.value) or ast.unparse(kw.value)
         val = static_value(model, site, kw.value)
         if is_literal(val) and isinstance(kw.value, ast.Constant):
             out[name] = Binding(name, val, "literal", expr)

@@ -32,7 +32,8 @@ from xeforge.analysis.launches import autotune_configs, bindings, launch_options
 from xeforge.kernel_model import KernelModel, axis_blocks, dotted_name, parse_kernel
 from xeforge.rewrite.tiling import BlockPtr, KernelAnalysis, Mask, NotApplicable, Ptr, is_tl_call
 from xeforge.rewrite.tiling.grid import GridTranslator, launch_grid, launched_kernels_gemm_first, single_launch
-from xeforge.rewrite.tiling.configs import OPTION_KEYS, apply_config, kb_configs, tunable
+from xeforge.rewrite.tiling.configs import OPTION_KEYS, apply_config, kb_configs, tunable, values_at
+from xeforge.rewrite.tiling.host_rule import host_made
 from xeforge.rewrite.tiling.edit import LaunchEdit, add_decorator, edit_launch, extend_decorator_list, remove_decorator
 
 #: options triton.Config takes as keywords
@@ -103,17 +104,24 @@ def plan_autotune(model: KernelModel, kernel: str, configs: list[dict[str, Any]]
     key = shape_args(an)
     if not key:
         raise NotApplicable(f"{kernel} has no shape arguments to key the autotuner on")
-    names = [n for n in tunable(model, site) if n not in heuristic]
-    if not names and not launch_options(model, site):
+    # values the host makes into variables are the autotuner's now (dropped from the launch); those of a dict the
+    # launch unpacks (``**cfg``) cannot be dropped there, so they stay the host's
+    made = host_made(model, site)
+    in_dict = {n for n, m in made.items() if m.target != m.var}
+    names = [n for n in tunable(model, site) if n not in heuristic and n not in in_dict]
+    values = values_at(model, site)
+    launch_opts = {**launch_options(model, site),
+                   **{k: v for k, v in values.items() if k in OPTION_KEYS and k in made and k not in in_dict}}
+    if not names and not launch_opts:
         left = [b.why for b in bindings(model, site).values() if b.why and not b.constant and b.how != "default"]
         raise NotApplicable(f"{kernel}'s launch has no block sizes or launch options with one value to tune"
                             + (f" ({'; '.join(left)})" if left else ""))
     xpu = device_kind == "xpu"
-    values = bindings(model, site)
-    current = {**{n: values[n].value for n in names}, **launch_options(model, site)}
+    current = {**{n: values[n] for n in names}, **launch_opts}
     cleaned: list[dict[str, Any]] = []
     for cfg in ([current] if include_incumbent else []) + list(configs):
-        c = {k: v for k, v in {**current, **cfg}.items() if (k in names or k in OPTION_KEYS) and k not in heuristic}
+        c = {k: v for k, v in {**current, **cfg}.items() if (k in names or k in OPTION_KEYS) and k not in heuristic
+             and k not in in_dict}
         if not xpu:
             c = {k: v for k, v in c.items() if k not in XPU_DICT_OPTIONS}
         if c not in cleaned:
@@ -122,7 +130,7 @@ def plan_autotune(model: KernelModel, kernel: str, configs: list[dict[str, Any]]
             break
     if not cleaned:
         raise NotApplicable("no configuration to autotune over")
-    options = sorted({k for c in cleaned for k in c if k in OPTION_KEYS} | set(launch_options(model, site)))
+    options = sorted({k for c in cleaned for k in c if k in OPTION_KEYS} | set(launch_opts))
     # the grid must follow META wherever a tuned block sizes a grid axis
     grid_info = launch_grid(model, site)
     if grid_info is None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from xeforge.kernel_model import KernelModel, early_returns, literal, parse_kernel
+from xeforge.kernel_model import KernelModel, dotted_name, early_returns, literal, parse_kernel
 from xeforge.rewrite.memory import launch_facts
 from xeforge.rewrite.tiling import KernelAnalysis, NotApplicable, _assign_counts, is_tl_call, names_in
 from xeforge.rewrite.tiling.grid import (GridTranslator, enclosing_function, fresh_name, launch_bindings, launch_grid,
@@ -151,6 +151,10 @@ def plan_persistent(model: KernelModel, kernel: str) -> PersistentPlan:
     bind = launch_bindings(site, fn, model.source)
     tensors = [bind[p].strip() for p in fn.params if p in bind and _PLAIN.match(bind[p].strip())
                and any(getattr(a.ptr, "base", None) == p for a in an.accesses)]
+    if not tensors:  # a kernel that reads its tensors through descriptors it builds: their base pointers
+        based = {n.args[0].id for n in ast.walk(fn.node) if isinstance(n, ast.Call) and n.args and
+                 isinstance(n.args[0], ast.Name) and (dotted_name(n.func) or "").endswith("make_tensor_descriptor")}
+        tensors = [bind[p].strip() for p in fn.params if p in based and p in bind and _PLAIN.match(bind[p].strip())]
     host = enclosing_function(model, site)
     inputs = {a.arg for a in host.args.args} if host is not None else set()
     # prefer an argument of forward itself: it exists before any statement of forward

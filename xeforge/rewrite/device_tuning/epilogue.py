@@ -188,10 +188,12 @@ def split_epilogue(source: str, kernel: str) -> tuple[str, EpiloguePlan]:
         raise NotApplicable(f"{kernel}: the K loops are not in one block")
     block, _, last = best
     before, epilogue = list(block.body[:last + 1]), list(block.body[last + 1:])
-    # leading statements that neither read the accumulator nor store stay whole, before the halves: they are
-    # per-row (flash attention's `l_i = tl.where(offs_m < N, l_i, 1.0)`), computed once for both
+    # leading statements that neither read the accumulator nor load or store stay whole, before the halves: they
+    # are per-row (flash attention's `l_i = tl.where(offs_m < N, l_i, 1.0)`), computed once for both. A load (a
+    # bias row) stays in the epilogue, where each half loads its own columns.
     while epilogue and acc not in names_in(epilogue[0]) and not any(
-            isinstance(n, cst.Call) and (call_name(n) or "").rpartition(".")[2] == "store" for n in walk(epilogue[0])):
+            isinstance(n, cst.Call) and (call_name(n) or "").rpartition(".")[2] in ("store", "load")
+            for n in walk(epilogue[0])):
         before.append(epilogue.pop(0))
     if not epilogue:
         raise NotApplicable(f"{kernel}: nothing follows the K loop in its block")
@@ -277,9 +279,12 @@ def split_epilogue(source: str, kernel: str) -> tuple[str, EpiloguePlan]:
     split_cols, halved = [], []
     for nm in sorted(read & column):
         values = [v for v in defs[nm] if v is not None]
-        if any("None" in _norm(code(v)) for v in values):
-            raise NotApplicable(f"{kernel}: the epilogue reads {nm}, a [.., {cols}] tile made before the K loop: "
-                                "only 1D column vectors are split")
+        if any("None" in _norm(code(v)) for v in values) and not (len(defs[nm]) == 1 and nm in simple):
+            # a 2D tile (pointers, a mask) is made again per half from its one definition; one assigned more than
+            # once has no definition to replay
+            raise NotApplicable(f"{kernel}: the epilogue reads {nm}, a [.., {cols}] tile assigned more than once "
+                                f"before the K loop (line {simple.get(nm, (parsed.line(fn), None))[0]}): only a "
+                                "tile made by one assignment is made again per half")
         split_cols.append(nm)
     for nm in sorted(read & set(desc_calls)):
         assign, call = desc_calls[nm]
@@ -329,6 +334,9 @@ def split_epilogue(source: str, kernel: str) -> tuple[str, EpiloguePlan]:
             for h, target in ((0, lo), (1, hi)):
                 made = rename(value.visit(_Half(cols, half, bool(h), set())), {k: v[h] for k, v in names.items()})
                 head.append(f"{target} = {code(made)}")
+        elif value is not None and "None" in _norm(code(value)):
+            raise NotApplicable(f"{kernel}: the epilogue reads {nm}, a [.., {cols}] tile made at line "
+                                f"{simple[nm][0]} from values that cannot be made again per half")
         else:
             head.append(f"{lo}, {hi} = tl.split(tl.permute(tl.reshape({nm}, (2, {half})), (1, 0)))")
         names[nm] = (lo, hi)

@@ -32,6 +32,7 @@ from xeforge.kb.roles import first_int
 from xeforge.rewrite.tiling.grid import (GridInfo, GridTranslator, _cdiv_args, launch_grid, launched_kernels_gemm_first,
                                          single_launch)
 from xeforge.rewrite.tiling.edit import LaunchEdit, edit_launch
+from xeforge.rewrite.tiling.host_rule import host_made, overridable, override
 
 #: launch options a configuration may carry besides constexprs
 OPTION_KEYS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "grf_mode", "warp_size", "threads_per_warp")
@@ -155,10 +156,24 @@ def tunable_names(model: KernelModel, site: LaunchSite) -> tuple[list[str], dict
             unexplained.remove(binds[n].value)
     ok, why = [], {}
     blocks = block_params(fn)
+    made = host_made(model, site, binds)
     for name in fn.constexpr_params:
         if name not in blocks or name not in binds:
             continue
         bd = binds[name]
+        if name in made and _set_where_made(model, site, bd):
+            # the host computes it (a heuristic, a table, next_power_of_2): a new value goes where it is made
+            coupled = [ax for ax, names in axes.items() if name in names]
+            follows = name in products or bool(coupled and _axis_follows(model, site, grid, coupled[0], name, bd)) or \
+                (grid is not None and grid.kind == "lambda" and any(
+                    isinstance(n, ast.Subscript) and literal(n.slice) == name for el in grid.elements
+                    for n in ast.walk(el)))
+            reason = overridable(fn, name, made[name], follows)
+            if reason is None:
+                ok.append(name)
+            else:
+                why[name] = reason
+            continue
         if not bd.constant:
             why[name] = bd.why
             continue
@@ -185,6 +200,31 @@ def tunable_names(model: KernelModel, site: LaunchSite) -> tuple[list[str], dict
             continue
         ok.append(name)
     return ok, why
+
+
+def _set_where_made(model: KernelModel, site: LaunchSite, bd: Binding) -> bool:
+    """A host-made value is set where it is made, not at the launch, when it changes with the shape or the
+    launching function reads it elsewhere too (a new value at the launch would leave those readers behind)."""
+    if not bd.constant:
+        return True
+    kw = next((k for k in site.node.keywords if k.arg == bd.name), None)
+    return kw is None or bool(expression_uses(model, site, kw.value))
+
+
+def values_at(model: KernelModel, site: LaunchSite, names: list[str] | None = None) -> dict[str, Any]:
+    """Each binding's value at ``site``: its one constant value, or for one the host makes, the value at the
+    primary timed shape (the one a search starts from)."""
+    binds = bindings(model, site)
+    made = host_made(model, site, binds)
+    out = {}
+    for n, b in binds.items():
+        if names is not None and n not in names:
+            continue
+        if n in made and _set_where_made(model, site, b):
+            out[n] = made[n].value
+        elif b.value is not None:
+            out[n] = b.value
+    return out
 
 
 def tunable(model: KernelModel, site: LaunchSite) -> list[str]:
@@ -220,8 +260,9 @@ def family(model: KernelModel, kernel: str, declared: str | None) -> str:
 
 def current_config(model: KernelModel, site: LaunchSite) -> dict[str, Any]:
     """The tunable block sizes' values and the literal launch options at ``site``."""
-    binds = bindings(model, site)
-    return {**{n: binds[n].value for n in tunable(model, site)}, **launch_options(model, site)}
+    values = values_at(model, site)
+    options = {k: v for k, v in values.items() if k in OPTION_KEYS}
+    return {**{n: values[n] for n in tunable(model, site)}, **launch_options(model, site), **options}
 
 
 def kb_configs(ctx: Any, source: str, kernel: str, limit: int, include_current: bool = False) -> list[dict[str, Any]]:
@@ -282,11 +323,22 @@ def apply_config(source: str, kernel: str, cfg: dict[str, Any]) -> str:
     unknown = [k for k in cfg if k not in keep and k not in binds]
     if unknown:
         raise NotApplicable(f"configuration keys {', '.join(unknown)} are not tunable at the launch of {kernel}")
-    changed_names = {k for k in keep if k in names and keep[k] != binds[k].value}
-    edit = LaunchEdit(kernel, site.line, set_kwargs={k: repr(v) for k, v in keep.items()
-                                                     if k in changed_names or k in OPTION_KEYS})
-    axes = axis_blocks(fn)
+    # values the host makes are set where it makes them (the grid and every other reader follow); the rest at the
+    # launch
+    made = host_made(model, site, binds)
+    at_source = {k: v for k, v in keep.items() if k in made and k in binds and _set_where_made(model, site, binds[k])}
+    keep = {k: v for k, v in keep.items() if k not in at_source}
     grid = launch_grid(model, site)
+    shift, anchor, edited = 0, 0, source
+    if at_source:
+        edited, anchor, shift = override(source, model, site, made, at_source,
+                                         grid.assign if grid is not None else None)
+        if not keep:
+            return edited
+    changed_names = {k for k in keep if k in names and keep[k] != binds[k].value}
+    edit = LaunchEdit(kernel, site.line + shift, set_kwargs={k: repr(v) for k, v in keep.items()
+                                                             if k in changed_names or k in OPTION_KEYS})
+    axes = axis_blocks(fn)
     changed = {ax: keep[n] for n in changed_names for ax, ax_names in axes.items() if n in ax_names}
     products = product_blocks(model, site, grid)[0]
     factors = {n: keep[n] for n in changed_names if n in products and not any(n in v for v in axes.values())}
@@ -312,10 +364,10 @@ def apply_config(source: str, kernel: str, cfg: dict[str, Any]) -> str:
             if grid.kind == "lambda":
                 new = f"lambda {grid.meta}: {new}"
             if grid.variable and grid.assign is not None:
-                edit.grid_assign = (grid.assign.lineno, new)
+                edit.grid_assign = (grid.assign.lineno + (shift if grid.assign.lineno > anchor else 0), new)
             else:
                 edit.grid = new
-    return edit_launch(source, edit)
+    return edit_launch(edited, edit)
 
 
 def describe(cfg: dict[str, Any]) -> str:

@@ -13,7 +13,7 @@ import ast
 from dataclasses import dataclass
 from typing import Iterable
 
-from xeforge.analysis.launches import bindings, live_launches
+from xeforge.analysis.launches import bindings, live_launches, unpacked_dict
 from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, dotted_name, is_literal, literal
 from xeforge.rewrite.tiling import (BlockPtr, KernelAnalysis, Mask, NotApplicable, Poly, _factor_key, _kw,
                                     block_symbol, is_tl_call, names_in)
@@ -130,16 +130,25 @@ def axis_tiles(an: KernelAnalysis, pid: str) -> list[tuple[str, Poly]]:
 
 def launch_bindings(site: LaunchSite, fn: JitFunction, source: str) -> dict[str, str]:
     """Kernel parameter -> the host expression the launch passes for it (source text)."""
-    if any(isinstance(a, ast.Starred) for a in site.node.args) or any(kw.arg is None for kw in site.node.keywords):
-        raise NotApplicable(f"the launch of {site.kernel} at line {site.line} unpacks arguments (*args/**kwargs); "
-                            "the rewrite needs to see which argument each parameter gets")
+    spread = unpacked_dict(site)
+    if any(isinstance(a, ast.Starred) for a in site.node.args) or \
+            (spread is None and any(kw.arg is None for kw in site.node.keywords)):
+        raise NotApplicable(f"the launch of {site.kernel} at line {site.line} unpacks arguments (*args, or "
+                            "**kwargs other than one dict variable); the rewrite needs to see which argument each "
+                            "parameter gets")
     out: dict[str, str] = {}
     for p, a in zip(fn.params, site.args):
         out[p] = a
     for kw in site.node.keywords:
         if kw.arg:
             out[kw.arg] = ast.get_source_segment(source, kw.value) or ""
+    if spread is not None:  # ``**cfg``: every parameter without a default that nothing else gives is cfg's
+        defaults = set(fn.params[len(fn.params) - len(fn.node.args.defaults):]) if fn.node.args.defaults else set()
+        for p in fn.params:
+            if p not in out and p not in defaults:
+                out[p] = f'{spread}["{p}"]'
     return out
+
 
 
 def enclosing_function(model: KernelModel, site: LaunchSite) -> ast.FunctionDef | None:
@@ -247,6 +256,8 @@ class GridTranslator:
             # the same expression the launch passes for a block constexpr: ``cdiv(M, bm)`` with ``BM=bm``
             src = self._src(divisor).strip()
             match = [b for b in cands if (self.bind.get(b) or "").strip() == src]
+            if not match:  # the kernel's tile axes are not read from masks (tensor descriptors): the launch says
+                match = [b for b in sorted(self.an.constexprs) if (self.bind.get(b) or "").strip() == src]
             if len(match) == 1:
                 return match[0]
             raise NotApplicable(f"grid divisor {src} at line {self.site.line} is neither a literal block size nor "

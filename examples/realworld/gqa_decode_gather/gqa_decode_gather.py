@@ -1,0 +1,130 @@
+"""Grouped-query decode attention: one program serves all query heads that share a kv head (BLOCK_H rows).
+
+Serving-engine "grouped decode" form over a contiguous [B, T, KVH, D] cache: the shared K/V tile is read once per group.
+"""
+import math
+import os
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+_SYNC_AFTER_LAUNCH = os.environ.get("GQA_DECODE_SYNC", "0") == "1"  # debugging aid: surface async faults here
+_MIN_BLOCK_H = 16  # tl.dot wants at least 16 rows
+_MAX_BLOCK_H = 64
+
+
+@triton.jit
+def _gqa_decode_kernel(
+    Q, K, V, Out,
+    sm_scale,
+    kv_len,
+    stride_qb, stride_qh,
+    stride_kb, stride_kt, stride_kh,
+    stride_vb, stride_vt, stride_vh,
+    stride_ob, stride_oh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    bid = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    hblk = tl.program_id(2)
+
+    offs_g = hblk * BLOCK_H + tl.arange(0, BLOCK_H)  # position inside the group
+    h_mask = offs_g < GROUP
+    heads = kv_head * GROUP + offs_g
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    offs_n = tl.arange(0, BLOCK_N)
+
+    q = tl.load(Q + bid * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=h_mask[:, None] & d_mask[None, :], other=0.0)
+
+    m_i = tl.full([BLOCK_H], -float("inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    k_base = K + bid * stride_kb + kv_head * stride_kh
+    v_base = V + bid * stride_vb + kv_head * stride_vh
+    for start_n in range(0, kv_len, BLOCK_N):
+        cols = start_n + offs_n
+        n_mask = cols < kv_len
+        kt = tl.load(k_base + cols[None, :] * stride_kt + offs_d[:, None],
+                     mask=d_mask[:, None] & n_mask[None, :], other=0.0)  # [BLOCK_D, BLOCK_N]
+        s = tl.dot(q, kt) * sm_scale
+        s = tl.where(n_mask[None, :], s, -float("inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :],
+                    mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    acc = acc / l_i[:, None]
+    tl.store(Out + bid * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+             acc.to(Out.dtype.element_ty), mask=h_mask[:, None] & d_mask[None, :])
+
+
+def gqa_decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sm_scale: Optional[float] = None,
+) -> torch.Tensor:
+    """q: [batch, heads, head_dim]; k, v: [batch, kv_len, kv_heads, head_dim] with heads % kv_heads == 0."""
+    assert q.dim() == 3, "q must be [batch, heads, head_dim]"
+    assert k.dim() == 4 and k.shape == v.shape, "k and v must be [batch, kv_len, kv_heads, head_dim]"
+    batch, num_heads, head_dim = q.shape
+    kv_len, num_kv_heads = k.shape[1], k.shape[2]
+    assert k.shape[0] == batch and k.shape[3] == head_dim
+    assert num_heads % num_kv_heads == 0, f"{num_heads} query heads cannot share {num_kv_heads} kv heads"
+    assert k.is_contiguous() and v.is_contiguous(), "cache must be contiguous"
+    assert kv_len > 0, "empty cache"
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(head_dim)
+    q = q.contiguous()
+    out = torch.empty_like(q)
+
+    group = num_heads // num_kv_heads
+    block_h = min(_MAX_BLOCK_H, max(_MIN_BLOCK_H, triton.next_power_of_2(group)))
+    block_d = triton.next_power_of_2(head_dim)
+    block_n = 64 if block_d <= 128 else 32
+    num_warps = 4 if block_d <= 64 else 8
+    grid = (batch, num_kv_heads, triton.cdiv(group, block_h))
+    _gqa_decode_kernel[grid](
+        q, k, v, out,
+        sm_scale,
+        kv_len,
+        q.stride(0), q.stride(1),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        out.stride(0), out.stride(1),
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        BLOCK_H=block_h,
+        BLOCK_N=block_n,
+        num_warps=num_warps,
+        num_stages=2,
+    )
+    if _SYNC_AFTER_LAUNCH and q.is_cuda:
+        torch.cuda.synchronize()
+    return out
+
+
+def gqa_decode_attention_ref(q, k, v, sm_scale=None):
+    batch, num_heads, head_dim = q.shape
+    group = num_heads // k.shape[2]
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(head_dim)
+    cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    kk = k.to(cdt).repeat_interleave(group, dim=2)  # [B, T, H, D]
+    vv = v.to(cdt).repeat_interleave(group, dim=2)
+    scores = torch.einsum("bhd,bthd->bht", q.to(cdt), kk) * sm_scale
+    return torch.einsum("bht,bthd->bhd", torch.softmax(scores, dim=-1), vv).to(q.dtype)
