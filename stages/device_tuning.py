@@ -1,7 +1,9 @@
 """Stage 7, device_tuning: tile sizes, ``num_warps``, ``num_stages`` (and on xpu ``grf_mode``/``warp_size``).
 
 Owns: the launch-parameter search tactic — find the block sizes (literal or an expression with one value at every
-shape: :func:`xeforge.rewrite.tiling.configs.tunable_names`) and launch options at the launch site of the kernel
+shape: :func:`xeforge.rewrite.tiling.configs.tunable_names`; or values the host computes per shape, a heuristic's
+tuple, a ``**cfg`` table, ``next_power_of_2`` of a row, which a configuration sets right where they are made:
+:mod:`xeforge.rewrite.tiling.host_rule`) and launch options at the launch site of the kernel
 that matters most, draw alternatives from the knowledge base's tuning space for the device and kernel family (a
 small built-in space when no KB entry applies), prune what the KB constraints forbid, keep grid sizes consistent
 with the block sizes, and hand the candidates to the verifier. The pipeline keeps the best verified one. An

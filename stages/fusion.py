@@ -62,7 +62,13 @@ class FusionTactic(Tactic):
         except NotApplicable as direct:
             # the launch may be in a wrapper, a method, an autograd Function or a torch.library op: inline the
             # calls that lead to it into forward, then fuse there (the reason names the call that cannot be)
-            inlined = inline.into_forward(ctx.source)
+            try:
+                inlined = inline.into_forward(ctx.source)
+            except NotApplicable:
+                alone = _one_kernel_and_nothing_after(ctx)
+                if alone:  # whether the wrapper could be inlined does not matter: there is nothing to fuse
+                    raise NotApplicable(alone) from None
+                raise
             if inlined is None:
                 raise direct
             source, notes = inlined
@@ -104,6 +110,26 @@ class FusionTactic(Tactic):
         if isinstance(r, str):
             return []
         return [Candidate(src, self.name, desc, kind="rewrite") for src, desc in r]
+
+
+def _one_kernel_and_nothing_after(ctx: StageContext) -> str | None:
+    """Why nothing can be fused, where every trace shows one launch of one kernel and no torch compute after it
+    (a norm or an attention call on its own: no epilogue, no consumer kernel); else None."""
+    from xeforge.analysis.observe import traces  # lazy: the trace worker is only needed once a rewrite fails
+    from xeforge.analysis.trace import Launch
+
+    got = [t for t in traces(ctx.problem, ctx.source).values() if not isinstance(t, str)]
+    if not got:
+        return None
+    for t in got:
+        if len(t.launches) != 1:
+            return None
+        after = t.order[t.order.index(t.launches[0]) + 1:]
+        if any(not isinstance(e, Launch) and e.kind == "compute" for e in after):
+            return None
+    la = got[0].launches[0]
+    return (f"forward runs one kernel, {la.kernel} ({la.via()}), and no torch op after it in any traced variant: "
+            "nothing to fuse into it")
 
 
 class FuseEpilogue(FusionTactic):

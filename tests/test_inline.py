@@ -199,7 +199,8 @@ class Model(torch.nn.Module):
 
 
 @pytest.mark.parametrize("body, why", [
-    ("    if x.numel() > 4:\n        return x\n    LAUNCH\n    return out\n", "returns from more than one place"),
+    ("    if x.numel() > 4:\n        y = x\n    else:\n        return x\n    LAUNCH\n    return out\n",
+     "returns from more than one place"),
     ("    LAUNCH\n    yield out\n", "uses yield"),
 ])
 def test_a_callee_that_cannot_be_inlined_is_named_with_the_construct(body, why):
@@ -210,6 +211,39 @@ def test_a_callee_that_cannot_be_inlined_is_named_with_the_construct(body, why):
         into_forward(src)
     assert "the wrapper wrap (line" in str(exc.value) and "cannot be inlined into forward" in str(exc.value)
     assert why in str(exc.value)
+
+
+def test_early_exits_call_the_wrapper_as_it_was_and_run_the_rest_of_forward(fake_triton):
+    """A wrapper that returns early (a size guard, a fallback off the GPU) is inlined: each early exit calls the
+    wrapper itself, so its fallback runs as written, then the rest of forward; the inlined launch gets a copy of
+    the kernel (which fusion may change) while the wrapper keeps launching its own."""
+    src = HEADER + '''
+
+def wrap(x):
+    assert x.dim() == 1, "vectors only"
+    if x.numel() > 4:
+        return x * 3.0
+    out = torch.empty_like(x)
+    if x.numel() == 0:
+        return out
+    scale_kernel[(1,)](x, out, 0, SCALE=2.0)
+    return out
+
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        y = wrap(x)
+        y = y + 1.0
+        return y
+'''
+    new, notes = into_forward(src)
+    fwd = forward_of(new)
+    assert "def _rest_after_wrap(value):" in fwd and "scale_kernel_fused[(1,)](" in fwd
+    assert fwd.count("return _rest_after_wrap(wrap(x))") == 2
+    assert "def wrap(x):" in new and "def scale_kernel_fused(" in new  # the wrapper and its kernel stay as they were
+    assert "its early returns call it as it was" in notes[0]
+    for x in (torch.arange(3.0), torch.arange(8.0), torch.zeros(0)):  # the launch path and both exits
+        assert torch.equal(run(new, x), run(src, x))
 
 
 @pytest.mark.parametrize("call, why", [

@@ -99,6 +99,7 @@ def test_the_yaml_form_writes_derived_values_in_place_outputs_and_returns(tmp_pa
     assert np_.variants["ci"] == {"rows": 300 % 64 + 64, "cols": 96}
     gen = split_generated(np_.files["kernel.py"])[1]
     assert "def __init__(self, rows):" in gen and "x = x.clone()" in gen and "return (result, x)" in gen
+    assert "        rows = self.rows\n" in gen  # one dim read in forward: a plain assignment, not an unpacking
     spec = yaml.safe_load(np_.files["spec.yaml"])
     assert spec["inits"] == [{"dim": "rows"}] and spec["fixed"] == ["cols"]
     write(np_, tmp_path / "p")

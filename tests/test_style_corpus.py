@@ -280,11 +280,7 @@ PROBLEMS = ("linear_relu", "linear_gelu_residual", "softmax", "layernorm")
 KNOWN_START_FAILURES: dict[tuple[str, str], str] = {}
 
 # tactics that apply to direct.py but not to a style: (problem, style, tactic) -> a fragment of the reason
-KNOWN_GAPS: dict[tuple[str, str, str], str] = {
-    # Liger's calculate_settings: num_warps (like BLOCK_SIZE) is a function of the row width, so no option has one
-    # value to start the space from
-    ("softmax", "autograd", "autotune-from-space"): "num_warps=num_warps changes with the shape",
-}
+KNOWN_GAPS: dict[tuple[str, str, str], str] = {}
 
 # ports whose chain breaks or whose final candidate does not verify: (problem, style) -> a fragment of why
 KNOWN_CHAIN_FAILURES: dict[tuple[str, str], str] = {}

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xeforge.kernel_model import (LAUNCH_OPTIONS, JitFunction, KernelModel, LaunchSite, axis_blocks, dotted_name,
-                                  is_literal, literal)
+                                  is_literal, literal, parse_python)
 
 #: names that say "block size" even where the body does not show it (a group size, a tile count)
 BLOCK_HINTS = ("BLOCK", "TILE", "GROUP_SIZE")
@@ -45,6 +45,7 @@ class Binding:
     how: str  # literal | expression | autotune | default | positional | missing
     expr: str | None = None  # the host expression the launch passes (literal or not)
     why: str = ""  # why ``value`` is None, or where it was read
+    traced: bool = False  # the value was read from the traces, not the code (the host computes it)
 
     @property
     def constant(self) -> bool:
@@ -230,7 +231,7 @@ def bindings(model: KernelModel, site: LaunchSite) -> dict[str, Binding]:
                 fn.params.index(name) >= len(site.node.args):
             # ``**cfg``: the dict gives it (the traces say which value at each shape)
             expr = f'{spread}["{name}"]'
-            kw = ast.keyword(arg=name, value=ast.parse(expr, mode="eval").body)
+            kw = ast.keyword(arg=name, value=parse_python(expr, mode="eval").body)
         if kw is None:
             if name in tuned or (fn.is_autotuned and not tuned and name in fn.constexpr_params):
                 out[name] = Binding(name, None, "autotune", None, f"{name} comes from the @triton.autotune configs "
@@ -260,7 +261,8 @@ def bindings(model: KernelModel, site: LaunchSite) -> dict[str, Binding]:
         if len(values) == 1:
             v = next(iter(per_variant.values()))
             out[name] = Binding(name, v, "expression", expr,
-                                f"{expr} = {v!r} in every traced variant ({', '.join(sorted(per_variant))})")
+                                f"{expr} = {v!r} in every traced variant ({', '.join(sorted(per_variant))})",
+                                traced=True)
         elif per_variant:
             shown = ", ".join(f"{v!r} at {k}" for k, v in sorted(per_variant.items()))
             out[name] = Binding(name, None, "expression", expr, f"{name}={expr} changes with the shape ({shown})")

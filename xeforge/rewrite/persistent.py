@@ -68,6 +68,7 @@ class PersistentPlan:
     device_arg: str  # host tensor expression whose .device sizes the grid
     grid: object  # GridInfo
     site: object  # LaunchSite
+    passed: dict[str, str] = dataclasses.field(default_factory=dict)  # new kernel argument -> the host count it gets
 
     def describe(self) -> str:
         axes = " x ".join(self.counts)
@@ -76,11 +77,41 @@ class PersistentPlan:
 
 
 def is_persistent(fn_node: ast.FunctionDef) -> bool:
+    """A loop whose range starts from the program id (read inline or through a name assigned from it)."""
+    from_pid = {t.id for st in ast.walk(fn_node) if isinstance(st, ast.Assign)
+                and any(is_tl_call(a, "program_id") for a in ast.walk(st.value))
+                for t in st.targets if isinstance(t, ast.Name)}
     for node in ast.walk(fn_node):
         if isinstance(node, ast.For) and isinstance(node.iter, ast.Call) and node.iter.args and \
-                any(is_tl_call(a, "program_id") for a in ast.walk(node.iter)):
+                (any(is_tl_call(a, "program_id") for a in ast.walk(node.iter)) or
+                 names_in(node.iter.args[0]) & from_pid):
             return True
     return False
+
+
+def _base_params(fn_node: ast.FunctionDef) -> set[str]:
+    """Parameters a descriptor or block pointer of the kernel is based on (``base=Q + off``, through the names
+    that make it)."""
+    params = {a.arg for a in fn_node.args.args}
+    made: dict[str, set[str]] = {}
+    for st in ast.walk(fn_node):
+        if isinstance(st, ast.Assign):
+            for t in st.targets:
+                if isinstance(t, ast.Name):
+                    made.setdefault(t.id, set()).update(names_in(st.value))
+    todo: set[str] = set()
+    for n in ast.walk(fn_node):
+        name = (dotted_name(n.func) or "") if isinstance(n, ast.Call) else ""
+        if name.endswith(("make_tensor_descriptor", "make_block_ptr")):
+            base = n.args[0] if n.args else next((k.value for k in n.keywords if k.arg == "base"), None)
+            todo |= names_in(base) if base is not None else set()
+    seen: set[str] = set()
+    while todo:
+        x = todo.pop()
+        if x not in seen:
+            seen.add(x)
+            todo |= made.get(x, set())
+    return seen & params
 
 
 def _hoistable_assign(st: ast.stmt, counts: dict[str, int], dependent: set[str]) -> bool:
@@ -106,8 +137,8 @@ def plan_persistent(model: KernelModel, kernel: str) -> PersistentPlan:
     if not pids:
         raise NotApplicable(f"{kernel} never reads tl.program_id")
     axes = sorted(p.axis for p in pids)
-    if axes not in ([0], [0, 1]):
-        raise NotApplicable(f"{kernel} uses grid axes {axes}; the rewrite handles 1D and 2D grids")
+    if axes not in ([0], [0, 1], [0, 1, 2]):
+        raise NotApplicable(f"{kernel} uses grid axes {axes}; the rewrite handles grids of axes 0, 0-1 or 0-2")
     early = early_returns(fn.node)
     if early:
         raise NotApplicable(f"{kernel} returns early (line {early[0].lineno}); a persistent loop would skip the "
@@ -125,7 +156,20 @@ def plan_persistent(model: KernelModel, kernel: str) -> PersistentPlan:
         raise NotApplicable(f"the grid has {len(grid.elements)} axes but {kernel} reads {len(axes)} program ids")
     an = KernelAnalysis(fn)
     tr = GridTranslator(model, site, an, grid)
-    kcounts = [tr.kernel_expr(el) for el in grid.elements]
+    kcounts, passed = [], {}
+    taken = {n.id for n in ast.walk(fn.node) if isinstance(n, ast.Name)} | set(fn.params)
+    for ax, el in enumerate(grid.elements):
+        try:
+            kcounts.append(tr.kernel_expr(el))
+        except NotApplicable:
+            # a count the kernel is not given on an outer axis (a batch size the wrapper reads off a shape, beside
+            # the tile axes): passed in as an argument
+            if ax == 0 or (grid.kind == "lambda" and grid.meta in names_in(el)):
+                raise
+            name = fresh_name(taken, f"NUM_PID_{ax}")
+            taken.add(name)
+            passed[name] = ast.get_source_segment(model.source, el) or ast.unparse(el)
+            kcounts.append(name)
     mcounts = [tr.meta_expr(el) for el in grid.elements]
     body = fn.node.body
     pid_stmts = {id(p.stmt) for p in pids}
@@ -151,10 +195,9 @@ def plan_persistent(model: KernelModel, kernel: str) -> PersistentPlan:
     bind = launch_bindings(site, fn, model.source)
     tensors = [bind[p].strip() for p in fn.params if p in bind and _PLAIN.match(bind[p].strip())
                and any(getattr(a.ptr, "base", None) == p for a in an.accesses)]
-    if not tensors:  # a kernel that reads its tensors through descriptors it builds: their base pointers
-        based = {n.args[0].id for n in ast.walk(fn.node) if isinstance(n, ast.Call) and n.args and
-                 isinstance(n.args[0], ast.Name) and (dotted_name(n.func) or "").endswith("make_tensor_descriptor")}
-        tensors = [bind[p].strip() for p in fn.params if p in based and p in bind and _PLAIN.match(bind[p].strip())]
+    if not tensors:  # a kernel that reads its tensors through descriptors or block pointers: their base pointers
+        tensors = [bind[p].strip() for p in fn.params if p in _base_params(fn.node) and p in bind
+                   and _PLAIN.match(bind[p].strip())]
     host = enclosing_function(model, site)
     inputs = {a.arg for a in host.args.args} if host is not None else set()
     # prefer an argument of forward itself: it exists before any statement of forward
@@ -164,7 +207,7 @@ def plan_persistent(model: KernelModel, kernel: str) -> PersistentPlan:
     cast = next((p.cast for p in pids if p.cast), None)
     start = f"tl.program_id(0).to({cast})" if cast else "tl.program_id(0)"
     return PersistentPlan(kernel, [p.name for p in sorted(pids, key=lambda p: p.axis)], start, kcounts, mcounts, first,
-                          {p.stmt.lineno for p in pids}, hoisted, device_arg, grid, site)
+                          {p.stmt.lineno for p in pids}, hoisted, device_arg, grid, site, passed)
 
 
 def apply_persistent(source: str, plan: PersistentPlan, flatten: bool = False) -> str:
@@ -179,15 +222,21 @@ def apply_persistent(source: str, plan: PersistentPlan, flatten: bool = False) -
         tiles = fresh_name(taken, "num_tiles")
         lines.append(f"{tiles} = {plan.counts[0]}")
         loop_var, per_tile = plan.pids[0], []
-    else:
-        pm, pn = plan.pids
-        nm, nn = fresh_name(taken, f"num_{pm}"), fresh_name(taken, f"num_{pn}")
-        taken |= {nm, nn}
+    else:  # axis 0 fastest, as the hardware orders a 2D or 3D grid (rows, columns, then a batch)
+        nums = []
+        for pid, count in zip(plan.pids, plan.counts):
+            nums.append(fresh_name(taken, f"num_{pid}"))
+            taken.add(nums[-1])
+            lines.append(f"{nums[-1]} = {count}")
         tiles = fresh_name(taken, "num_tiles")
         taken.add(tiles)
         loop_var = fresh_name(taken, "tile_id")
-        lines += [f"{nm} = {plan.counts[0]}", f"{nn} = {plan.counts[1]}", f"{tiles} = {nm} * {nn}"]
-        per_tile = [f"{pm} = {loop_var} % {nm}", f"{pn} = {loop_var} // {nm}"]
+        lines.append(f"{tiles} = {' * '.join(nums)}")
+        per_tile, stride = [], ""
+        for i, (pid, num) in enumerate(zip(plan.pids, nums)):
+            index = (f"{loop_var} // ({stride})" if "*" in stride else f"{loop_var} // {stride}") if stride else loop_var
+            per_tile.append(f"{pid} = {index} % {num}" if i < len(nums) - 1 else f"{pid} = {index}")
+            stride = f"{stride} * {num}" if stride else num
     extra = ", flatten=True" if flatten else ""
     header = f"for {loop_var} in tl.range({plan.start}, {tiles}, tl.num_programs(0){extra}):\n    pass"
     hoisted_idx = set(plan.hoisted)
@@ -216,7 +265,7 @@ def apply_persistent(source: str, plan: PersistentPlan, flatten: bool = False) -
         head = [s for code in lines for s in statements(code)]
         return out + head + hoisted + [loop]
 
-    source = edit_function(source, FunctionEdit(plan.kernel, body=body))
+    source = edit_function(source, FunctionEdit(plan.kernel, body=body, new_params=list(plan.passed)))
     source = add_module_function(source, HELPER, HELPER_CODE)
     model = parse_kernel(source)
     site = single_launch(model, plan.kernel)
@@ -224,7 +273,8 @@ def apply_persistent(source: str, plan: PersistentPlan, flatten: bool = False) -
     nprog = fresh_name(fwd, "num_programs")
     total = " * ".join(plan.meta)
     grid = f"lambda META: (min({nprog}, {total}),)"
-    edit = LaunchEdit(plan.kernel, site.line, before=[f"{nprog} = {HELPER}({plan.device_arg}.device)"])
+    edit = LaunchEdit(plan.kernel, site.line, before=[f"{nprog} = {HELPER}({plan.device_arg}.device)"],
+                      set_kwargs=dict(plan.passed))
     g = launch_grid(model, site)
     if g is not None and g.variable and g.assign is not None and _grid_var_used_once(model, site, g.variable):
         edit.grid_assign = (g.assign.lineno, grid)

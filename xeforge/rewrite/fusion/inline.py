@@ -33,7 +33,7 @@ import libcst as cst
 from xeforge.kernel_model import parse_python
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.context import fresh_namer
-from xeforge.rewrite.cst_tools import Parsed, code, dotted, names_in, rename, walk
+from xeforge.rewrite.cst_tools import Parsed, code, dotted, expr, names_in, rename, statements, walk
 
 #: calls inlined into one forward at most (a chain of wrappers is one call per level)
 MAX_INLINES = 8
@@ -235,6 +235,7 @@ class _Inlined:
     ret: cst.BaseExpression | None
     locals: set[str]  # names the inlined statements bind (after renaming)
     note: str
+    guarded: bool = False  # early returns (``if C: ... return X``) end in ``return EXIT(X)``: forward's rest
 
 
 def _params(fn: cst.FunctionDef) -> list[cst.Param]:
@@ -296,12 +297,19 @@ def _inline(callee: Callee, call: cst.Call, m: _Module, taken: set[str], fwd_bou
     last = body[-1] if body else None
     ret_stmt = last.body[0] if isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1 \
         and isinstance(last.body[0], cst.Return) else None
-    if len(returns) > 1 or (returns and ret_stmt is None):
-        lines = ", ".join(str(m.line(r)) for r in returns)
-        raise NotApplicable(f"{fname} returns from more than one place or before its end (line {lines})")
+    # early exits at the top level, ``if M == 0: return out`` or a torch fallback off the GPU: each is kept, and
+    # returns what forward's rest makes of its value (_inline_one writes that rest as a function)
+    guards = {id(g): g for g in (_guard_return(st) for st in body[:-1]) if g is not None}
+    early = [r for r in returns if r is not ret_stmt]
+    if ret_stmt is None and returns or any(id(r) not in guards for r in early):
+        lines = ", ".join(str(m.line(r)) for r in returns if r is ret_stmt or id(r) not in guards)
+        raise NotApplicable(f"{fname} returns from more than one place or before its end (line {lines}), "
+                            "not only from `if ...: return` statements of its own body")
     if ret_stmt is not None:
         body = body[:-1]
     ret = ret_stmt.value if ret_stmt is not None else None
+    if early:
+        body = [st.visit(_ExitGuards(guards)) for st in body]
 
     bindings = _bind(callee, call, m)
     fn_code = code(fn.with_changes(decorators=[]))
@@ -341,7 +349,115 @@ def _inline(callee: Callee, call: cst.Call, m: _Module, taken: set[str], fwd_bou
     note = f"inlined {callee.what} into forward: {shown}"
     if dropped:
         note += f" (its decorator {', '.join('@' + d for d in dropped)} is not applied in forward)"
-    return _Inlined(stmts, ret, locals_, note)
+    return _Inlined(stmts, ret, locals_, note, bool(early))
+
+
+#: the placeholder an early exit of an inlined callee calls: the callee as it was, then forward's rest
+EXIT = "__xeforge_rest_of_forward__"
+#: the comment that marks that call (a later inlining pass leaves it alone: it is the exit, not a launch path)
+EXIT_COMMENT = "# early exit: the call as written (xeforge)"
+
+
+def _guard_return(stmt: cst.BaseStatement) -> cst.Return | None:
+    """The return that ends ``if C: ...; return X`` (no else), where it is that block's only return."""
+    if not isinstance(stmt, cst.If) or stmt.orelse is not None or not isinstance(stmt.body, cst.IndentedBlock):
+        return None
+    end = stmt.body.body[-1] if stmt.body.body else None
+    ret = end.body[0] if isinstance(end, cst.SimpleStatementLine) and len(end.body) == 1 and \
+        isinstance(end.body[0], cst.Return) else None
+    inner = [n for n in walk(stmt, skip=_NESTED) if isinstance(n, cst.Return)]
+    return ret if ret is not None and len(inner) == 1 else None
+
+
+class _ExitGuards(cst.CSTTransformer):
+    """Each guard ``if C: ...; return X`` -> ``if C: return EXIT()``: where C holds, the callee itself is called
+    (its own early exit, fallback and all, runs as written) and forward's rest runs on its value."""
+
+    def __init__(self, guards: dict[int, cst.Return]) -> None:
+        super().__init__()
+        self.guards = guards
+
+    def leave_If(self, original: cst.If, updated: cst.If) -> cst.If:
+        if _guard_return(original) is None or id(_guard_return(original)) not in self.guards:
+            return updated
+        exit_ = cst.SimpleStatementLine([cst.Return(cst.Call(cst.Name(EXIT), []))], trailing_whitespace=cst.TrailingWhitespace(
+            whitespace=cst.SimpleWhitespace("  "), comment=cst.Comment(EXIT_COMMENT)))
+        return updated.with_changes(body=updated.body.with_changes(body=[exit_]))
+
+
+def _rest_of_forward(fwd: cst.FunctionDef, stmt: cst.BaseStatement, call: cst.Call, fresh,
+                     callee: str) -> tuple[list[cst.BaseStatement], str | None]:
+    """Forward's statements from the call's on, as a function of the call's value (for the callee's early exits:
+    ``return EXIT(X)`` becomes ``return <that function>(X, ...)``): its definition, or none where forward just
+    returns the value. The names it reads that forward bound before the call are passed in."""
+    body = list(fwd.body.body) if isinstance(fwd.body, cst.IndentedBlock) else []
+    at = next((i for i, st in enumerate(body) if st is stmt), None)
+    if at is None:
+        raise NotApplicable(f"it returns early, and its call is not a statement of forward's own body (a "
+                            "statement under if/for/with): the early exit would need forward's rest there")
+    value = fresh("value")
+    rest = [body[at].visit(_Swap(call, cst.Name(value))), *body[at + 1:]]
+    if len(rest) == 1 and isinstance(rest[0], cst.SimpleStatementLine) and \
+            isinstance(rest[0].body[0], cst.Return) and isinstance(rest[0].body[0].value, cst.Name) and \
+            rest[0].body[0].value.value == value:
+        return [], None
+    before = {p.name.value for p in _params(fwd)}
+    if body[:at]:
+        before |= _bound_names(code(fwd.with_changes(body=fwd.body.with_changes(body=body[:at]),
+                                                     decorators=[])))[0]
+    rest_code = "\n".join(code(st.with_changes(leading_lines=[]) if hasattr(st, "leading_lines") else st).rstrip("\n")
+                          for st in rest)
+    reads = _bound_names("def _f():\n" + "\n".join("    " + ln for ln in rest_code.splitlines()))[1]
+    passed = sorted((reads & before) - {value})
+    name = fresh(f"_rest_after_{callee}")
+    header = f"def {name}({', '.join([value, *passed])}):"
+    comment = f"    # forward from the call of {callee} on, as written: its early exits return through here (xeforge)"
+    text = header + "\n" + comment + "\n" + "\n".join("    " + ln if ln.strip() else ln
+                                                         for ln in rest_code.splitlines()) + "\n"
+    return statements(text), f"{name}({{}}{''.join(', ' + p for p in passed)})"
+
+
+class _Exits(cst.CSTTransformer):
+    """``EXIT()`` -> the original call, through the rest-of-forward function where there is one."""
+
+    def __init__(self, template: str | None, call: cst.Call) -> None:
+        super().__init__()
+        self.template, self.call = template, call
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        if not (isinstance(updated.func, cst.Name) and updated.func.value == EXIT):
+            return updated
+        return self.call if self.template is None else expr(self.template.format(code(self.call)))
+
+
+class _KernelNames(cst.CSTTransformer):
+    """Launches ``K[grid](...)`` of the kernels in ``names`` -> of their copies."""
+
+    def __init__(self, names: dict[str, str]) -> None:
+        super().__init__()
+        self.names = names
+
+    def leave_Subscript(self, original: cst.Subscript, updated: cst.Subscript) -> cst.Subscript:
+        if isinstance(updated.value, cst.Name) and updated.value.value in self.names:
+            return updated.with_changes(value=cst.Name(self.names[updated.value.value]))
+        return updated
+
+
+class _KernelCopies(cst.CSTTransformer):
+    """Each kernel of ``names`` followed by its copy under the new name (module level)."""
+
+    def __init__(self, names: dict[str, str]) -> None:
+        super().__init__()
+        self.names = names
+
+    def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
+        body: list[cst.BaseStatement] = []
+        for st in updated.body:
+            body.append(st)
+            if isinstance(st, cst.FunctionDef) and st.name.value in self.names:
+                body.append(st.with_changes(name=cst.Name(self.names[st.name.value]),
+                                            leading_lines=[cst.EmptyLine(), cst.EmptyLine()]))
+        return updated.with_changes(body=body)
 
 
 def _docstring(stmt: cst.BaseStatement) -> bool:
@@ -450,7 +566,8 @@ def _inline_one(source: str) -> tuple[str, str, str | None] | None:
             return node.name.value == "Model"
 
         def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
-            if not found:
+            comment = node.trailing_whitespace.comment
+            if not found and not (comment is not None and comment.value == EXIT_COMMENT):
                 hit = _launching_call(node, m)
                 if hit:
                     found.append((node, *hit))
@@ -483,11 +600,31 @@ def _inline_one(source: str) -> tuple[str, str, str | None] | None:
         raise NotApplicable(f"{callee.what.split(' (')[0]} (line {m.line(call)}) cannot be inlined into forward: "
                             f"{exc}") from None
     fresh = fresh_namer(taken | inl.locals)
-    new = _replacement(stmt, call, inl, fresh)
+    rest_def: list[cst.BaseStatement] = []
+    copies: dict[str, str] = {}
+    if inl.guarded:
+        try:
+            rest_def, template = _rest_of_forward(fwd, stmt, call, fresh, callee.fn.name.value)
+        except NotApplicable as exc:
+            raise NotApplicable(f"{callee.what.split(' (')[0]} (line {m.line(call)}) cannot be inlined into forward: "
+                                f"{exc}") from None
+        inl.stmts = [st.visit(_Exits(template, call)) for st in inl.stmts]
+        # the callee stays for its early exits, launching its kernels as written; the inlined launches get copies
+        # of them, which fusion may change (the callee's kernels, and the user's wrapper, mean what they meant)
+        launched = sorted({n.value.value for st in inl.stmts for n in walk(st) if isinstance(n, cst.Subscript)
+                           and isinstance(n.value, cst.Name) and n.value.value in m.jit})
+        copies = {k: fresh(f"{k}_fused") for k in launched}
+        inl.stmts = [st.visit(_KernelNames(copies)) for st in inl.stmts]
+        inl.note += (" (its early returns call it as it was, then run the rest of forward"
+                     + (f"; {', '.join(f'{v} is a copy of {k}' for k, v in copies.items())} for the inlined launch"
+                        if copies else "") + ")")
+    new = [*rest_def, *_replacement(stmt, call, inl, fresh)]
     comment = cst.EmptyLine(comment=cst.Comment(f"# {code(call.func)}(...), inlined (xeforge, fusion)"))
     new[0] = new[0].with_changes(leading_lines=[*stmt.leading_lines, comment, *new[0].leading_lines])
     swapped = m.parsed.module.visit(_Blocks(stmt, new))
-    return swapped.code, inl.note, callee.defined
+    if inl.guarded and copies:
+        swapped = swapped.visit(_KernelCopies(copies))
+    return swapped.code, inl.note, None if inl.guarded else callee.defined
 
 
 class _Blocks(cst.CSTTransformer):

@@ -205,7 +205,7 @@ def tunable_names(model: KernelModel, site: LaunchSite) -> tuple[list[str], dict
 def _set_where_made(model: KernelModel, site: LaunchSite, bd: Binding) -> bool:
     """A host-made value is set where it is made, not at the launch, when it changes with the shape or the
     launching function reads it elsewhere too (a new value at the launch would leave those readers behind)."""
-    if not bd.constant:
+    if not bd.constant or bd.traced:  # computed on the host (a heuristic that gave one value at these shapes)
         return True
     kw = next((k for k in site.node.keywords if k.arg == bd.name), None)
     return kw is None or bool(expression_uses(model, site, kw.value))

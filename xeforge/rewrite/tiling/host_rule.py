@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xeforge.analysis.launches import Binding, bindings, observed, unpacked_dict
-from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, axis_blocks, dotted_name
+from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, axis_blocks, dotted_name, parse_python
 from xeforge.rewrite.tiling import NotApplicable
 
 #: the variant whose traced value stands for a host-made value when a search needs one (the primary timed shape)
@@ -83,7 +83,7 @@ def host_made(model: KernelModel, site: LaunchSite, binds: dict[str, Binding] | 
     for name, bd in (binds if binds is not None else bindings(model, site)).items():
         if bd.how != "expression" or not bd.expr or name not in seen:
             continue
-        node = ast.parse(bd.expr.strip(), mode="eval").body
+        node = parse_python(bd.expr.strip(), mode="eval").body
         if isinstance(node, ast.Name):
             var, target = node.id, node.id
         elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and \

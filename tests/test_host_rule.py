@@ -1,0 +1,149 @@
+"""Launch values the host computes are searched and set where they are made (issue 32: "a launch configuration
+computed on the host ... is searched by the values the trace saw per variant; the edit goes where the value is
+made, keeping the grid consistent with it"). Each case is a wrapper as real files write it, on the interpreter."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from stages.device_tuning import LaunchParamSearch
+from tests.conftest import tactic_context
+from xeforge.analysis.observe import traces
+from xeforge.kernel_model import parse_kernel
+from xeforge.problem import load_problem
+from xeforge.rewrite.tiling.configs import apply_config, tunable_names
+from xeforge.rewrite.tiling.grid import single_launch
+from xeforge.rewrite.tiling.host_rule import host_made
+
+HEAD = textwrap.dedent('''\
+    import torch
+    import triton
+    import triton.language as tl
+
+
+    @triton.jit
+    def _scale_rows(x_ptr, y_ptr, n_rows, N, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        for start in range(0, N, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            m = (rows[:, None] < n_rows) & (cols[None, :] < N)
+            x = tl.load(x_ptr + rows[:, None] * N + cols[None, :], mask=m, other=0.0)
+            tl.store(y_ptr + rows[:, None] * N + cols[None, :], x * 2.0, mask=m)
+
+
+    def _pick(n_rows, n):
+        return (1 if n_rows < 64 else 4), min(triton.next_power_of_2(n), 1024), (4 if n >= 512 else 2)
+
+''')
+
+FORMS = {
+    # a heuristic function's tuple, read by the grid and the launch
+    "tuple": '''
+    def scale_rows(x):
+        y = torch.empty_like(x)
+        block_r, block_n, warps = _pick(x.shape[0], x.shape[1])
+        grid = (triton.cdiv(x.shape[0], block_r),)
+        _scale_rows[grid](x, y, x.shape[0], x.shape[1], BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps)
+        return y
+''',
+    # a dict the launch unpacks, popped for its options
+    "dict": '''
+    def scale_rows(x):
+        y = torch.empty_like(x)
+        r, n, w = _pick(x.shape[0], x.shape[1])
+        cfg = dict(BLOCK_R=r, BLOCK_N=n, num_warps=w)
+        warps = cfg.pop("num_warps")
+        grid = (triton.cdiv(x.shape[0], cfg["BLOCK_R"]),)
+        _scale_rows[grid](x, y, x.shape[0], x.shape[1], num_warps=warps, **cfg)
+        return y
+''',
+}
+
+MODEL = '''
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return scale_rows(x)
+'''
+
+REFERENCE = '''import torch
+
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return x * 2.0
+'''
+
+SPEC = '''kind: elementwise
+inputs:
+  x: {shape: [R, N], dtype: float32}
+ci:
+  - {params: [x], dims: {R: 40, N: 96}}
+bench-gpu:
+  - {params: [x], dims: {R: 4096, N: 4096}}
+'''
+
+
+@pytest.fixture(params=sorted(FORMS))
+def problem(request, tmp_path):
+    d = tmp_path / request.param
+    d.mkdir()
+    (d / "kernel.py").write_text(HEAD + textwrap.dedent(FORMS[request.param]) + MODEL)
+    (d / "reference.py").write_text(REFERENCE)
+    (d / "spec.yaml").write_text(SPEC)
+    p = load_problem(d)
+    traces(p)
+    return request.param, p
+
+
+def test_the_values_are_read_per_variant_and_searched(problem):
+    form, p = problem
+    model = parse_kernel(p.kernel_source)
+    site = single_launch(model, "_scale_rows")
+    made = host_made(model, site)
+    assert made["BLOCK_R"].values == {"ci": 1, "bench-gpu": 4} and made["BLOCK_N"].values == {"ci": 128,
+                                                                                           "bench-gpu": 1024}
+    assert made["num_warps"].values == {"ci": 2, "bench-gpu": 4}
+    names, why = tunable_names(model, site)
+    assert set(names) == {"BLOCK_R", "BLOCK_N"}, why  # the grid divides by one, a loop steps by the other
+    app = LaunchParamSearch().check(tactic_context(p, target="arc-b580"))
+    assert app.applies and "BLOCK_N, BLOCK_R" in app.reason.replace("BLOCK_R, BLOCK_N", "BLOCK_N, BLOCK_R")
+
+
+def test_the_rule_goes_where_the_values_are_made_and_is_correct(problem, verify):
+    form, p = problem
+    new = apply_config(p.kernel_source, "_scale_rows", {"BLOCK_R": 8, "BLOCK_N": 256, "num_warps": 8})
+    lines = new.splitlines()
+    rule = next(i for i, ln in enumerate(lines) if "# xeforge launch-params" in ln)
+    grid = next(i for i, ln in enumerate(lines) if ln.strip().startswith("grid = "))
+    assert rule < grid, "the rule must come before the grid that reads the values"
+    if form == "tuple":
+        assert lines[rule - 1].strip().startswith("block_r, block_n, warps = _pick(")
+        assert "block_n = min(block_n, 256)" in new  # a loop's step sized from the row: capped, not fixed
+        assert "block_r, warps = 8, 8" in new
+    else:
+        assert lines[rule - 1].strip() == 'warps = cfg.pop("num_warps")'
+        assert "cfg = {**cfg, 'BLOCK_R': 8, 'BLOCK_N': 256}" in new and "warps = 8" in new
+    assert new.count("_scale_rows[grid](") == 1
+    verdict = verify(p, new)
+    assert verdict.correct, verdict.feedback()
+
+
+def test_a_block_that_must_cover_the_row_is_left_alone_with_the_reason(tmp_path):
+    src = HEAD.replace("for start in range(0, N, BLOCK_N):\n        cols = start + tl.arange(0, BLOCK_N)",
+                       "if True:\n        cols = tl.arange(0, BLOCK_N)") + textwrap.dedent(FORMS["tuple"]) + MODEL
+    assert "range(0, N, BLOCK_N)" not in src, "fixture drifted"
+    d = tmp_path / "row"
+    d.mkdir()
+    (d / "kernel.py").write_text(src)
+    (d / "reference.py").write_text(REFERENCE)
+    (d / "spec.yaml").write_text(SPEC)
+    p = load_problem(d)
+    traces(p)
+    model = parse_kernel(p.kernel_source)
+    names, why = tunable_names(model, single_launch(model, "_scale_rows"))
+    assert "BLOCK_N" not in names and "may have to cover a whole row" in why["BLOCK_N"]
+    new = apply_config(p.kernel_source, "_scale_rows", {"BLOCK_N": 256, "BLOCK_R": 8})
+    assert "block_r = 8" in new and "block_n" not in new.split("# xeforge launch-params")[1].split("\n")[1]
