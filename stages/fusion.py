@@ -6,8 +6,11 @@ Owns: this stage's goal, its issue detectors and five deterministic tactics, cod
 - ``fuse-epilogue``: trailing elementwise torch ops in ``Model.forward`` (add, sub, mul, div, relu,
   leaky_relu, sigmoid, silu, tanh, gelu, hardtanh, clamp, mish, softplus, exp, log, min/max with scalars,
   bias and per-column vectors, tensors of the output's shape (a residual), inference batch_norm; see
-  :mod:`xeforge.rewrite.fusion.tl_ops`) run in the kernel's epilogue, the return's own expression included; a final
-  ``.to(dtype)`` becomes the output buffer's dtype.
+  :mod:`xeforge.rewrite.fusion.tl_ops`; ``torch.where`` and comparisons) run in the kernel's epilogue, the
+  return's own expression included; a final ``.to(dtype)`` becomes the output buffer's dtype. The ops may form a
+  graph over the output: an earlier value read again (``original = y.clone()`` ... ``y + original``, a gate's
+  input) stays in a tl variable, ``clone``/``detach``/``contiguous`` are the value they copy, and an in-place op
+  (``y.mul_(s).add_(y0)``) is the op assigning its receiver.
 - ``fuse-elementwise-chain``: an elementwise Triton kernel (or a chain of them) that reads exactly the tile
   another kernel wrote runs inside the producer, before its one store.
 - ``fuse-row-reduction``: a row reduction after a 2D-tiled kernel (sum/mean/max/min/logsumexp over the

@@ -13,7 +13,7 @@ into a kernel operand (:func:`_operand_resolver`); the ``tl`` lines of a masked 
 from __future__ import annotations
 
 import ast
-from typing import Callable
+from typing import Any, Callable
 
 from xeforge.kernel_model import LaunchSite, literal
 from xeforge.rewrite import NotApplicable
@@ -61,6 +61,42 @@ def _is_to_dtype(node: ast.AST, cur: str) -> ast.AST | None:
     return None
 
 
+def _symbolic(problem: Any, shapes: dict[str, tuple]) -> tuple | None:
+    """Concrete shapes per variant -> one shape in the spec's dim names: each axis the one dim whose size it has at
+    every variant (or that size, where it is the same everywhere and no dim has it); None where it is ambiguous."""
+    axes: list[set] | None = None
+    for vname, shape in shapes.items():
+        dims = problem.spec.variants[vname].dims
+        here = [{d for d, val in dims.items() if val == size} or {size} for size in shape]
+        if axes is not None and len(axes) != len(here):
+            return None
+        axes = here if axes is None else [a & h for a, h in zip(axes, here)]
+    if not axes or any(len(a) != 1 for a in axes):
+        return None
+    return tuple(next(iter(a)) for a in axes)
+
+
+def traced_shape(problem: Any, source: str, param: str | None = None, launch: tuple[str, str] | None = None):
+    """What the static reading of forward and ``__init__`` does not show, as the traces of ``source`` saw it, in the
+    spec's dim names: the shape of a Model parameter or buffer (``param``: ``self.bias2`` made by
+    ``nn.Parameter(torch.randn(n) * 0.1)``), or of the tensor a launch passes for a kernel parameter (``launch``:
+    (kernel, parameter), a buffer a wrapper sized from shapes it read). None where a trace is missing."""
+    from xeforge.analysis.observe import traces  # lazy: the trace worker is only asked for what the code hides
+
+    shapes: dict[str, tuple] = {}
+    for vname, t in traces(problem, source).items():
+        if isinstance(t, str):
+            return None
+        if param is not None and param.removeprefix("self.") in t.params:
+            shapes[vname] = t.params[param.removeprefix("self.")].shape
+        elif launch is not None:
+            got = [la.args[launch[1]].shape for la in t.launches if la.kernel == launch[0] and launch[1] in la.args]
+            if len(got) != 1:
+                return None
+            shapes[vname] = got[0]
+    return _symbolic(problem, shapes) if shapes else None
+
+
 def _operand_resolver(c: Ctx, site: LaunchSite, yv: Val, fresh, taken_srcs: dict[str, Operand], state: dict):
     col_dim = yv.shape[-1] if yv.shape else None
 
@@ -77,6 +113,8 @@ def _operand_resolver(c: Ctx, site: LaunchSite, yv: Val, fresh, taken_srcs: dict
         if src in taken_srcs:
             return taken_srcs[src]
         base = src.removeprefix("self.").replace(".", "_")
+        if v.is_tensor and v.shape is None and src.startswith("self."):
+            v = Val("tensor", traced_shape(c.problem, c.source, param=src), contiguous=v.contiguous, src=v.src)
         if v.kind == "scalar":
             op = Operand("scalar", src, fresh(base))
         elif v.is_tensor and v.shape is not None:

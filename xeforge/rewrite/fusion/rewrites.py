@@ -47,10 +47,10 @@ from xeforge.analysis.launches import live_launches
 from xeforge.analysis.forward_env import Val
 from xeforge.rewrite.fusion.combine import combine_partials
 from xeforge.rewrite.fusion.common import (SPLIT_IDENTITY, _is_to_dtype, _last_assign, _operand_resolver, _reduction,
-                                           row_reduce_lines)
+                                           row_reduce_lines, traced_shape)
 from xeforge.rewrite.fusion.norm import group_norm_kernel
 from xeforge.rewrite.fusion.tile import TileStore, elementwise_kernel, tile_store
-from xeforge.rewrite.fusion.tl_ops import EpilogueBuilder, Unsupported
+from xeforge.rewrite.fusion.tl_ops import VALUE_VIEWS, EpilogueBuilder, Unsupported
 
 #: widest column tile a fused row reduction keeps in registers (BLOCK_N = next_power_of_2(N) must not exceed it)
 MAX_ROW_TILE = 256
@@ -428,6 +428,9 @@ def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = Fals
         raise NotApplicable(f"{site.kernel} does not store into a plain tensor variable")
     y = ya.id
     yv = c.env.lookup(y, site.line)
+    if yv.is_tensor and yv.shape is None:  # a buffer a wrapper sized from shapes it read: the trace knows it
+        yv = Val("tensor", traced_shape(c.problem, c.source, launch=(site.kernel, ts.ptr_param)),
+                 contiguous=yv.contiguous, src=yv.src, line=yv.line)
     if len(c.launches_of(site.kernel)) != 1 or c.called_in_jit(site.kernel):
         raise NotApplicable(f"{site.kernel} is launched more than once")
     fresh = fresh_namer(ts.names | set(ts.params))
@@ -437,12 +440,23 @@ def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = Fals
     b = EpilogueBuilder(var, {y}, lambda n: None, fresh, column=col, rows=ts.rows if ts.two_d else None)
     b.resolve = _operand_resolver(c, site, yv, fresh, {}, state)
     ch = Chain(site, ts, y, b, cur=y, tile_var=var)
-    older: set[str] = set()
+    older: set[str] = set()  # forward names that held the tile's value at some point (not after the chain)
+    live = {y}  # forward names whose value is the tile's value now; earlier values a later op reads are b.saved
     rest = c.after(site.line)
-    def translate(value: ast.expr, lineno: int) -> bool:
-        """Translate one op on ``ch.cur`` into the epilogue (False, with ``ch.stop`` set, when it does not)."""
-        snap = (len(b.lines), dict(b.operands), dict(b.loaded), len(b.ops), b.var, b.column, b.value_names, ch.pool)
+
+    def later_reads(after: int) -> set[str]:
+        return {n.id for s2 in rest if s2.lineno > after for n in ast.walk(s2)
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+    def translate(value: ast.expr, lineno: int, target: str | None = None) -> bool:
+        """Translate one op on the tile into the epilogue (False, with ``ch.stop`` set, when it does not);
+        ``target``: the forward name it assigns (the names that held the value before and are read again later
+        keep it, b.saved)."""
+        snap = (len(b.lines), dict(b.operands), dict(b.loaded), len(b.ops), b.var, b.column, b.value_names, ch.pool,
+                dict(b.saved))
         try:
+            if target is not None:
+                b.save((live - {target}) & later_reads(lineno))
             pool = _avg_pool(value, ch.cur) if split else None
             red = None if pool is not None else _reduction(value, ch.cur)
             if pool is not None:
@@ -452,7 +466,7 @@ def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = Fals
                     raise Unsupported(f"{c.seg(value)} is a row reduction (the fuse-row-reduction tactic's shape)")
                 _translate_reduction(ch, red, value, lineno, split)
             else:
-                b.value_names = {ch.cur}
+                b.value_names = set(live)
                 b.assign(value)
         except (Unsupported, NotApplicable) as exc:
             b.lines[snap[0]:] = []
@@ -460,65 +474,87 @@ def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = Fals
             b.ops[snap[3]:] = []
             b.var, b.column, b.value_names = snap[4], snap[5], snap[6]
             ch.pool = snap[7]
+            b.saved = snap[8]
             ch.stop = f"line {lineno}: {exc}"
             return False
         return True
 
+    def receiver(call: ast.expr) -> str | None:
+        """``y`` of an in-place statement ``y.mul_(s)`` / ``y.mul_(s).add_(y0)``."""
+        while isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr.endswith("_"):
+            call = call.func.value
+        return call.id if isinstance(call, ast.Name) else None
+
+    def value_of(node: ast.expr) -> str | None:
+        """The tile name ``node`` stands for unchanged: ``y``, ``y.clone()``, ``y.detach()``, ``y.contiguous()``."""
+        while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in VALUE_VIEWS and not node.args and not node.keywords:
+            node = node.func.value
+        return node.id if isinstance(node, ast.Name) and (node.id in live or node.id in b.saved) else None
+
     for s in rest:
+        tiles = live | set(b.saved)
         if isinstance(s, ast.Return):
+            names = {n.id for n in ast.walk(s.value) if isinstance(n, ast.Name)} if s.value is not None else set()
             if isinstance(s.value, ast.Name) and s.value.id == ch.cur:
                 ch.ret = s
             elif s.value is not None and _is_to_dtype(s.value, ch.cur) is not None:
                 ch.ret, ch.to_dtype = s, _is_to_dtype(s.value, ch.cur)
-            elif s.value is not None and ch.cur in {n.id for n in ast.walk(s.value) if isinstance(n, ast.Name)} \
-                    and not ({n.id for n in ast.walk(s.value) if isinstance(n, ast.Name)} & older) \
-                    and not (split and ch.reduction is not None):
+            elif s.value is not None and names & tiles and not (split and ch.reduction is not None):
                 # `return y + residual`: the last op is the return's own expression
                 state["line"] = s.lineno
-                if translate(s.value, s.lineno):
+                if translate(s.value, s.lineno, ch.cur):
                     ch.ret = s
             else:
                 ch.stop = f"line {s.lineno}: `{c.seg(s)}` is not a plain return of the result"
             break
         state["line"] = s.lineno
         mentions = {n.id for n in ast.walk(s) if isinstance(n, ast.Name)}
-        if pure_stmt(s, c.env) and not isinstance(s.value, ast.Name) and not (mentions & older):
+        if pure_stmt(s, c.env) and not isinstance(s.value, ast.Name) and not (mentions & tiles):
             continue  # allocations, sizes, aliases of Model attributes stay where they are
         if _inert(s, ch.cur):
             continue  # a synchronize or an assert of something else: stays where it is, computes nothing
         launched = [l.kernel for l in c.model.launches if any(l.node is n for n in ast.walk(s))]
         if launched:
             ch.stop = (f"line {s.lineno}: {launched[0]} reads {ch.cur} (a kernel, not a torch op: the "
-                       "fuse-elementwise-chain tactic's shape)" if ch.cur in mentions else
+                       "fuse-elementwise-chain tactic's shape)" if mentions & tiles else
                        f"line {s.lineno}: another kernel ({launched[0]}) runs before any op on {ch.cur}")
             break
-        if ch.cur not in mentions and not (mentions & older):
+        if not mentions & tiles:
             ch.stop = f"line {s.lineno}: `{c.seg(s).splitlines()[0]}` is not an op on {ch.cur}"
             break
-        if mentions & older:
-            ch.stop = f"line {s.lineno} uses {', '.join(sorted(mentions & older))}, an earlier value"
-            break
-        if not (isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name)):
+        if isinstance(s, ast.Expr) and receiver(s.value) in live and s.value is not None:
+            target, value = receiver(s.value), s.value  # y.mul_(s).add_(y0): an op assigning y
+        elif isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name):
+            target, value = s.targets[0].id, s.value
+        else:
             ch.stop = f"line {s.lineno}: `{c.seg(s).splitlines()[0]}` is not an assignment of an op on {ch.cur}"
             break
-        target = s.targets[0].id
-        if isinstance(s.value, ast.Name) and s.value.id == ch.cur:  # an alias: no kernel code
+        alias = value_of(value)
+        if alias is not None:  # y, y.clone(), y.detach(): another name for a value, no kernel code
             ch.stmts.append(s)
-            if target != ch.cur:
-                older.add(ch.cur)
-            ch.cur = target
+            older |= live
+            if alias in live:
+                live = live | {target}
+                b.saved.pop(target, None)
+            else:
+                b.saved[target] = b.saved[alias]
+                live = live - {target}
+            if target in live:
+                ch.cur = target
             continue
-        if not translate(s.value, s.lineno):
+        if not translate(value, s.lineno, target):
             break
         ch.stmts.append(s)
-        if target != ch.cur:
-            older.add(ch.cur)
+        older |= live
+        live = {target}
+        b.saved.pop(target, None)
         ch.cur = target
         if split and ch.reduction is not None:
             ch.stop = f"line {s.lineno}: the ops after the row reduction run on the combined partials"
             break
     ch.ops = list(b.ops)
-    ch.older = older
+    ch.older = (older | set(b.saved) | live) - {ch.cur}
     return ch
 
 

@@ -104,6 +104,8 @@ class EpilogueBuilder:
     operands: dict[str, Operand] = field(default_factory=dict)
     loaded: dict[str, str] = field(default_factory=dict)  # operand param -> tl variable holding it
     ops: list[str] = field(default_factory=list)  # names of the torch ops translated (for descriptions)
+    #: earlier values of the tile a later op reads again (a residual, a gate's input): forward name -> tl variable
+    saved: dict[str, str] = field(default_factory=dict)
 
     # -- statements ------------------------------------------------------------------------------------
     def assign(self, value: ast.expr) -> None:
@@ -130,9 +132,18 @@ class EpilogueBuilder:
         self.lines.append(f"{t} = {code}")
         return t
 
+    def save(self, names: set[str]) -> None:
+        """Keep the tile's current value under ``names`` (forward names a later op reads again) before it changes."""
+        if names:
+            keep = self.fresh("_".join(sorted(names))[:24] or "kept")
+            self.lines.append(f"{keep} = {self.var}")
+            self.saved.update({n: keep for n in names})
+
     def expr(self, node: ast.expr) -> str:
         if isinstance(node, ast.Name) and node.id in self.value_names:
             return self.var
+        if isinstance(node, ast.Name) and node.id in self.saved:
+            return self.saved[node.id]
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
             return repr(float(node.value)) if isinstance(node.value, float) else repr(node.value)
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
@@ -151,10 +162,24 @@ class EpilogueBuilder:
                 self.ops.append("square")
                 return f"({t} * {t})"
             raise Unsupported(f"operator {type(node.op).__name__} is not in the fusion table")
+        if isinstance(node, ast.Compare) and len(node.ops) == 1:
+            sym = {ast.Gt: ">", ast.Lt: "<", ast.GtE: ">=", ast.LtE: "<=", ast.Eq: "==", ast.NotEq: "!="}.get(
+                type(node.ops[0]))
+            if sym is None:
+                raise Unsupported(f"comparison {type(node.ops[0]).__name__} is not in the fusion table")
+            self.ops.append("compare")
+            return f"({self.expr(node.left)} {sym} {self.expr(node.comparators[0])})"
         if isinstance(node, ast.Call):
             key, args = op_key(node, self.value_names)
             if key in ("float",) and len(args) == 1 and not node.keywords:
                 return self.expr(args[0])
+            if key in VALUE_VIEWS and len(args) == 1 and not node.keywords and self._mentions_value(node):
+                return self.expr(args[0])  # y.clone(), y.detach(), y.contiguous(): the same values
+            if key and key.endswith("_") and key[:-1] in TORCH_OPS and self._mentions_value(node):
+                key = key[:-1]  # y.mul_(s): the in-place op is the op (the statement assigns its receiver)
+                out = TORCH_OPS[key](self, node, args)
+                self.ops.append(key)
+                return out
             if key == "to" and len(args) == 2 and dotted_name(args[1]) in ("torch.float32", "torch.float"):
                 return self.expr(args[0])
             if key in TORCH_OPS and self._mentions_value(node):
@@ -176,7 +201,8 @@ class EpilogueBuilder:
         return f"({left} * {self.temp(f'1.0 / {right}', 'inv')})"
 
     def _mentions_value(self, node: ast.AST) -> bool:
-        return any(isinstance(n, ast.Name) and n.id in self.value_names for n in ast.walk(node))
+        return any(isinstance(n, ast.Name) and (n.id in self.value_names or n.id in self.saved)
+                   for n in ast.walk(node))
 
     def operand(self, node: ast.expr) -> str:
         val = literal(node)
@@ -366,6 +392,15 @@ def _batch_norm(b, call, args):
     return f"({z} * {scale} + {shift})"
 
 
+def _where(b, call, args):
+    if len(args) != 3 or call.keywords:
+        raise Unsupported(f"{ast.unparse(call)}: only torch.where(condition, a, b) is supported")
+    return f"tl.where({b.expr(args[0])}, {b.expr(args[1])}, {b.expr(args[2])})"
+
+
+#: methods that stand for the tensor they are called on, values unchanged
+VALUE_VIEWS = ("clone", "detach", "contiguous")
+
 #: torch op (as ``torch.X`` / ``F.X`` / ``tensor.X()``) -> translation into tl code
 TORCH_OPS: dict[str, Callable[[EpilogueBuilder, ast.Call, list[ast.expr]], str]] = {
     "add": _binary("+"), "sub": _binary("-"), "subtract": _binary("-"), "mul": _binary("*"),
@@ -376,5 +411,5 @@ TORCH_OPS: dict[str, Callable[[EpilogueBuilder, ast.Call, list[ast.expr]], str]]
     "exp": _unary("tl.exp({z})"), "log": _unary("tl.log({z})"), "abs": _unary("tl.abs({z})"),
     "sqrt": _unary("tl.sqrt({z})"), "rsqrt": _unary("tl.rsqrt({z})"), "neg": _unary("(-{z})"),
     "negative": _unary("(-{z})"), "square": _unary("({z} * {z})"), "reciprocal": _unary("(1.0 / {z})"),
-    "maximum": _minmax("maximum"), "minimum": _minmax("minimum"), "batch_norm": _batch_norm,
+    "maximum": _minmax("maximum"), "minimum": _minmax("minimum"), "batch_norm": _batch_norm, "where": _where,
 }

@@ -1,0 +1,117 @@
+"""Epilogues that are graphs, not chains (issue 33, first step): a value read again after it changed (a residual
+through ``clone()``, a gate's input kept by an alias), in-place ops (``y.mul_(s).add_(y0)``), ``torch.where`` with
+a comparison, and an activation written out (``y * sigmoid(1.5 * y) + y``). Each is fused into the GEMM's
+epilogue, the earlier value kept in a tl variable, and verified against its PyTorch reference on the interpreter.
+The GEMM and its wrapper are this test's own."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from stages import fusion
+from tests.conftest import tactic_context
+from xeforge.problem import load_problem
+
+KERNEL = textwrap.dedent('''\
+    import torch
+    import triton
+    import triton.language as tl
+
+
+    @triton.jit
+    def _mm_bias(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, sxm, sxk, swk, swn, sym, syn,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            a = tl.load(x_ptr + rm[:, None] * sxm + (k + rk)[None, :] * sxk,
+                        mask=(rm[:, None] < M) & ((k + rk)[None, :] < K), other=0.0)
+            b = tl.load(w_ptr + (k + rk)[:, None] * swk + rn[None, :] * swn,
+                        mask=((k + rk)[:, None] < K) & (rn[None, :] < N), other=0.0)
+            acc += tl.dot(a, b)
+        acc = acc + tl.load(b_ptr + rn, mask=rn < N, other=0.0)[None, :]
+        tl.store(y_ptr + rm[:, None] * sym + rn[None, :] * syn, acc.to(y_ptr.dtype.element_ty),
+                 mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+    def linear(x, weight, bias):
+        M, K = x.shape
+        N = weight.shape[0]
+        y = torch.empty((M, N), device=x.device, dtype=x.dtype)
+        grid = (triton.cdiv(M, 32), triton.cdiv(N, 32))
+        _mm_bias[grid](x, weight, bias, y, M, N, K, x.stride(0), x.stride(1), weight.stride(1), weight.stride(0),
+                       y.stride(0), y.stride(1), BLOCK_M=32, BLOCK_N=32, BLOCK_K=32)
+        return y
+
+    ''')
+
+MODEL = '''
+
+class Model(torch.nn.Module):
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(out_features, in_features) * 0.05)
+        self.bias = torch.nn.Parameter(torch.randn(out_features) * 0.05)
+        self.bias2 = torch.nn.Parameter(torch.randn(out_features) * 0.1)  # its shape is the trace's to tell
+
+    def forward(self, x):
+        y = LINEAR(x, self.weight, self.bias)
+BODY'''
+
+SPEC = '''kind: gemm
+inputs:
+  x: {shape: [M, K], dtype: bfloat16}
+inits:
+  - {dim: K}
+  - {dim: N}
+ci:
+  - {params: [x], dtype: float32, dims: {M: 48, K: 64, N: 96}}
+'''
+
+#: forward's statements after the GEMM -> lines the fused epilogue must hold
+GRAPHS = {
+    "clone-residual": ("original = y.clone()\ny = y * 0.5\ny = y + original\nreturn y",
+                       ["original = acc", "acc = acc + original"]),
+    "gate-reads-its-input": ("original = y\ny = torch.sigmoid(y)\ny = y * 2.0\ny = y + original\nreturn y",
+                             ["original = acc", "acc = tl.sigmoid(acc)", "acc = acc + original"]),
+    "in-place": ("y0 = y.clone()\ny.mul_(0.5).add_(y0)\nreturn y", ["acc = (acc * 0.5) + acc"]),
+    "where": ("return torch.where(y > 0, y, y * 0.1)", ["acc = tl.where((acc > 0), acc, (acc * 0.1))"]),
+    "swish-written-out": ("return y * torch.sigmoid(1.5 * y) + y", ["tl.sigmoid((1.5 * acc))"]),
+    "a-parameter-read-from-the-trace": ("y = torch.relu(y) + self.bias2\nreturn y", ["bias2_ptr + rn"]),
+}
+
+
+def _problem(tmp_path, body: str):
+    lines = "".join(f"        {ln}\n" for ln in body.splitlines())
+    (tmp_path / "kernel.py").write_text(KERNEL + MODEL.replace("LINEAR", "linear").replace("BODY", lines))
+    ref = "import torch\n\n\ndef linear(x, weight, bias):\n    return torch.nn.functional.linear(x, weight, bias)\n"
+    (tmp_path / "reference.py").write_text(ref + MODEL.replace("LINEAR", "linear").replace("BODY", lines))
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    return load_problem(tmp_path)
+
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_a_graph_epilogue_is_fused_and_correct(name, tmp_path, verify):
+    body, expected = GRAPHS[name]
+    p = _problem(tmp_path, body)
+    ctx = tactic_context(p)
+    tactic = next(t for t in fusion.STAGE.tactics if t.name == "fuse-epilogue")
+    app = tactic.check(ctx)
+    assert app.applies, app.reason
+    src = tactic.propose(ctx)[0].source
+    kernel = src[src.index("def _mm_bias"):src.index("def linear")] if "def linear" in src else src
+    for line in expected:
+        assert line in kernel, (line, kernel)
+    assert "torch.sigmoid" not in src[src.index("def forward"):] and "torch.where" not in src
+    verdict = verify(p, src)
+    assert verdict.correct, verdict.feedback()
+
+
+def test_an_earlier_value_read_after_the_fused_ops_is_refused(tmp_path):
+    p = _problem(tmp_path, "original = y.clone()\ny = y * 0.5\nz = original.sum()\nreturn y + z")
+    app = next(t for t in fusion.STAGE.tactics if t.name == "fuse-epilogue").check(tactic_context(p))
+    assert not app.applies and "original is read after the ops that would be fused" in app.reason
