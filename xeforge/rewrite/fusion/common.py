@@ -62,8 +62,8 @@ def _is_to_dtype(node: ast.AST, cur: str) -> ast.AST | None:
 
 
 def _symbolic(problem: Any, shapes: dict[str, tuple]) -> tuple | None:
-    """Concrete shapes per variant -> one shape in the spec's dim names: each axis the one dim whose size it has at
-    every variant (or that size, where it is the same everywhere and no dim has it); None where it is ambiguous."""
+    """Concrete shapes per variant -> one shape in the spec's dim names: each axis a dim whose size it has at every
+    variant (or that size, where it is the same everywhere and no dim has it); None where no dim fits an axis."""
     axes: list[set] | None = None
     for vname, shape in shapes.items():
         dims = problem.spec.variants[vname].dims
@@ -71,9 +71,10 @@ def _symbolic(problem: Any, shapes: dict[str, tuple]) -> tuple | None:
         if axes is not None and len(axes) != len(here):
             return None
         axes = here if axes is None else [a & h for a, h in zip(axes, here)]
-    if not axes or any(len(a) != 1 for a in axes):
+    if not axes or any(not a for a in axes):
         return None
-    return tuple(next(iter(a)) for a in axes)
+    # several names left on an axis have its size at every variant: any of them sizes it (compare with _same_sizes)
+    return tuple(sorted(a, key=str)[0] for a in axes)
 
 
 def traced_shape(problem: Any, source: str, param: str | None = None, launch: tuple[str, str] | None = None):
@@ -95,6 +96,19 @@ def traced_shape(problem: Any, source: str, param: str | None = None, launch: tu
                 return None
             shapes[vname] = got[0]
     return _symbolic(problem, shapes) if shapes else None
+
+
+def _same_sizes(problem: Any, a: tuple, b: tuple) -> bool:
+    """Two shapes in dim names that have the same sizes at every variant of the spec (a square layer's input and
+    output: ``(M, K)`` and ``(M, N)`` with K = N wherever it runs)."""
+    variants = getattr(getattr(problem, "spec", None), "variants", {}) or {}
+    if len(a) != len(b) or not variants:
+        return False
+    for v in variants.values():
+        size = lambda d: v.dims.get(d) if isinstance(d, str) else d  # noqa: E731
+        if any(size(x) is None or size(x) != size(y) for x, y in zip(a, b)):
+            return False
+    return True
 
 
 def _operand_resolver(c: Ctx, site: LaunchSite, yv: Val, fresh, taken_srcs: dict[str, Operand], state: dict):
@@ -123,9 +137,11 @@ def _operand_resolver(c: Ctx, site: LaunchSite, yv: Val, fresh, taken_srcs: dict
                 shape.pop(0)
             if not shape:
                 op = Operand("element", src, fresh(base + "_ptr"))
-            elif len(shape) == 1 and col_dim is not None and shape[0] == col_dim:
+            elif len(shape) == 1 and col_dim is not None and (shape[0] == col_dim or
+                                                               _same_sizes(c.problem, (shape[0],), (col_dim,))):
                 op = Operand("column", src, fresh(base + "_ptr"))
-            elif len(shape) == 2 and yv.shape is not None and tuple(shape) == tuple(yv.shape) and None not in shape:
+            elif len(shape) == 2 and yv.shape is not None and None not in shape and \
+                    (tuple(shape) == tuple(yv.shape) or _same_sizes(c.problem, tuple(shape), tuple(yv.shape))):
                 op = Operand("tile", src, fresh(base + "_ptr"), (fresh(f"stride_{base}_m"), fresh(f"stride_{base}_n")))
             else:
                 return None
