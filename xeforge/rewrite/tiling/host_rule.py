@@ -14,12 +14,14 @@ Pure reading and text edits; never runs user code.
 from __future__ import annotations
 
 import ast
+import textwrap
 from dataclasses import dataclass
 from typing import Any
 
 from xeforge.analysis.launches import Binding, bindings, observed, unpacked_dict
 from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, axis_blocks, dotted_name, parse_python
 from xeforge.rewrite.tiling import NotApplicable
+from xeforge.rewrite.tiling.grid import enclosing_function
 
 #: the variant whose traced value stands for a host-made value when a search needs one (the primary timed shape)
 PRIMARY = "bench-gpu"
@@ -46,16 +48,6 @@ class HostMade:
         return ", ".join(f"{v!r} at {k}" for k, v in sorted(self.values.items()))
 
 
-def _host_function(model: KernelModel, site: LaunchSite) -> ast.FunctionDef | None:
-    best = None
-    for node in ast.walk(model.tree):
-        if isinstance(node, ast.FunctionDef) and node.name == site.function and \
-                node.lineno <= site.line <= (node.end_lineno or node.lineno):
-            if best is None or node.lineno > best.lineno:
-                best = node
-    return best
-
-
 def _stores(node: ast.AST, var: str) -> bool:
     """``node`` assigns ``var``, an item of it, or calls a method of it (``cfg.pop``, ``cfg.update``)."""
     for n in ast.walk(node):
@@ -73,7 +65,7 @@ def _stores(node: ast.AST, var: str) -> bool:
 def host_made(model: KernelModel, site: LaunchSite, binds: dict[str, Binding] | None = None) -> dict[str, HostMade]:
     """Constexprs and options at ``site`` that a variable of the launching function (or a key of the dict it
     unpacks) gives, with the values the traces saw; only where every traced variant has a value."""
-    fn = _host_function(model, site)
+    fn = enclosing_function(model, site)
     if fn is None:
         return {}
     params = {a.arg for a in fn.args.args + fn.args.kwonlyargs}
@@ -94,7 +86,7 @@ def host_made(model: KernelModel, site: LaunchSite, binds: dict[str, Binding] | 
         else:
             continue
         if var in params or not any(_stores(st, var) for st in ast.walk(fn) if isinstance(st, ast.stmt)
-                                    and st.lineno < site.line):
+                                    and not isinstance(st, ast.FunctionDef) and st.lineno < site.line):
             continue
         values = seen[name]
         if values and all(v is not None for v in values.values()):
@@ -152,7 +144,7 @@ def override(source: str, model: KernelModel, site: LaunchSite, made: dict[str, 
     statement before the launch that makes them, as a rule beside the user's own: the grid, the launch and every
     other reader of them follow. ``grid_assign``: the launch's grid assignment, which must not come before it.
     Returns the new source, the line the rule follows and how many lines it has (lines after it move down)."""
-    fn = _host_function(model, site)
+    fn = enclosing_function(model, site)
     if fn is None or not cfg:
         raise NotApplicable(f"the launch of {site.kernel} at line {site.line} is not in a function")
     block, at = _block_of(fn, site.line)
@@ -178,8 +170,9 @@ def override(source: str, model: KernelModel, site: LaunchSite, made: dict[str, 
     for n, v in cfg.items():
         if made[n].target != made[n].var:
             keyed.setdefault(made[n].var, []).append((n, v))
-    lines = [f"{pad}# xeforge launch-params: set for the port's device after the rule above made them "
-             f"({'; '.join(f'{n}: {made[n].shown()}' for n in sorted(cfg))})"]
+    lines = [f"{pad}# xeforge launch-params: retuned for the port's device; the rule above gave"]
+    for n in sorted(cfg):
+        lines += [f"{pad}#   {ln}" for ln in textwrap.wrap(f"{n}: {made[n].shown()}", 100, subsequent_indent="  ")]
     for n in sorted(capped):
         lines.append(f"{pad}{made[n].target} = min({made[n].target}, {cfg[n]!r})")
     if plain:
