@@ -234,7 +234,8 @@ def apply_persistent(source: str, plan: PersistentPlan, flatten: bool = False) -
         lines.append(f"{tiles} = {' * '.join(nums)}")
         per_tile, stride = [], ""
         for i, (pid, num) in enumerate(zip(plan.pids, nums)):
-            index = (f"{loop_var} // ({stride})" if "*" in stride else f"{loop_var} // {stride}") if stride else loop_var
+            divisor = f"({stride})" if "*" in stride else stride
+            index = f"{loop_var} // {divisor}" if stride else loop_var
             per_tile.append(f"{pid} = {index} % {num}" if i < len(nums) - 1 else f"{pid} = {index}")
             stride = f"{stride} * {num}" if stride else num
     extra = ", flatten=True" if flatten else ""

@@ -235,7 +235,7 @@ class _Inlined:
     ret: cst.BaseExpression | None
     locals: set[str]  # names the inlined statements bind (after renaming)
     note: str
-    guarded: bool = False  # early returns (``if C: ... return X``) end in ``return EXIT(X)``: forward's rest
+    guarded: bool = False  # its early exits (``if C: ... return X``) became ``if C: return EXIT()``
 
 
 def _params(fn: cst.FunctionDef) -> list[cst.Param]:
@@ -297,8 +297,8 @@ def _inline(callee: Callee, call: cst.Call, m: _Module, taken: set[str], fwd_bou
     last = body[-1] if body else None
     ret_stmt = last.body[0] if isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1 \
         and isinstance(last.body[0], cst.Return) else None
-    # early exits at the top level, ``if M == 0: return out`` or a torch fallback off the GPU: each is kept, and
-    # returns what forward's rest makes of its value (_inline_one writes that rest as a function)
+    # early exits at the top level, ``if M == 0: return out`` or a torch fallback off the GPU: each is kept as a
+    # call of the callee itself, whose value forward's rest takes (_inline_one writes that rest as a function)
     guards = {id(g): g for g in (_guard_return(st) for st in body[:-1]) if g is not None}
     early = [r for r in returns if r is not ret_stmt]
     if ret_stmt is None and returns or any(id(r) not in guards for r in early):
@@ -380,16 +380,17 @@ class _ExitGuards(cst.CSTTransformer):
     def leave_If(self, original: cst.If, updated: cst.If) -> cst.If:
         if _guard_return(original) is None or id(_guard_return(original)) not in self.guards:
             return updated
-        exit_ = cst.SimpleStatementLine([cst.Return(cst.Call(cst.Name(EXIT), []))], trailing_whitespace=cst.TrailingWhitespace(
-            whitespace=cst.SimpleWhitespace("  "), comment=cst.Comment(EXIT_COMMENT)))
+        mark = cst.TrailingWhitespace(whitespace=cst.SimpleWhitespace("  "), comment=cst.Comment(EXIT_COMMENT))
+        exit_ = cst.SimpleStatementLine([cst.Return(cst.Call(cst.Name(EXIT), []))], trailing_whitespace=mark)
         return updated.with_changes(body=updated.body.with_changes(body=[exit_]))
 
 
 def _rest_of_forward(fwd: cst.FunctionDef, stmt: cst.BaseStatement, call: cst.Call, fresh,
                      callee: str) -> tuple[list[cst.BaseStatement], str | None]:
     """Forward's statements from the call's on, as a function of the call's value (for the callee's early exits:
-    ``return EXIT(X)`` becomes ``return <that function>(X, ...)``): its definition, or none where forward just
-    returns the value. The names it reads that forward bound before the call are passed in."""
+    ``return EXIT()`` becomes ``return <that function>(<the call>, ...)``): its definition and that call's template,
+    or none where forward just returns the value. The names it reads that forward bound before the call are passed
+    in."""
     body = list(fwd.body.body) if isinstance(fwd.body, cst.IndentedBlock) else []
     at = next((i for i, st in enumerate(body) if st is stmt), None)
     if at is None:

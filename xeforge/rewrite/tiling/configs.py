@@ -211,15 +211,13 @@ def _set_where_made(model: KernelModel, site: LaunchSite, bd: Binding) -> bool:
     return kw is None or bool(expression_uses(model, site, kw.value))
 
 
-def values_at(model: KernelModel, site: LaunchSite, names: list[str] | None = None) -> dict[str, Any]:
+def values_at(model: KernelModel, site: LaunchSite) -> dict[str, Any]:
     """Each binding's value at ``site``: its one constant value, or for one the host makes, the value at the
     primary timed shape (the one a search starts from)."""
     binds = bindings(model, site)
     made = host_made(model, site, binds)
     out = {}
     for n, b in binds.items():
-        if names is not None and n not in names:
-            continue
         if n in made and _set_where_made(model, site, b):
             out[n] = made[n].value
         elif b.value is not None:
@@ -259,7 +257,8 @@ def family(model: KernelModel, kernel: str, declared: str | None) -> str:
 
 
 def current_config(model: KernelModel, site: LaunchSite) -> dict[str, Any]:
-    """The tunable block sizes' values and the literal launch options at ``site``."""
+    """The tunable block sizes' values and the launch options at ``site`` (for values the host computes per shape,
+    the value at the primary timed shape)."""
     values = values_at(model, site)
     options = {k: v for k, v in values.items() if k in OPTION_KEYS}
     return {**{n: values[n] for n in tunable(model, site)}, **launch_options(model, site), **options}
