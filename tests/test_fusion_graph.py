@@ -97,6 +97,7 @@ def _problem(tmp_path, body: str):
     return load_problem(tmp_path)
 
 
+@pytest.mark.slow  # about 10 s a graph (a trace and the verifier on the interpreter)
 @pytest.mark.parametrize("name", sorted(GRAPHS))
 def test_a_graph_epilogue_is_fused_and_correct(name, tmp_path, verify):
     body, expected = GRAPHS[name]

@@ -9,6 +9,8 @@ import pytest
 
 from tests.realworld import ENTRIES, TARGETS, check_entry
 
+pytestmark = pytest.mark.slow  # a dry run of every stage per kernel and target: about 10 s each
+
 
 def test_the_corpus_has_the_kernels_the_issue_asks_for():
     assert len(ENTRIES) >= 24, ENTRIES

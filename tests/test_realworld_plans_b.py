@@ -7,6 +7,8 @@ import pytest
 
 from tests.realworld import ENTRIES, TARGETS, check_entry
 
+pytestmark = pytest.mark.slow  # a dry run of every stage per kernel and target: about 10 s each
+
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("name", ENTRIES[len(ENTRIES) // 2:])

@@ -13,6 +13,7 @@ into a kernel operand (:func:`_operand_resolver`); the ``tl`` lines of a masked 
 from __future__ import annotations
 
 import ast
+import re
 from typing import Any, Callable
 
 from xeforge.kernel_model import LaunchSite, literal
@@ -77,21 +78,24 @@ def _symbolic(problem: Any, shapes: dict[str, tuple]) -> tuple | None:
     return tuple(sorted(a, key=str)[0] for a in axes)
 
 
-def traced_shape(problem: Any, source: str, param: str | None = None, launch: tuple[str, str] | None = None):
-    """What the static reading of forward and ``__init__`` does not show, as the traces of ``source`` saw it, in the
-    spec's dim names: the shape of a Model parameter or buffer (``param``: ``self.bias2`` made by
-    ``nn.Parameter(torch.randn(n) * 0.1)``), or of the tensor a launch passes for a kernel parameter (``launch``:
-    (kernel, parameter), a buffer a wrapper sized from shapes it read). None where a trace is missing."""
+def traced_shape(problem: Any, param: str | None = None, launch: tuple[str, str] | None = None):
+    """What the static reading of forward and ``__init__`` does not show, as the traces of the starting kernel saw
+    it (shapes are the Model's, which no rewrite changes; one trace per problem, cached), in the spec's dim names:
+    the shape of a Model parameter or buffer (``param``: ``self.bias2`` made by ``nn.Parameter(torch.randn(n) *
+    0.1)``), or of the tensor a launch passes for a kernel parameter (``launch``: (kernel, parameter), a buffer a
+    wrapper sized from shapes it read; a kernel copied for an inlined launch, ``K_fused``, is its original's). None
+    where a trace is missing."""
     from xeforge.analysis.observe import traces  # lazy: the trace worker is only asked for what the code hides
 
     shapes: dict[str, tuple] = {}
-    for vname, t in traces(problem, source).items():
+    for vname, t in traces(problem).items():
         if isinstance(t, str):
             return None
         if param is not None and param.removeprefix("self.") in t.params:
             shapes[vname] = t.params[param.removeprefix("self.")].shape
         elif launch is not None:
-            got = [la.args[launch[1]].shape for la in t.launches if la.kernel == launch[0] and launch[1] in la.args]
+            kernels = {launch[0], re.sub(r"_fused(_\d+)?$", "", launch[0])}
+            got = [la.args[launch[1]].shape for la in t.launches if la.kernel in kernels and launch[1] in la.args]
             if len(got) != 1:
                 return None
             shapes[vname] = got[0]
@@ -128,7 +132,7 @@ def _operand_resolver(c: Ctx, site: LaunchSite, yv: Val, fresh, taken_srcs: dict
             return taken_srcs[src]
         base = src.removeprefix("self.").replace(".", "_")
         if v.is_tensor and v.shape is None and src.startswith("self."):
-            v = Val("tensor", traced_shape(c.problem, c.source, param=src), contiguous=v.contiguous, src=v.src)
+            v = Val("tensor", traced_shape(c.problem, param=src), contiguous=v.contiguous, src=v.src)
         if v.kind == "scalar":
             op = Operand("scalar", src, fresh(base))
         elif v.is_tensor and v.shape is not None:

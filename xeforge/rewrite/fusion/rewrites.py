@@ -429,7 +429,7 @@ def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = Fals
     y = ya.id
     yv = c.env.lookup(y, site.line)
     if yv.is_tensor and yv.shape is None:  # a buffer a wrapper sized from shapes it read: the trace knows it
-        yv = Val("tensor", traced_shape(c.problem, c.source, launch=(site.kernel, ts.ptr_param)),
+        yv = Val("tensor", traced_shape(c.problem, launch=(site.kernel, ts.ptr_param)),
                  contiguous=yv.contiguous, src=yv.src, line=yv.line)
     if len(c.launches_of(site.kernel)) != 1 or c.called_in_jit(site.kernel):
         raise NotApplicable(f"{site.kernel} is launched more than once")
