@@ -42,8 +42,9 @@ verify: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow" $(ARGS)
 
-# the tests marked slow: the style corpus's chained ports, its starts that need their own verifier, and the few
-# single tests of about 10-30 s (8:11 for 116 tests on 2 cores); CI runs them after `make test`
+# the tests marked slow: the style corpus's chained ports, its starts that need their own verifier, the real-world
+# corpus's plans and verifications, and the few single tests of about 10-30 s (13:27 for 141 tests on 2 cores,
+# before 59 more were marked slow: 3:14 on their own); CI runs them after `make test`
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m slow $(ARGS)
 
