@@ -39,7 +39,7 @@ from stages.device_tuning_rows import RowsPerProgram
 from stages.device_tuning_shapes import PerShapeConfig
 from stages.device_tuning_splitk import SplitK
 from stages.device_tuning_swizzle import GroupedTileOrder
-from xeforge.analysis.launches import autotune_configs, bindings, block_params, launch_options, live_launches
+from xeforge.analysis.launches import autotune_configs, bindings, block_params, live_launches
 from xeforge.kernel_model import KernelModel, LaunchSite
 from xeforge.rewrite import NotApplicable, autotune
 from xeforge.rewrite.tiling.configs import apply_config, current_config, kb_rejects, kernel_family, tunable_names

@@ -175,11 +175,8 @@ class EpilogueBuilder:
                 return self.expr(args[0])
             if key in VALUE_VIEWS and len(args) == 1 and not node.keywords and self._mentions_value(node):
                 return self.expr(args[0])  # y.clone(), y.detach(), y.contiguous(): the same values
-            if key and key.endswith("_") and key[:-1] in TORCH_OPS and self._mentions_value(node):
+            if key and key.endswith("_") and key[:-1] in TORCH_OPS:
                 key = key[:-1]  # y.mul_(s): the in-place op is the op (the statement assigns its receiver)
-                out = TORCH_OPS[key](self, node, args)
-                self.ops.append(key)
-                return out
             if key == "to" and len(args) == 2 and dotted_name(args[1]) in ("torch.float32", "torch.float"):
                 return self.expr(args[0])
             if key in TORCH_OPS and self._mentions_value(node):

@@ -150,7 +150,6 @@ def launch_bindings(site: LaunchSite, fn: JitFunction, source: str) -> dict[str,
     return out
 
 
-
 def enclosing_function(model: KernelModel, site: LaunchSite) -> ast.FunctionDef | None:
     for node in ast.walk(model.tree):
         if isinstance(node, ast.FunctionDef) and node.name == site.function and \

@@ -18,7 +18,7 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any
 
-from xeforge.analysis.launches import Binding, bindings, observed, unpacked_dict
+from xeforge.analysis.launches import Binding, bindings, observed
 from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, axis_blocks, dotted_name, parse_python
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling.grid import enclosing_function
@@ -70,7 +70,6 @@ def host_made(model: KernelModel, site: LaunchSite, binds: dict[str, Binding] | 
         return {}
     params = {a.arg for a in fn.args.args + fn.args.kwonlyargs}
     seen = observed(model, site)
-    spread = unpacked_dict(site)
     out: dict[str, HostMade] = {}
     for name, bd in (binds if binds is not None else bindings(model, site)).items():
         if bd.how != "expression" or not bd.expr or name not in seen:
@@ -81,8 +80,6 @@ def host_made(model: KernelModel, site: LaunchSite, binds: dict[str, Binding] | 
         elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and \
                 isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
             var, target = node.value.id, bd.expr.strip()
-            if var != spread and not any(_stores(st, var) for st in fn.body):
-                continue
         else:
             continue
         if var in params or not any(_stores(st, var) for st in ast.walk(fn) if isinstance(st, ast.stmt)
