@@ -16,6 +16,7 @@ from xeforge.problem import load_problem
 
 KERNEL = textwrap.dedent('''\
     import torch
+    import torch.nn.functional as F
     import triton
     import triton.language as tl
 
@@ -88,10 +89,24 @@ GRAPHS = {
 }
 
 
+#: reductions over the row whose result is read back by every element: one tile covers the row (N = 96 -> 128)
+ROW_GRAPHS = {
+    "centred": ("return y - y.mean(dim=1, keepdim=True)",
+                ["row_mean = tl.sum(tl.where(rn[None, :] < N, acc, 0.0), axis=1) / N", "acc - row_mean[:, None]"]),
+    "softmax-written-out": ("m = y.amax(1, keepdim=True)\ne = torch.exp(y - m)\nreturn e / e.sum(dim=-1, keepdim=True)",
+                            ["row_amax[:, None]", "row_sum[:, None]"]),
+    "softmax-of-a-gate": ("y = y * torch.sigmoid(y)\nreturn torch.softmax(y, dim=-1) + self.bias2",
+                          ["tl.exp(", "bias2_ptr + rn"]),
+    "log-softmax": ("return F.log_softmax(y * 0.5, dim=1)", ["row_logsumexp"]),
+    "layernorm-written-out": ("mu = y.mean(-1, keepdim=True)\nd = y - mu\nvar = (d * d).mean(-1, keepdim=True)\n"
+                              "return d * torch.rsqrt(var + 1e-5)", ["tl.rsqrt("]),
+}
+
+
 def _problem(tmp_path, body: str):
     lines = "".join(f"        {ln}\n" for ln in body.splitlines())
     (tmp_path / "kernel.py").write_text(KERNEL + MODEL.replace("LINEAR", "linear").replace("BODY", lines))
-    ref = "import torch\n\n\ndef linear(x, weight, bias):\n    return torch.nn.functional.linear(x, weight, bias)\n"
+    ref = "import torch\nimport torch.nn.functional as F\n\n\ndef linear(x, weight, bias):\n    return torch.nn.functional.linear(x, weight, bias)\n"
     (tmp_path / "reference.py").write_text(ref + MODEL.replace("LINEAR", "linear").replace("BODY", lines))
     (tmp_path / "spec.yaml").write_text(SPEC)
     return load_problem(tmp_path)
@@ -113,6 +128,36 @@ def test_a_graph_epilogue_is_fused_and_correct(name, tmp_path, verify):
     assert "torch.sigmoid" not in src[src.index("def forward"):] and "torch.where" not in src
     verdict = verify(p, src)
     assert verdict.correct, verdict.feedback()
+
+
+@pytest.mark.slow  # about 10 s a graph
+@pytest.mark.parametrize("name", sorted(ROW_GRAPHS))
+def test_a_row_reduction_read_back_is_fused_where_one_tile_covers_the_row(name, tmp_path, verify):
+    body, expected = ROW_GRAPHS[name]
+    p = _problem(tmp_path, body)
+    ctx = tactic_context(p)
+    epi = next(t for t in fusion.STAGE.tactics if t.name == "fuse-epilogue").check(ctx)
+    assert "the fuse-row-reduction tactic's shape" in epi.reason or "(sigmoid, mul)" in epi.reason  # the prefix
+    tactic = next(t for t in fusion.STAGE.tactics if t.name == "fuse-row-reduction")
+    app = tactic.check(ctx)
+    assert app.applies and "broadcast back" in app.reason, app.reason
+    src = tactic.propose(ctx)[0].source
+    kernel, fwd = src[:src.index("class Model")], src[src.index("def forward"):]
+    for line in expected:
+        assert line in kernel, (line, kernel)
+    assert "BLOCK_N=max(16, triton.next_power_of_2(N))" in fwd and "(triton.cdiv(M, 32), 1)" in fwd
+    assert not any(op in fwd for op in ("mean(", "amax(", "softmax", "torch.exp", ".sum("))
+    verdict = verify(p, src)
+    assert verdict.correct, verdict.feedback()
+
+
+def test_a_row_reduction_read_back_is_refused_where_no_tile_covers_the_row(tmp_path):
+    body = "return y - y.mean(dim=1, keepdim=True)"
+    p = _problem(tmp_path, body)
+    (tmp_path / "spec.yaml").write_text(SPEC + "bench-gpu:\n  - {params: [x], dims: {M: 64, K: 512, N: 512}}\n")
+    p = load_problem(tmp_path)
+    app = next(t for t in fusion.STAGE.tactics if t.name == "fuse-row-reduction").check(tactic_context(p))
+    assert not app.applies and "the row mean read back needs one tile to cover a row, but N=512" in app.reason
 
 
 def test_an_earlier_value_read_after_the_fused_ops_is_refused(tmp_path):

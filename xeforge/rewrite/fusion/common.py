@@ -1,13 +1,13 @@
 """What the fusion rewrites that generate a kernel share: reading ``forward`` and writing the result back.
 
 Owns the pieces :mod:`xeforge.rewrite.fusion.rewrites`, :mod:`xeforge.rewrite.fusion.norm` and
-:mod:`xeforge.rewrite.fusion.combine` all build on: the row reductions fusion knows (:data:`REDUCTIONS`) and the
-fill of an empty partial slot per reduction (:data:`SPLIT_IDENTITY`); recognising a reduction over the last dim
-(:func:`_reduction`) and a ``.to(dtype)`` (:func:`_is_to_dtype`) in ``forward``; turning a value ``forward`` reads
-into a kernel operand (:func:`_operand_resolver`); the ``tl`` lines of a masked row reduction
-(:func:`row_reduce_lines`); the last assignment of a name in ``forward`` (:func:`_last_assign`); and the edit of
-``forward``'s result plus the generated ``@triton.jit`` function (:func:`result_lines`,
-:func:`with_generated_kernel`). It imports none of the three, so each of them imports it at module level.
+:mod:`xeforge.rewrite.fusion.combine` all build on: the fill of an empty partial slot per reduction
+(:data:`SPLIT_IDENTITY`); recognising a reduction of a ``forward`` name over the last dim (:func:`_reduction`)
+and a ``.to(dtype)`` (:func:`_is_to_dtype`) in ``forward``; turning a value ``forward`` reads into a kernel operand
+(:func:`_operand_resolver`); the ``tl`` lines of a masked row reduction (:func:`row_reduce_lines`); the last
+assignment of a name in ``forward`` (:func:`_last_assign`); and the edit of ``forward``'s result plus the
+generated ``@triton.jit`` function (:func:`result_lines`, :func:`with_generated_kernel`). It imports none of the
+three, so each of them imports it at module level.
 """
 
 from __future__ import annotations
@@ -22,36 +22,19 @@ from xeforge.rewrite.context import Ctx
 from xeforge.rewrite.cst_tools import Edits, apply_edits, statements
 from xeforge.analysis.forward_env import Val
 from xeforge.rewrite.tiling.edit import add_module_function
-from xeforge.rewrite.fusion.tl_ops import Operand, Unsupported, op_key
+from xeforge.rewrite.fusion.tl_ops import Operand, reduction_call
 
-REDUCTIONS = {"sum", "mean", "max", "min", "amax", "amin", "logsumexp"}
 #: reductions whose per-tile partials combine with the same torch op, and the partials' fill for empty slots
 SPLIT_IDENTITY = {"sum": "0.0", "max": 'float("-inf")', "amax": 'float("-inf")', "min": 'float("inf")',
                   "amin": 'float("inf")', "logsumexp": 'float("-inf")'}
 
 
 def _reduction(node: ast.AST, cur: str) -> tuple[str, bool] | None:
-    """(kind, keepdim) for ``torch.sum(cur, dim=1, keepdim=True)``, ``torch.max(cur, dim=-1)[0]`` ..."""
-    if isinstance(node, ast.Subscript) and literal(node.slice) == 0:
-        node = node.value
-    elif isinstance(node, ast.Attribute) and node.attr == "values":
-        node = node.value
-    if not isinstance(node, ast.Call):
+    """(kind, keepdim) for ``torch.sum(cur, dim=1, keepdim=True)``, ``torch.max(cur, dim=-1)[0]`` ... of ``cur``."""
+    red = reduction_call(node)
+    if red is None or not (isinstance(red[2], ast.Name) and red[2].id == cur):
         return None
-    key, args = op_key(node, {cur})
-    if key not in REDUCTIONS or not args or not (isinstance(args[0], ast.Name) and args[0].id == cur):
-        return None
-    dim = next((k.value for k in node.keywords if k.arg == "dim"), args[1] if len(args) > 1 else None)
-    keep = next((k.value for k in node.keywords if k.arg == "keepdim"), args[2] if len(args) > 2 else None)
-    d = literal(dim) if dim is not None else None
-    if isinstance(d, (list, tuple)) and len(d) == 1:
-        d = d[0]
-    if d not in (1, -1):
-        raise Unsupported(f"{ast.unparse(node)} does not reduce over the last dim")
-    k = literal(keep) if keep is not None else False
-    if not isinstance(k, bool):
-        raise Unsupported(f"{ast.unparse(node)}: keepdim is not a literal")
-    return key, k
+    return red[0], red[1]
 
 
 def _is_to_dtype(node: ast.AST, cur: str) -> ast.AST | None:
@@ -100,6 +83,22 @@ def traced_shape(problem: Any, param: str | None = None, launch: tuple[str, str]
                 return None
             shapes[vname] = got[0]
     return _symbolic(problem, shapes) if shapes else None
+
+
+def traced_scalar(problem: Any, kernel: str, param: str) -> list[tuple[str, int]]:
+    """[(variant, value)] of the integer a launch of ``kernel`` passes for ``param`` in the starting kernel's traces
+    (a row width the wrapper read from a weight's shape, say); empty where a trace or that launch is missing."""
+    from xeforge.analysis.observe import traces  # lazy, as in traced_shape
+
+    out = []
+    kernels = {kernel, re.sub(r"_fused(_\d+)?$", "", kernel)}
+    for vname, t in traces(problem).items():
+        got = [] if isinstance(t, str) else [la.args[param].value for la in t.launches
+                                             if la.kernel in kernels and param in la.args]
+        if len(got) != 1 or not isinstance(got[0], int) or isinstance(got[0], bool):
+            return []
+        out.append((vname, got[0]))
+    return out
 
 
 def _same_sizes(problem: Any, a: tuple, b: tuple) -> bool:

@@ -47,10 +47,10 @@ from xeforge.analysis.launches import live_launches
 from xeforge.analysis.forward_env import Val
 from xeforge.rewrite.fusion.combine import combine_partials
 from xeforge.rewrite.fusion.common import (SPLIT_IDENTITY, _is_to_dtype, _last_assign, _operand_resolver, _reduction,
-                                           row_reduce_lines, traced_shape)
+                                           row_reduce_lines, traced_scalar, traced_shape)
 from xeforge.rewrite.fusion.norm import group_norm_kernel
 from xeforge.rewrite.fusion.tile import TileStore, elementwise_kernel, tile_store
-from xeforge.rewrite.fusion.tl_ops import VALUE_VIEWS, EpilogueBuilder, Unsupported
+from xeforge.rewrite.fusion.tl_ops import VALUE_VIEWS, EpilogueBuilder, Unsupported, reduction_call
 
 #: widest column tile a fused row reduction keeps in registers (BLOCK_N = next_power_of_2(N) must not exceed it)
 MAX_ROW_TILE = 256
@@ -350,6 +350,7 @@ class Chain:
     cur: str = ""  # the name holding the result after the chain
     tile_var: str = ""  # the kernel variable the epilogue starts from
     reduction: dict | None = None  # {"kind", "keepdim", "line", "src"}
+    broadcast: list[str] = field(default_factory=list)  # row reductions whose [rows, 1] result a later op reads
     pool: dict | None = None  # split mode: {"param": constexpr name or None, "size": its source} of an avg_pool1d
     to_dtype: ast.AST | None = None  # a trailing .to(D) absorbed into the output buffer
     ret: ast.Return | None = None  # the return statement when the chain ends there
@@ -442,7 +443,25 @@ def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = Fals
     ch = Chain(site, ts, y, b, cur=y, tile_var=var)
     older: set[str] = set()  # forward names that held the tile's value at some point (not after the chain)
     live = {y}  # forward names whose value is the tile's value now; earlier values a later op reads are b.saved
+    full = {y}  # forward names holding a full [rows, cols] value (not a row's reduction kept as [rows, 1])
     rest = c.after(site.line)
+
+    def row_reduce(kind: str, value: str) -> str:
+        """The row's ``kind`` reduction of the tile ``value`` as ``[rows, 1]`` (the fuse-row-reduction tactic
+        widens the column tile so that one tile covers each row)."""
+        if b.column is None or not ts.two_d:
+            raise Unsupported(f"a {kind} over the row after the row reduction, or of a tile that is not 2D")
+        offs_n, n = b.column
+        row = b.fresh(f"row_{kind}")
+        lines = row_reduce_lines(kind, value, f"{offs_n}[None, :] < {n}", row, b.fresh)
+        if kind == "mean":
+            lines[-1] += f" / {n}"
+        b.lines.extend(lines)
+        ch.broadcast.append(kind)
+        return f"{row}[:, None]"
+
+    if allow_reduction and not split:
+        b.row_reduce = row_reduce
 
     def later_reads(after: int) -> set[str]:
         return {n.id for s2 in rest if s2.lineno > after for n in ast.walk(s2)
@@ -459,6 +478,8 @@ def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = Fals
                 b.save((live - {target}) & later_reads(lineno))
             pool = _avg_pool(value, ch.cur) if split else None
             red = None if pool is not None else _reduction(value, ch.cur)
+            if red is not None and red[1] and b.row_reduce is not None and (live - {target}) & later_reads(lineno):
+                red = None  # `m = y.mean(1, keepdim=True)` and y read again: m is broadcast back, not the result
             if pool is not None:
                 _translate_pool(c, ch, site, pool, lineno)
             elif red is not None:
@@ -505,6 +526,8 @@ def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = Fals
                 state["line"] = s.lineno
                 if translate(s.value, s.lineno, ch.cur):
                     ch.ret = s
+                    names_full = names & full and reduction_call(s.value) is None
+                    (full.add if names_full else full.discard)(ch.cur)
             else:
                 ch.stop = f"line {s.lineno}: `{c.seg(s)}` is not a plain return of the result"
             break
@@ -546,6 +569,11 @@ def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = Fals
         if not translate(value, s.lineno, target):
             break
         ch.stmts.append(s)
+        reads = {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}
+        if reads & full and reduction_call(value) is None:
+            full.add(target)
+        else:
+            full.discard(target)
         older |= live
         live = {target}
         b.saved.pop(target, None)
@@ -555,6 +583,9 @@ def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = Fals
             break
     ch.ops = list(b.ops)
     ch.older = (older | set(b.saved) | live) - {ch.cur}
+    if ch.broadcast and ch.reduction is None and ch.cur not in full:
+        raise NotApplicable(f"the ops after {site.kernel} end on a row's reduction kept as [rows, 1] while the full "
+                            "tile is read too: the output's shape is not the kernel's tile")
     return ch
 
 
@@ -758,7 +789,7 @@ def fuse_row_reduction(source: str, problem: Any) -> tuple[str, str]:
 
     def attempt(site: LaunchSite) -> tuple[str, str]:
         ch = op_chain(c, site, allow_reduction=True)
-        if ch.reduction is None:
+        if ch.reduction is None and not ch.broadcast:
             raise NotApplicable(ch.stop or "no row reduction follows it")
         ts = ch.tile
         block, axis = _col_block(c, ts, site)
@@ -767,24 +798,26 @@ def fuse_row_reduction(source: str, problem: Any) -> tuple[str, str]:
         if nparam not in bind:
             raise NotApplicable(f"the column bound {nparam} is not a kernel argument")
         nval = c.env.eval(bind[nparam], site.line)
-        widths = _dim_values(c, nval)
+        widths = _dim_values(c, nval) or traced_scalar(c.problem, site.kernel, nparam)
         if not widths:
             raise NotApplicable(f"cannot tell the row width {c.seg(bind[nparam])} at the spec's shapes")
         worst_variant, worst = max(widths, key=lambda kv: kv[1])
         need = max(MIN_DOT_N, 1 << max(0, (worst - 1).bit_length()))
+        what = ch.reduction["src"] if ch.reduction else f"the row {', '.join(dict.fromkeys(ch.broadcast))} read back"
         if need > MAX_ROW_TILE:
             raise NotApplicable(
-                f"{ch.reduction['src']} needs one tile to cover a row, but N={worst} at {worst_variant} would "
+                f"{what} needs one tile to cover a row, but N={worst} at {worst_variant} would "
                 f"need {block}={need} (> {MAX_ROW_TILE}, the widest tile kept in registers)")
         gnode = _grid_tuple(c, site)
         if gnode is None or axis >= len(gnode.elts):
             raise NotApplicable(f"{site.kernel}'s grid is not a literal tuple in forward")
         nsrc = c.seg(bind[nparam])
         new, _ = _apply_chain(c, ch, {block: f"max({MIN_DOT_N}, triton.next_power_of_2({nsrc}))"},
-                              grid_edit=(gnode, axis), row_store=True)
+                              grid_edit=(gnode, axis), row_store=ch.reduction is not None)
         ops = ", ".join(dict.fromkeys(ch.ops))
-        return new, (f"{ch.reduction['src']} fused into {site.kernel} ({ops}): {block} = next_power_of_2(N) so one "
-                     f"tile covers each row (N <= {worst} at the spec's shapes); the kernel stores one value per row")
+        stores = "one value per row" if ch.reduction else "the full rows, each reduction broadcast back from registers"
+        return new, (f"{what} fused into {site.kernel} ({ops}): {block} = next_power_of_2(N) so one "
+                     f"tile covers each row (N <= {worst} at the spec's shapes); the kernel stores {stores}")
 
     return _first_forward_launch(c, attempt)
 

@@ -3,7 +3,10 @@
 Owns: :data:`TORCH_OPS` (op name -> translation) and :class:`EpilogueBuilder`, which turns statements of
 ``Model.forward`` such as ``y = F.gelu(y * self.scale)`` into ``tl`` statements applied to a kernel's tile
 value, collecting the extra kernel inputs they need (Python scalars, per-column vectors, one-element
-tensors). Anything outside the table raises :class:`Unsupported` with the reason.
+tensors). Anything outside the table raises :class:`Unsupported` with the reason. Also the row reductions
+(:data:`REDUCTIONS`, :func:`reduction_call`) and the ops over a whole row (:data:`ROW_OPS`: softmax,
+log_softmax): inside an expression they are lowered through the builder's ``row_reduce`` where one tile covers
+the row, their ``[rows, 1]`` result broadcast back (``y - y.mean(1, keepdim=True)``).
 
 Numerics follow torch's definitions in fp32: ``tanh(z) = 2*sigmoid(2z) - 1`` (no ``tl.tanh`` in core Triton),
 ``gelu`` erf form ``0.5*z*(1 + erf(z/sqrt(2)))`` and tanh form, ``softplus`` with torch's threshold 20,
@@ -28,6 +31,36 @@ TORCH_PREFIXES = ("torch.", "F.", "torch.nn.functional.", "nn.functional.")
 
 class Unsupported(Exception):
     """The expression cannot be translated; ``str(exc)`` names the op and why."""
+
+
+#: the row reductions over the last dim fusion knows
+REDUCTIONS = {"sum", "mean", "max", "min", "amax", "amin", "logsumexp"}
+
+
+def reduction_call(node: ast.AST) -> tuple[str, bool, ast.expr] | None:
+    """(kind, keepdim, the reduced expression) for ``torch.sum(e, dim=1, keepdim=True)``, ``e.amax(-1)``,
+    ``torch.max(e, dim=-1)[0]`` ...; None for anything else. Raises :class:`Unsupported` for a reduction over
+    another dim or with a keepdim that is not a literal."""
+    if isinstance(node, ast.Subscript) and literal(node.slice) == 0:
+        node = node.value
+    elif isinstance(node, ast.Attribute) and node.attr == "values":
+        node = node.value
+    if not isinstance(node, ast.Call):
+        return None
+    key, args = op_key(node, set())
+    if key not in REDUCTIONS or not args:
+        return None
+    dim = next((k.value for k in node.keywords if k.arg == "dim"), args[1] if len(args) > 1 else None)
+    keep = next((k.value for k in node.keywords if k.arg == "keepdim"), args[2] if len(args) > 2 else None)
+    d = literal(dim) if dim is not None else None
+    if isinstance(d, (list, tuple)) and len(d) == 1:
+        d = d[0]
+    if d not in (1, -1):
+        raise Unsupported(f"{ast.unparse(node)} does not reduce over the last dim")
+    k = literal(keep) if keep is not None else False
+    if not isinstance(k, bool):
+        raise Unsupported(f"{ast.unparse(node)}: keepdim is not a literal")
+    return key, k, args[0]
 
 
 @dataclass
@@ -106,6 +139,10 @@ class EpilogueBuilder:
     ops: list[str] = field(default_factory=list)  # names of the torch ops translated (for descriptions)
     #: earlier values of the tile a later op reads again (a residual, a gate's input): forward name -> tl variable
     saved: dict[str, str] = field(default_factory=dict)
+    #: ``row_reduce(kind, tile_code)`` -> the code of the row's reduction as a ``[rows, 1]`` value, where one tile
+    #: covers each row (a reduction broadcast back: ``y - y.mean(1, keepdim=True)``, softmax); None elsewhere, and a
+    #: reduction inside an expression is then refused with the reason
+    row_reduce: Callable[[str, str], str] | None = None
 
     # -- statements ------------------------------------------------------------------------------------
     def assign(self, value: ast.expr) -> None:
@@ -169,8 +206,15 @@ class EpilogueBuilder:
                 raise Unsupported(f"comparison {type(node.ops[0]).__name__} is not in the fusion table")
             self.ops.append("compare")
             return f"({self.expr(node.left)} {sym} {self.expr(node.comparators[0])})"
+        red = reduction_call(node) if self._mentions_value(node) else None
+        if red is not None:
+            return self.reduce_back(node, *red)
         if isinstance(node, ast.Call):
             key, args = op_key(node, self.value_names)
+            if key in ROW_OPS and self._mentions_value(node):
+                out = ROW_OPS[key](self, node, args)
+                self.ops.append(key)
+                return out
             if key in ("float",) and len(args) == 1 and not node.keywords:
                 return self.expr(args[0])
             if key in VALUE_VIEWS and len(args) == 1 and not node.keywords and self._mentions_value(node):
@@ -190,6 +234,18 @@ class EpilogueBuilder:
         if isinstance(node, (ast.Attribute, ast.Name, ast.Subscript)):
             return self.operand(node)
         raise Unsupported(f"{ast.unparse(node)} is not an elementwise expression the fusion table supports")
+
+    def reduce_back(self, node: ast.AST, kind: str, keep: bool, arg: ast.expr) -> str:
+        """A row reduction inside an expression, its ``[rows, 1]`` result broadcast back over the row."""
+        if self.row_reduce is None:
+            raise Unsupported(f"{ast.unparse(node)} is a row reduction: fused where one tile covers the row (the "
+                              "fuse-row-reduction tactic's shape)")
+        if not keep:
+            raise Unsupported(f"{ast.unparse(node)} drops the reduced dim inside an expression: only keepdim=True "
+                              "broadcasts back over the row")
+        code = self.row_reduce(kind, self.temp(self.expr(arg)))
+        self.ops.append(kind)
+        return code
 
     def divide(self, left: str, right: str, divisor: ast.expr) -> str:
         """``left / right``; a multiplication by ``1.0 / right``, bound once, when the divisor is not the value."""
@@ -396,7 +452,40 @@ def _where(b, call, args):
 
 
 #: methods that stand for the tensor they are called on, values unchanged
+def _row_dim(call: ast.Call, args: list[ast.expr]) -> None:
+    dim = _kw(call, args, 1, "dim")
+    extra = [k.arg for k in call.keywords if k.arg not in ("dim", "dtype")]
+    if literal(dim) not in (1, -1) or len(args) > 2 or extra:
+        raise Unsupported(f"{ast.unparse(call)}: only over the last dim (dim=1 or -1) is fused")
+
+
+def _softmax(b: EpilogueBuilder, call: ast.Call, args: list[ast.expr]) -> str:
+    """``softmax(z, dim=-1)`` = ``exp(z - max) / sum(exp(z - max))`` over the row (one tile covers it)."""
+    _row_dim(call, args)
+    z = b.temp(b.expr(args[0]))
+    if b.row_reduce is None:
+        raise Unsupported(f"{ast.unparse(call)} reduces over the row: fused where one tile covers the row (the "
+                          "fuse-row-reduction tactic's shape)")
+    e = b.temp(f"tl.exp({z} - {b.row_reduce('max', z)})", "e")
+    return f"({e} / {b.row_reduce('sum', e)})"
+
+
+def _log_softmax(b: EpilogueBuilder, call: ast.Call, args: list[ast.expr]) -> str:
+    """``log_softmax(z, dim=-1)`` = ``z - logsumexp(z)`` over the row (one tile covers it)."""
+    _row_dim(call, args)
+    z = b.temp(b.expr(args[0]))
+    if b.row_reduce is None:
+        raise Unsupported(f"{ast.unparse(call)} reduces over the row: fused where one tile covers the row (the "
+                          "fuse-row-reduction tactic's shape)")
+    return f"({z} - {b.row_reduce('logsumexp', z)})"
+
+
 VALUE_VIEWS = ("clone", "detach", "contiguous")
+
+#: ops over the whole row, lowered with :attr:`EpilogueBuilder.row_reduce` and broadcast back
+ROW_OPS: dict[str, Callable[[EpilogueBuilder, ast.Call, list[ast.expr]], str]] = {
+    "softmax": _softmax, "log_softmax": _log_softmax,
+}
 
 #: torch op (as ``torch.X`` / ``F.X`` / ``tensor.X()``) -> translation into tl code
 TORCH_OPS: dict[str, Callable[[EpilogueBuilder, ast.Call, list[ast.expr]], str]] = {
