@@ -2,7 +2,9 @@
 through ``clone()``, a gate's input kept by an alias), in-place ops (``y.mul_(s).add_(y0)``), ``torch.where`` with
 a comparison, and an activation written out (``y * sigmoid(1.5 * y) + y``). Each is fused into the GEMM's
 epilogue, the earlier value kept in a tl variable, and verified against its PyTorch reference on the interpreter.
-The GEMM and its wrapper are this test's own."""
+Then row reductions read back by every element (``y - y.mean(1, keepdim=True)``, softmax written out or called,
+a LayerNorm written out), fused where one tile covers the row. Each case comes in two styles: the launch behind a
+``linear()`` wrapper, and written in ``forward`` itself. The GEMM and its wrapper are this test's own."""
 
 from __future__ import annotations
 
@@ -103,9 +105,24 @@ ROW_GRAPHS = {
 }
 
 
-def _problem(tmp_path, body: str):
+#: the direct style: the launch written in forward itself (the wrapper's body, with the Model's parameters)
+DIRECT = """M, K = x.shape
+N = self.weight.shape[0]
+y = torch.empty((M, N), device=x.device, dtype=x.dtype)
+grid = (triton.cdiv(M, 32), triton.cdiv(N, 32))
+_mm_bias[grid](x, self.weight, self.bias, y, M, N, K, x.stride(0), x.stride(1), self.weight.stride(1),
+               self.weight.stride(0), y.stride(0), y.stride(1), BLOCK_M=32, BLOCK_N=32, BLOCK_K=32)
+"""
+
+
+def _problem(tmp_path, body: str, style: str = "wrapper"):
     lines = "".join(f"        {ln}\n" for ln in body.splitlines())
-    (tmp_path / "kernel.py").write_text(KERNEL + MODEL.replace("LINEAR", "linear").replace("BODY", lines))
+    if style == "direct":
+        kernel = KERNEL[:KERNEL.index("def linear")] + MODEL.replace("        y = LINEAR(x, self.weight, self.bias)\n",
+                                                                      "".join(f"        {ln}\n" for ln in DIRECT.splitlines()))
+    else:
+        kernel = KERNEL + MODEL.replace("LINEAR", "linear")
+    (tmp_path / "kernel.py").write_text(kernel.replace("BODY", lines))
     ref = "import torch\nimport torch.nn.functional as F\n\n\ndef linear(x, weight, bias):\n    return torch.nn.functional.linear(x, weight, bias)\n"
     (tmp_path / "reference.py").write_text(ref + MODEL.replace("LINEAR", "linear").replace("BODY", lines))
     (tmp_path / "spec.yaml").write_text(SPEC)
@@ -113,10 +130,11 @@ def _problem(tmp_path, body: str):
 
 
 @pytest.mark.slow  # about 10 s a graph (a trace and the verifier on the interpreter)
+@pytest.mark.parametrize("style", ["wrapper", "direct"])
 @pytest.mark.parametrize("name", sorted(GRAPHS))
-def test_a_graph_epilogue_is_fused_and_correct(name, tmp_path, verify):
+def test_a_graph_epilogue_is_fused_and_correct(name, style, tmp_path, verify):
     body, expected = GRAPHS[name]
-    p = _problem(tmp_path, body)
+    p = _problem(tmp_path, body, style)
     ctx = tactic_context(p)
     tactic = next(t for t in fusion.STAGE.tactics if t.name == "fuse-epilogue")
     app = tactic.check(ctx)
@@ -131,10 +149,11 @@ def test_a_graph_epilogue_is_fused_and_correct(name, tmp_path, verify):
 
 
 @pytest.mark.slow  # about 10 s a graph
+@pytest.mark.parametrize("style", ["wrapper", "direct"])
 @pytest.mark.parametrize("name", sorted(ROW_GRAPHS))
-def test_a_row_reduction_read_back_is_fused_where_one_tile_covers_the_row(name, tmp_path, verify):
+def test_a_row_reduction_read_back_is_fused_where_one_tile_covers_the_row(name, style, tmp_path, verify):
     body, expected = ROW_GRAPHS[name]
-    p = _problem(tmp_path, body)
+    p = _problem(tmp_path, body, style)
     ctx = tactic_context(p)
     epi = next(t for t in fusion.STAGE.tactics if t.name == "fuse-epilogue").check(ctx)
     assert "the fuse-row-reduction tactic's shape" in epi.reason or "(sigmoid, mul)" in epi.reason  # the prefix
