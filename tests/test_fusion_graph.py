@@ -88,6 +88,9 @@ GRAPHS = {
     "a-parameter-read-from-the-trace": ("y = torch.relu(y) + self.bias2\nreturn y", ["bias2_ptr + rn"]),
     # the spec gives K and N the same size at every shape: the input is a tile of the output's shape
     "the-input-as-residual": ("return x + torch.relu(y)", ["tl.maximum(acc, 0.0)", "x_ptr"]),
+    # ops outside the hand-written table, lowered from torch's decompositions (hardswish: x * clamp(x + 3, 0, 6) / 6)
+    "decomposed-ops": ("y = F.hardswish(y)\ny = F.elu(y, 0.5) + F.softsign(y)\nreturn torch.lerp(y, x, 0.25)",
+                       ["tl.minimum(", "tl.exp(", "tl.abs("]),
 }
 
 

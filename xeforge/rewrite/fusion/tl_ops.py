@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from xeforge.kernel_model import dotted_name, is_literal, literal
 from xeforge.rewrite import NotApplicable
+from xeforge.rewrite.fusion.decompose import DecompositionError, lower_call
 
 TORCH_PREFIXES = ("torch.", "F.", "torch.nn.functional.", "nn.functional.")
 
@@ -229,11 +230,36 @@ class EpilogueBuilder:
                 return out
             if not self._mentions_value(node):
                 return self.operand(node)
-            raise Unsupported(f"{ast.unparse(node.func)}() is not an elementwise op the fusion table supports "
-                              f"(supported: {', '.join(sorted(TORCH_OPS))})")
+            out = self.decomposed(node)
+            self.ops.append(key or ast.unparse(node.func))
+            return out
         if isinstance(node, (ast.Attribute, ast.Name, ast.Subscript)):
             return self.operand(node)
         raise Unsupported(f"{ast.unparse(node)} is not an elementwise expression the fusion table supports")
+
+    def decomposed(self, node: ast.Call) -> str:
+        """An op outside the table, reduced by torch's decompositions to primitives and lowered from them
+        (:mod:`xeforge.rewrite.fusion.decompose`); its tensor arguments are translated here, literals stay."""
+        name = dotted_name(node.func) or ""
+        method = not any(name.startswith(p) for p in (*TORCH_PREFIXES, "torch.special."))
+        if method and not isinstance(node.func, ast.Attribute):
+            raise Unsupported(f"{ast.unparse(node.func)}() is not a torch op")
+        raw = [node.func.value, *node.args] if method else list(node.args)
+        raw += [k.value for k in node.keywords]
+        if any(isinstance(a, ast.Starred) for a in raw) or any(k.arg is None for k in node.keywords):
+            raise Unsupported(f"{ast.unparse(node)}: * or ** arguments")
+        args: list[tuple[str, Any]] = []
+        for a in raw:
+            val = literal(a)
+            if is_literal(val) and (val is None or isinstance(val, (bool, int, float, str))):
+                args.append(("const", val))
+            else:
+                args.append(("tensor", self.temp(self.expr(a))))
+        try:
+            return lower_call(node.func.attr if method else name, method, args,
+                              tuple(k.arg for k in node.keywords), lambda code, base: self.temp(code, base))
+        except DecompositionError as exc:
+            raise Unsupported(f"{exc} (the fusion table has: {', '.join(sorted(TORCH_OPS))})") from None
 
     def reduce_back(self, node: ast.AST, kind: str, keep: bool, arg: ast.expr) -> str:
         """A row reduction inside an expression, its ``[rows, 1]`` result broadcast back over the row."""
