@@ -195,3 +195,67 @@ def test_the_users_part_is_recovered_byte_for_byte(tail):
     # a rewrite that dropped the marker: the top-level Model is still the generated part
     head, gen = split_generated(user + "\n\nclass Model(torch.nn.Module):\n    pass\n")
     assert gen.startswith("class Model") and "class Model" not in head
+
+
+DOT_KERNEL = textwrap.dedent('''\
+    import torch
+    import triton
+    import triton.language as tl
+
+
+    @triton.jit
+    def _mm(a_ptr, b_ptr, c_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        rm = tl.program_id(0) * BM + tl.arange(0, BM)
+        rn = tl.program_id(1) * BN + tl.arange(0, BN)
+        rk = tl.arange(0, BK)
+        a = tl.load(a_ptr + rm[:, None] * K + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + rk[:, None] * N + rn[None, :], mask=(rk[:, None] < K) & (rn[None, :] < N), other=0.0)
+        tl.store(c_ptr + rm[:, None] * N + rn[None, :], tl.dot(a, b), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+    def mm(a, b):
+        M, K = a.shape
+        N = b.shape[1]
+        c = torch.empty((M, N), device=a.device, dtype=torch.float32)
+        _mm[(triton.cdiv(M, 16), triton.cdiv(N, 16))](a, b, c, M, N, K, BM=16, BN=16, BK=triton.next_power_of_2(K))
+        return c
+    ''')
+
+
+@pytest.mark.parametrize("dot, precision", [("tl.dot(a, b)", "tf32"), ('tl.dot(a, b, input_precision="ieee")', None),
+                                            ("tl.dot(a, b, allow_tf32=False)", None)])
+def test_a_float32_dot_that_runs_as_tf32_on_nvidia_makes_the_precision_tf32(tmp_path, dot, precision):
+    (tmp_path / "k.py").write_text(DOT_KERNEL.replace("tl.dot(a, b)", dot))
+    req = NewRequest.model_validate({"source": "k.py", "call": "mm(a, b)", "ci_dtype": "float32",
+                                     "inputs": {"a": "bfloat16[M=64, K=32]", "b": "bfloat16[K, N=48]"}})
+    np_ = build(req, tmp_path)
+    assert yaml.safe_load(np_.files["spec.yaml"]).get("precision") == precision
+    assert any("precision: tf32" in line for line in np_.inferred) == (precision == "tf32")
+    # what the user writes wins
+    req = req.model_copy(update={"precision": "strict"})
+    assert yaml.safe_load(build(req, tmp_path).files["spec.yaml"])["precision"] == "strict"
+
+
+def test_tolerances_follow_the_floating_inputs_and_tf32_only_on_a_gpu(tmp_path):
+    """An int64 index tensor listed first does not make a bf16 variant an fp32 one; a `precision: tf32` problem's
+    float32 variants get TF32's tolerance on a GPU and keep fp32's on the interpreter."""
+    import dataclasses
+
+    from xeforge.devices import describe
+    from xeforge.settings import Settings
+    from xeforge.verifier import Verifier
+
+    (tmp_path / "k.py").write_text(DOT_KERNEL + "\n\ndef mm_idx(idx, a, b):\n    return mm(a, b)\n")
+    req = NewRequest.model_validate({"source": "k.py", "call": "mm_idx(idx, a, b)", "ci_dtype": "float32",
+                                     "inputs": {"idx": "int64[M=64]", "a": "bfloat16[M, K=32]",
+                                                "b": "bfloat16[K, N=48]"}})
+    write(build(req, tmp_path), tmp_path / "p")
+    p = load_problem(tmp_path / "p")
+    assert p.spec.precision == "tf32"
+    s = Settings()
+    cpu = describe("cpu")
+    gpu = dataclasses.replace(cpu, kind="cuda", interpreter=False)
+    tol = {d.kind: Verifier(p, d, s, tmp_path / d.kind)._tolerances for d in (cpu, gpu)}
+    assert tol["cpu"](p.spec.variants["bench-gpu"]) == (s.half_tol, s.half_tol)  # bf16, not idx's int64
+    assert tol["cpu"](p.spec.variants["ci"]) == (s.fp32_tol, s.fp32_tol)
+    assert tol["cuda"](p.spec.variants["ci"]) == (s.tf32_tol, s.tf32_tol)

@@ -4,9 +4,10 @@ Owns: parsing a kernel source (``ast``) into :class:`KernelModel` — jit functi
 parameters and ``@triton.autotune`` configs, the launch sites ``kernel[grid](...)`` reachable from
 ``Model.forward`` with literal constexpr values and launch options, and the calls made inside each
 function (``tl.dot``, ``tl.make_block_ptr`` ...), and the ``ast`` helpers the tactics share (a parent map, whether a
-host expression may be evaluated twice); and what gate 2's work accounting reads of a kernel (the parameters
-it stores into, whether it loops over program ids). Static checks (gate 1), knowledge-base constraints and the
-rules engine's tactics read this model; source *rewriting* lives in :mod:`xeforge.rewrite`.
+host expression may be evaluated twice); what gate 2's work accounting reads of a kernel (the parameters it
+stores into, whether it loops over program ids); and whether a file's ``tl.dot`` runs float32 as TF32
+(:func:`tf32_dots`). Static checks (gate 1), knowledge-base constraints and the rules engine's tactics read this
+model; source *rewriting* lives in :mod:`xeforge.rewrite`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,24 @@ def parse_python(source: str, filename: str = "<unknown>", mode: str = "exec") -
     """``ast.parse``, one thread at a time (see ``_PARSE_LOCK``)."""
     with _PARSE_LOCK:
         return ast.parse(source, filename=filename, mode=mode)
+
+
+def tf32_dots(text: str) -> bool:
+    """Whether the file has a ``tl.dot`` that runs float32 operands as TF32 on NVIDIA GPUs (Triton's default: no
+    ``input_precision="ieee"`` / ``allow_tf32=False``)."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "dot" \
+                and ast.unparse(node.func.value) in ("tl", "triton.language"):
+            kw = {k.arg: k.value for k in node.keywords}
+            ieee = isinstance(kw.get("input_precision"), ast.Constant) and kw["input_precision"].value == "ieee"
+            no_tf32 = isinstance(kw.get("allow_tf32"), ast.Constant) and kw["allow_tf32"].value is False
+            if not (ieee or no_tf32):
+                return True
+    return False
 
 
 def literal(node: ast.AST | None) -> Any:

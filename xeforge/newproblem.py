@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from xeforge import __version__
 from xeforge.errors import KernelSourceError, SpecError, UsageError
 from xeforge.kb.yamlio import YamlSyntaxError, parse_yaml
-from xeforge.kernel_model import parse_python
+from xeforge.kernel_model import parse_python, tf32_dots
 from xeforge.problem import DTYPES, _norm_dtype, _odd_near, load_problem
 from xeforge.upstream import UPSTREAM_FILE, marker, sha256
 
@@ -530,7 +530,13 @@ def build(req: NewRequest, base: Path, where: str = "new.yaml") -> NewProblem:
         files["reference.py"] = ref_text + "\n\n" + marker(ref_path.name) + "\n" + _model_text(
             ref_doc, ref_call, ref_text_call, params, used, rsetup, req.derived, req.outputs, returns, dims_in_body)
         oracle = f"{ref_fn} ({ref_path.name}), run in float64"
-    files["spec.yaml"] = _spec_text(req, name, tensors, used, variants, oracle)
+    precision = req.precision
+    if precision is None and req.ci_dtype == "float32" and tf32_dots(text):
+        precision = "tf32"
+        b.inferred.append("precision: tf32 (a tl.dot on float32 operands runs as TF32 on NVIDIA GPUs unless it says "
+                          "input_precision=\"ieee\": float32 variants are checked at 1e-2 on a GPU, at 1e-4 on the "
+                          "interpreter; give `precision: strict` and input_precision=\"ieee\" to hold fp32)")
+    files["spec.yaml"] = _spec_text(req, name, tensors, used, variants, oracle, precision)
     files[UPSTREAM_FILE] = yaml.safe_dump({
         "source": str(path), "repo_root": str(repo) if repo else None, "relpath": relpath, "sha256": sha256(text),
         "call": req.call, "created_by": f"xeforge {__version__} new"}, sort_keys=False)
@@ -552,11 +558,11 @@ def _reference(b: _Builder, ref: str) -> tuple[Path, str, str]:
 
 
 def _spec_text(req: NewRequest, name: str, tensors: list[Tensor], inits: list[str],
-               variants: dict[str, dict[str, int]], oracle: str) -> str:
+               variants: dict[str, dict[str, int]], oracle: str, precision: str | None = None) -> str:
     spec: dict[str, Any] = {}
-    for key in ("kind", "description", "precision"):
-        if getattr(req, key):
-            spec[key] = getattr(req, key)
+    for key, value in (("kind", req.kind), ("description", req.description), ("precision", precision)):
+        if value:
+            spec[key] = value
     if req.nondeterministic:
         spec["nondeterministic"] = True
     spec["inputs"] = {t.name: {"shape": t.shape, "dtype": t.dtype, **({"range": t.range} if t.range else {})}

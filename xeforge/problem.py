@@ -773,7 +773,11 @@ def plan_inputs(problem: Problem, variant: Variant) -> list[TensorPlan]:
     return out
 
 
-def default_tolerance(dtype_name: str | None, settings) -> float:
+def default_tolerance(dtype_name: str | None, settings, tf32: bool = False) -> float:
+    """rtol = atol for a variant computed in ``dtype_name``; ``tf32``: float32 whose matmuls may run as TF32 (the
+    spec's ``precision: tf32`` on a GPU)."""
     if dtype_name in {"float16", "bfloat16"}:
         return settings.half_tol
+    if tf32 and dtype_name == "float32":
+        return settings.tf32_tol
     return settings.fp32_tol

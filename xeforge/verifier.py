@@ -40,7 +40,7 @@ from xeforge.problem import Code, Problem, Variant, default_tolerance, plan_inpu
 from xeforge.settings import Settings
 from xeforge.static_checks import ConstraintHook, StaticChecker
 from xeforge.timing import ShapeVerdict, decide, decide_shapes, noise_margin, paired_ratios, roofline_floor
-from xeforge.kernel_model import loops_over_programs, parse_kernel, stored_params
+from xeforge.kernel_model import loops_over_programs, parse_kernel, stored_params, tf32_dots
 
 GATES = ("0-isolation", "1-static", "2-correctness", "3-performance")
 
@@ -482,14 +482,22 @@ class Verifier:
                 parts.append(f"output {i}: {n_diff} of {a.numel()} elements differ although every element is written "
                              "in both runs: atomics or a race between programs (mark the spec 'nondeterministic: "
                              "true' if that is intended), or state the Model keeps between calls")
+        if not unstable and not self.device.interpreter and self.problem.spec.precision != "tf32" \
+                and self._tolerances(variant)[0] <= self.settings.fp32_tol and tf32_dots(cand.text):
+            parts.append("a tl.dot on float32 operands runs as TF32 on this GPU (Triton's default), about 1e-3 relative "
+                         "error: set `precision: tf32` in spec.yaml if the kernel means it, or pass "
+                         "input_precision=\"ieee\" to tl.dot to hold fp32")
         if cand.hash in self._nonfinite:
             parts.append(f"the weights {', '.join(self._nonfinite[cand.hash])} hold NaN or Inf once loaded: never "
                          "initialized (nn.Parameter(torch.empty(...)) that nothing fills)? initialize them in __init__")
         return "; cause: " + "; ".join(parts) if parts else ""
 
     def _tolerances(self, variant: Variant) -> tuple[float, float]:
-        dt = variant.dtype or next((i.dtype for i in self.problem.input_specs(variant)), None)
-        default = default_tolerance(dt, self.settings)
+        # the variant's dtype, else the first floating input's (an int64 index tensor first says nothing of it)
+        dt = variant.dtype or next((i.dtype for i in self.problem.input_specs(variant)
+                                    if str(i.dtype).startswith(("float", "bfloat"))), None)
+        tf32 = self.problem.spec.precision == "tf32" and not self.device.interpreter
+        default = default_tolerance(dt, self.settings, tf32)
         return (variant.rtol if variant.rtol is not None else default,
                 variant.atol if variant.atol is not None else default)
 
