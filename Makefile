@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_PIN)" "$(TRITON_PIN)"
-	$(BIN)/pip install -q -e ".[test,llm]"
+	$(BIN)/pip install -q -e ".[test,llm,ray]"
 	touch $(STAMP)
 
 setup: $(STAMP)

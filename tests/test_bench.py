@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import FIXTURES, ROOT
 from tests.test_report import check_golden
-from xeforge import bench
+from xeforge import bench, schedule
 from xeforge.devices import DeviceInfo
 from xeforge.errors import UsageError
 from xeforge.isolation import WorkerFailure
@@ -173,16 +173,16 @@ def test_discovery_and_settings(tmp_path):
     assert bench.bench_settings(opt, "cpu", env={"XEFORGE_ROUNDS": "4"}).correctness_rounds == 4
     with pytest.raises(UsageError):
         bench.bench_settings(bench.BenchOptions(problems=[], pairs=1), "cuda", env={})
-    assert bench.gpu_slots("cpu", 3) == [{}, {}, {}]
+    assert schedule.gpu_slots("cpu", 3) == [{}, {}, {}]
     # GPU lanes: one device each, and a share of the CPUs for torch.compile's workers unless the user set it
-    two = bench.gpu_slots("cuda", 2, env={}, count=2, cpus=32)
+    two = schedule.gpu_slots("cuda", 2, env={}, count=2, cpus=32)
     assert two == [{"CUDA_VISIBLE_DEVICES": "0", "TORCHINDUCTOR_COMPILE_THREADS": "8"},
                    {"CUDA_VISIBLE_DEVICES": "1", "TORCHINDUCTOR_COMPILE_THREADS": "8"}]
-    assert bench.gpu_slots("xpu", 1, env={"ZE_AFFINITY_MASK": "3"}, count=4, cpus=32) == [{"ZE_AFFINITY_MASK": "3"}]
-    assert "TORCHINDUCTOR_COMPILE_THREADS" not in bench.gpu_slots(
+    assert schedule.gpu_slots("xpu", 1, env={"ZE_AFFINITY_MASK": "3"}, count=4, cpus=32) == [{"ZE_AFFINITY_MASK": "3"}]
+    assert "TORCHINDUCTOR_COMPILE_THREADS" not in schedule.gpu_slots(
         "cuda", 2, env={"TORCHINDUCTOR_COMPILE_THREADS": "4"}, count=2)[0]
     with pytest.raises(UsageError):
-        bench.gpu_slots("cuda", 3, env={}, count=2)
+        schedule.gpu_slots("cuda", 3, env={}, count=2)
 
 
 def test_port_result_prefers_the_device_and_skips_failed_runs(tmp_path):

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from xeforge import bench, device_lock
+from xeforge import bench, device_lock, schedule
 from xeforge.isolation import Worker
 
 
@@ -115,11 +115,11 @@ def test_a_gpu_worker_request_holds_the_lock_for_its_op(tmp_path, monkeypatch, o
 
 
 def test_bench_lanes_share_one_lock_per_gpu(tmp_path):
-    four = bench.gpu_slots("cuda", 2, env={}, count=2, cpus=32, lanes=2, lock_dir=tmp_path)
+    four = schedule.gpu_slots("cuda", 2, env={}, count=2, cpus=32, lanes=2, lock_dir=tmp_path)
     assert [s["CUDA_VISIBLE_DEVICES"] for s in four] == ["0", "0", "1", "1"]
     assert [s[device_lock.ENV] for s in four] == [str(tmp_path / "cuda-0.lock")] * 2 + [str(tmp_path / "cuda-1.lock")] * 2
     assert {s["TORCHINDUCTOR_COMPILE_THREADS"] for s in four} == {"4"}  # half of 32 CPUs over 4 lanes
-    assert device_lock.ENV not in bench.gpu_slots("cuda", 2, env={}, count=2)[0]  # one lane per GPU: no lock
+    assert device_lock.ENV not in schedule.gpu_slots("cuda", 2, env={}, count=2)[0]  # one lane per GPU: no lock
     opt = bench.BenchOptions(problems=[], lanes_per_gpu=2)
     assert "2 problems at once per GPU" in bench.timing_method(type("D", (), {"can_time": True, "kind": "cuda"}),
                                                              bench.bench_settings(opt, "cuda", env={}), 20, 2)
@@ -140,11 +140,11 @@ def test_lanes_on_the_cpu_interpreter_are_refused_with_the_fix(tmp_path):
 
 
 def test_lane_locks_live_in_the_bench_folder_unless_one_is_given(tmp_path, monkeypatch):
-    slots = bench.gpu_slots("cuda", 1, env={}, count=1, cpus=16, lanes=2)
+    slots = schedule.gpu_slots("cuda", 1, env={}, count=1, cpus=16, lanes=2)
     monkeypatch.delenv(device_lock.ENV, raising=False)
-    own = bench.lane_locks(slots, tmp_path / "gpu-locks")
+    own = schedule.lane_locks(slots, tmp_path / "gpu-locks")
     assert {s[device_lock.ENV] for s in own} == {str(tmp_path / "gpu-locks" / "cuda-0.lock")}
     assert (tmp_path / "gpu-locks").is_dir()
     monkeypatch.setenv(device_lock.ENV, "/tmp/shared-gpu0.lock")  # two benches on one machine
-    assert {s[device_lock.ENV] for s in bench.lane_locks(slots, tmp_path / "other")} == {"/tmp/shared-gpu0.lock"}
+    assert {s[device_lock.ENV] for s in schedule.lane_locks(slots, tmp_path / "other")} == {"/tmp/shared-gpu0.lock"}
     assert not (tmp_path / "other").exists()

@@ -18,7 +18,9 @@ The flow, and which module owns each step:
 4. ``--workers N``: one subprocess per local GPU (``CUDA_VISIBLE_DEVICES`` / ``ZE_AFFINITY_MASK``), each running
    a single-problem ``xeforge bench --json``; rows are merged in problem order. ``--lanes-per-gpu K`` runs K such
    subprocesses on each GPU: their correctness runs and compiles overlap, each timing holds the GPU alone
-   (:mod:`xeforge.device_lock`).
+   (:mod:`xeforge.device_lock`). ``--cluster ray[://ADDRESS]`` runs the same subprocesses as Ray tasks on a
+   cluster's GPUs; a lost task is retried and the record says so. Both are schedulers of one interface
+   (:mod:`xeforge.schedule`, :mod:`xeforge.ray_cluster`): ``_run_scheduled`` makes the jobs and reads the rows.
 5. After every problem ``bench.json`` is rewritten; in ``finally:`` the geomeans, ``bench.md``, ``bench.html``
    and the plots are written (:mod:`xeforge.report`, :mod:`xeforge.report_html`, :mod:`xeforge.plots`) and the
    table goes to stdout. Progress goes to stderr.
@@ -34,16 +36,12 @@ import hashlib
 import json
 import math
 import os
-import queue
 import shlex
 import shutil
 import statistics
-import subprocess
 import sys
-import threading
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -60,8 +58,10 @@ from xeforge.diagnosis.rules import describe as describe_diagnosis
 from xeforge.errors import UsageError, XeforgeError
 from xeforge.isolation import WorkerFailure
 from xeforge.problem import load_problem, source_hash
+from xeforge.ray_cluster import RayScheduler, parse_cluster
 from xeforge.report import write_bench_reports
 from xeforge.report_views import bench_table
+from xeforge.schedule import Job, LocalScheduler, Outcome, Scheduler, gpu_slots, lane_locks
 from xeforge.settings import load_settings
 from xeforge.store import atomic_write, write_json
 from xeforge.timing import Stats, paired_ratios, quantile, roofline_floor
@@ -125,6 +125,7 @@ class BenchOptions:
     argv: list[str] = field(default_factory=list)
     final: str | None = None  # a kernel file benched as the port result; "{problem}" -> each problem's name
     profile: str = "basic"  # basic: torch.profiler's breakdown on a GPU; deep: also the vendor profiler's counters
+    cluster: str | None = None  # "ray" or "ray://ADDRESS": each problem a Ray task (xeforge.ray_cluster)
 
 
 def say(msg: str) -> None:
@@ -726,6 +727,10 @@ def finalize(report: dict) -> dict:
         "entry_errors": sum(1 for e in ents for x in e.values() if x.get("error")),
     }
     report["counts"] = counts
+    retried = [{"problem": r["problem"], "path": r.get("path"), "attempts": w["attempts"], "lost": w.get("lost", [])}
+               for r in rows if (w := r.get("worker") or {}).get("attempts", 1) > 1]
+    if retried or "cluster" in report:  # a local bench never retries: its record stays as it was
+        report["retried"] = retried
     dev = report["device"]
     head = f"{counts['problems']} problem(s) on {dev['kind']} ({dev['name']})"
     parts = [f"start verified {counts['start_verified']}/{counts['problems']}",
@@ -737,6 +742,9 @@ def finalize(report: dict) -> dict:
         parts.append(f"{counts['errors']} problem(s) could not be benched")
     if counts["entry_errors"]:
         parts.append(f"{counts['entry_errors']} entry error(s)")
+    if retried:
+        parts.append(f"{len(retried)} problem(s) retried after a lost worker: "
+                     + ", ".join(f"{r['problem']} ({r['attempts']} attempts)" for r in retried))
     if report.get("pending"):
         parts.append(f"{len(report['pending'])} problem(s) not started (--stop-after; continue with --resume)")
     if report["timed"]:
@@ -823,7 +831,13 @@ def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
         raise UsageError("--lanes-per-gpu", "the CPU interpreter has no GPU to share",
                          "use --workers N for parallel problems on the CPU")
     lanes = opt.workers * opt.lanes_per_gpu
-    slots = gpu_slots(kind, opt.workers, lanes=opt.lanes_per_gpu) if lanes > 1 else []
+    address = None
+    if opt.cluster is not None:
+        address = parse_cluster(opt.cluster)
+        if opt.workers != 1:
+            raise UsageError("--workers", "with --cluster the cluster's GPUs decide how many problems run at once",
+                             "drop --workers; --lanes-per-gpu K still puts K problems on each GPU")
+    slots = gpu_slots(kind, opt.workers, lanes=opt.lanes_per_gpu) if lanes > 1 and opt.cluster is None else []
     try:
         kbc = kb_context(device, opt.target, opt.triton)
     except XeforgeError:
@@ -835,9 +849,14 @@ def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
     if opt.redo and not opt.resume:
         raise UsageError("--redo", "re-benches problems of an earlier run, so it needs --resume",
                          "add --resume and the earlier run's --out")
+    cluster = None
+    if opt.cluster is not None:  # connected before anything is written: a cluster that cannot be used leaves no folder
+        cluster = RayScheduler(address, kind, opt.lanes_per_gpu, say=say)
+        cluster.connect()
     out, kept, earlier, before = _prepare_out(opt, device)
-    if opt.lanes_per_gpu > 1:
-        slots = lane_locks(slots, out / "gpu-locks")
+    scheduler: Scheduler | None = cluster  # None: each problem in this process, one after another
+    if cluster is None and slots:
+        scheduler = LocalScheduler(lane_locks(slots, out / "gpu-locks") if opt.lanes_per_gpu > 1 else slots)
     if opt.redo:
         again = {str(p) for p in paths}
         kept = [r for r in kept if r["path"] not in again]
@@ -845,6 +864,8 @@ def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
     for r in kept:  # a row kept from before calls were recorded: measured by an earlier call, which is not known
         r.setdefault("call", None)
     report["problems"] = kept
+    if scheduler is not None and scheduler.describe() is not None:
+        report["cluster"] = scheduler.describe()  # filled in as the scheduler connects (nodes, GPUs, version)
     # every call that wrote into this folder (a resumed run is several), so the record says how it was made;
     # each row says which call measured it, and each call which xeforge source it ran
     call = len(earlier)
@@ -867,8 +888,8 @@ def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
     order = {path: i for i, path in enumerate(dict.fromkeys(
         [*before, *(str(p) for p in paths)]))}
     try:
-        if slots:
-            _run_parallel(todo, opt, kind, slots, out, report, progress, deadline)
+        if scheduler is not None:
+            _run_scheduled(todo, opt, kind, scheduler, out, report, progress, deadline)
         else:
             for p in todo:
                 if deadline is not None and time.monotonic() > deadline:
@@ -898,6 +919,8 @@ def run_bench(opt: BenchOptions, *, make_verifier=None) -> dict:
         report["elapsed_s"] = round(time.monotonic() - t0, 1)
         report["calls"][-1]["elapsed_s"] = report["elapsed_s"]
         finalize(report)
+        for r in report.get("retried") or []:
+            say(f"retried after a lost worker: {r['problem']} ({r['attempts']} attempts; {'; '.join(r['lost'])})")
         try:
             write_bench_reports(out, report)
         except Exception as exc:  # noqa: BLE001 — keep the JSON even if rendering breaks; say why
@@ -965,54 +988,7 @@ def _write_partial(out: Path, report: dict) -> None:
     write_json(out / "bench.json", report)
 
 
-# ------------------------------------------------------------------------------------------------ --workers
-def gpu_slots(kind: str, n: int, env: dict[str, str] | None = None, count: int | None = None,
-              cpus: int | None = None, lanes: int = 1, lock_dir: Path | None = None) -> list[dict[str, str]]:
-    """The environment of each worker subprocess: ``n`` GPUs (``CUDA_VISIBLE_DEVICES`` / ``ZE_AFFINITY_MASK``),
-    ``lanes`` subprocesses on each. On the CPU interpreter the workers are plain parallel processes.
-
-    Lanes on one GPU share a lock file (``XEFORGE_GPU_LOCK``: its name here, in ``lock_dir`` when given;
-    :mod:`xeforge.device_lock`): each lane's timing has the GPU to itself. With several lanes each also gets its
-    share of the host's CPUs for torch.compile's compile workers (``TORCHINDUCTOR_COMPILE_THREADS``, unless set;
-    half the CPUs over all lanes): a lane compiling with every CPU slows another lane's host side while it is
-    being timed.
-    """
-    env = os.environ if env is None else env
-    if kind == "cpu":
-        return [{} for _ in range(n)]
-    var = "CUDA_VISIBLE_DEVICES" if kind == "cuda" else "ZE_AFFINITY_MASK"
-    if count is None:
-        # lazy: torch (seconds to import) only to count GPUs for --workers; the bench process needs it nowhere else
-        import torch
-
-        count = torch.cuda.device_count() if kind == "cuda" else torch.xpu.device_count()
-    if n > count:
-        raise UsageError("--workers", f"{n} workers asked for, but {count} {kind} GPU(s) are visible",
-                         f"use --workers {count} or fewer")
-    listed = [s.strip() for s in env.get(var, "").split(",") if s.strip()]
-    ids = listed if listed else [str(i) for i in range(count)]
-    slots = [{var: ids[i]} for i in range(n) for _ in range(lanes)]
-    if lanes > 1:
-        for s in slots:
-            name = f"{kind}-{s[var]}.lock"
-            s[device_lock.ENV] = str(lock_dir / name) if lock_dir else name
-    if len(slots) > 1 and "TORCHINDUCTOR_COMPILE_THREADS" not in env:
-        share = str(max(1, (cpus or os.cpu_count() or 2) // (2 * len(slots))))
-        for s in slots:
-            s["TORCHINDUCTOR_COMPILE_THREADS"] = share
-    return slots
-
-
-def lane_locks(slots: list[dict[str, str]], folder: Path) -> list[dict[str, str]]:
-    """The lanes' lock files made real: in ``folder`` (created), or the ``XEFORGE_GPU_LOCK`` the bench was started
-    with, so several benches on one machine share one lock (every GPU's timing then queues on it)."""
-    given = device_lock.lock_path()
-    if not given:
-        folder.mkdir(parents=True, exist_ok=True)
-    return [{k: (given or str(folder / Path(v).name)) if k == device_lock.ENV else v for k, v in s.items()}
-            for s in slots]
-
-
+# ------------------------------------------------------------------------------------------------ --workers, --cluster
 def child_argv(opt: BenchOptions, problem: Path, device_kind: str, out: Path) -> list[str]:
     argv = [sys.executable, "-m", "xeforge", "bench", str(problem), "--device", device_kind, "--out", str(out),
             "--json", "--runs-dir", str(opt.runs_dir), "--compile-mode", opt.compile_mode]
@@ -1032,76 +1008,55 @@ def child_argv(opt: BenchOptions, problem: Path, device_kind: str, out: Path) ->
     return argv
 
 
-def _run_parallel(paths: list[Path], opt: BenchOptions, kind: str, slots: list[dict], out: Path, report: dict,
-                  progress: _Progress, deadline: float | None) -> None:
-    free: "queue.Queue[int]" = queue.Queue()
-    for i in range(len(slots)):
-        free.put(i)
-    procs: dict[int, subprocess.Popen] = {}
-    lock = threading.Lock()
+def _run_scheduled(paths: list[Path], opt: BenchOptions, kind: str, scheduler: Scheduler, out: Path, report: dict,
+                   progress: _Progress, deadline: float | None) -> None:
+    """Each problem as a child ``xeforge bench --json`` job on ``scheduler`` (this host's slots or a cluster);
+    rows merged in problem order as they finish, bench.json rewritten after each."""
     kept = list(report["problems"])
     rows: dict[int, dict] = {}
+    jobs = []
+    for idx, p in enumerate(paths):
+        stem = p.stem if p.is_file() else p.name
+        part = out / "parts" / f"{idx:03d}-{stem}"
+        n = 1
+        while part.exists():  # a resumed run re-benches into a fresh folder
+            n += 1
+            part = part.with_name(f"{idx:03d}-{stem}-{n}")
+        part.parent.mkdir(parents=True, exist_ok=True)
+        jobs.append(Job(idx, stem, child_argv(opt, p, kind, part), part))
 
-    def one(idx: int, p: Path) -> dict | None:
-        slot = free.get()
-        try:
-            if deadline is not None and time.monotonic() > deadline:
-                return None  # --stop-after: not started
-            part = out / "parts" / f"{idx:03d}-{p.stem if p.is_file() else p.name}"
-            n = 1
-            while part.exists():  # a resumed run re-benches into a fresh folder
-                n += 1
-                part = part.with_name(f"{idx:03d}-{p.stem if p.is_file() else p.name}-{n}")
-            part.parent.mkdir(parents=True, exist_ok=True)
-            log = part.with_name(part.name + ".log")
-            env = {**os.environ, **slots[slot]}
-            t0 = time.monotonic()
-            with open(log, "w") as fh, open(part.with_name(part.name + ".stdout"), "w") as so:
-                proc = subprocess.Popen(child_argv(opt, p, kind, part), stdout=so, stderr=fh, env=env)
-                with lock:
-                    procs[idx] = proc
-                rc = proc.wait()
-            row = _child_row(part, p, rc, log, slots[slot])
-            row.setdefault("elapsed_s", round(time.monotonic() - t0, 2))
-            return row
-        finally:
-            with lock:
-                procs.pop(idx, None)
-            free.put(slot)
+    def done(o: Outcome) -> None:
+        row = _child_row(o.job.part, paths[o.job.index], o.exit_code, o.job.log, o.env, o.error)
+        row.setdefault("elapsed_s", o.elapsed_s)
+        if o.where is not None:  # a cluster: where the finished attempt ran, and the attempts it took
+            row["worker"].update(o.where, attempts=o.attempts, lost=o.lost)
+        rows[o.job.index] = row
+        progress.finished(row)
+        report["problems"] = kept + [rows[k] for k in sorted(rows)]
+        _write_partial(out, report)
 
-    with ThreadPoolExecutor(max_workers=len(slots)) as pool:
-        futs = {pool.submit(one, i, p): i for i, p in enumerate(paths)}
-        try:
-            for fut in as_completed(futs):
-                row = fut.result()
-                if row is None:
-                    continue
-                rows[futs[fut]] = row
-                progress.finished(row)
-                report["problems"] = kept + [rows[k] for k in sorted(rows)]
-                _write_partial(out, report)
-        except BaseException:
-            for f in futs:
-                f.cancel()
-            with lock:
-                for proc in procs.values():
-                    proc.terminate()
-            raise
+    scheduler.run(jobs, done, deadline)
     report["problems"] = kept + [rows[k] for k in sorted(rows)]
 
 
-def _child_row(part: Path, problem: Path, rc: int, log: Path, slot: dict) -> dict:
+def _child_row(part: Path, problem: Path, rc: int | None, log: Path, slot: dict, error: str | None = None) -> dict:
+    """The row a child wrote into its part folder, or an error row saying why there is none (``error``: the
+    scheduler could not run the child to an end)."""
     worker = {"env": slot, "log": str(log), "exit_code": rc}
-    try:
-        child = json.loads((part / "bench.json").read_text())
-        row = child["problems"][0]
-    except (OSError, json.JSONDecodeError, KeyError, IndexError):
+    child = None
+    if error is None:
+        try:
+            child = json.loads((part / "bench.json").read_text())
+            row = child["problems"][0]
+        except (OSError, json.JSONDecodeError, KeyError, IndexError):
+            child = None
+    if child is None:
         tail = " ".join(log.read_text(errors="replace")[-800:].split()) if log.exists() else ""
+        what = error or f"the worker subprocess exited with code {rc} and wrote no result"
         return {"problem": problem.stem if problem.is_file() else problem.name, "path": str(problem),
-                "status": "error", "error": f"the worker subprocess exited with code {rc} and wrote no result"
-                + (f"; its log ends: {tail}" if tail else ""), "kind": None, "origin": None, "description": None,
-                "variant": None, "roofline": None, "entries": {}, "speedups": {}, "notes": [], "port_run": None,
-                "worker": worker}
+                "status": "error", "error": what + (f"; its log ends: {tail}" if tail else ""), "kind": None,
+                "origin": None, "description": None, "variant": None, "roofline": None, "entries": {},
+                "speedups": {}, "notes": [], "port_run": None, "worker": worker}
     row.pop("call", None)  # the child's own one call; the parent numbers its calls
     row["worker"] = {**worker, "device": child.get("device", {}).get("name")}
     return row
@@ -1127,7 +1082,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                        stop_after=args.stop_after,
                        target=args.target, triton=args.triton, llm=llm, llm_argv=llm_argv,
                        json=args.json, argv=sys.argv[1:], final=args.final,
-                       profile=args.profile)
+                       profile=args.profile, cluster=args.cluster)
     report = run_bench(opt)
     if args.json:
         print(json.dumps(report, indent=2, default=str))
@@ -1172,6 +1127,10 @@ def register(subparsers) -> None:
     p.add_argument("--lanes-per-gpu", type=int, default=1, metavar="K",
                    help="problems run at once on each GPU (default 1): their correctness runs and compiles overlap, "
                         "and each timing has the GPU to itself")
+    p.add_argument("--cluster", default=None, metavar="ray[://ADDRESS]",
+                   help="run each problem as a task on a Ray cluster (one GPU each, 1/K with --lanes-per-gpu K): "
+                        "'ray' connects to $RAY_ADDRESS, else to a cluster on this host, else starts one here; "
+                        "'ray://HOST:10001' through Ray Client. Needs pip install -e '.[ray]'")
     p.add_argument("--out", default=None, help="output folder (default: bench-out/<timestamp>/)")
     p.add_argument("--resume", action="store_true",
                    help="continue the bench in --out: keep its finished rows, bench the problems it lacks (or that errored)")

@@ -68,6 +68,12 @@ class EngineError(XeforgeError):
     kind = "engine"
 
 
+class ClusterError(XeforgeError):
+    """The Ray cluster ``--cluster`` names cannot be reached or cannot run the bench (no GPU for a GPU bench)."""
+
+    kind = "cluster"
+
+
 class UsageError(XeforgeError):
     """A command-line argument or environment setting is invalid."""
 

@@ -1,0 +1,315 @@
+"""The bench's schedulers: the local subprocess-per-slot one (fast, always run) and the Ray one (issue 35).
+
+The Ray tests start a Ray cluster of this host and are skipped at run time, with the reason, when Ray is not
+installed (``pip install -e '.[ray]'``). The scheduler tests drive :class:`RayScheduler` with small jobs whose
+child kills itself or its Ray worker on the first attempt (deterministic retries); the CLI test runs
+``xeforge bench --cluster ray`` on two bundled problems against a ``ray start --head`` cluster, kills one
+problem's child and another problem's Ray worker mid-run, and compares the verdicts with ``--workers 2``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from xeforge import bench, ray_cluster
+from xeforge.errors import ClusterError, UsageError
+from xeforge.schedule import Job, LocalScheduler
+
+PROBLEMS = ("kernels/vector_add", "kernels/softmax")
+
+
+def _job(tmp: Path, idx: int, body: str) -> Job:
+    """A job whose child runs ``body`` (Python) with PART set to its part folder, as the bench's child would."""
+    part = tmp / "parts" / f"{idx:03d}-job{idx}"
+    part.parent.mkdir(parents=True, exist_ok=True)
+    code = "import json, os, signal, sys, time\nfrom pathlib import Path\nPART = Path(sys.argv[1])\nPART.mkdir(parents=True, exist_ok=True)\n" \
+        + textwrap.dedent(body)
+    return Job(idx, f"job{idx}", [sys.executable, "-c", code, str(part)], part)
+
+
+WRITE_ROW = """
+(PART / "bench.json").write_text(json.dumps({"problems": [{"problem": "p", "env": os.environ.get("SLOT", "")}]}))
+(PART / "work").mkdir(exist_ok=True)
+(PART / "work" / "note.txt").write_text("from the child")
+print("child stdout")
+print("child stderr", file=sys.stderr)
+"""
+
+
+def _plain_types(value) -> set[str]:
+    """The type names a value is built of (containers included), to assert only plain data crossed."""
+    names = {type(value).__name__}
+    if isinstance(value, dict):
+        for k, v in value.items():
+            names |= {type(k).__name__} | _plain_types(v)
+    elif isinstance(value, list):
+        for v in value:
+            names |= _plain_types(v)
+    return names
+
+
+# ------------------------------------------------------------------------------------------------ local, fast
+def test_local_scheduler_runs_each_job_once_in_a_slot_environment(tmp_path):
+    jobs = [_job(tmp_path, i, WRITE_ROW) for i in range(3)]
+    seen = []
+    LocalScheduler([{"SLOT": "a"}, {"SLOT": "b"}]).run(jobs, seen.append, None)
+    assert sorted(o.job.index for o in seen) == [0, 1, 2]
+    for o in seen:
+        assert o.exit_code == 0 and o.where is None and o.attempts == 1 and o.error is None
+        row = json.loads((o.job.part / "bench.json").read_text())["problems"][0]
+        assert row["env"] == o.env["SLOT"] and o.env["SLOT"] in {"a", "b"}  # the slot it ran in is the one reported
+        assert o.job.log.read_text().strip() == "child stderr" and o.job.stdout.read_text().strip() == "child stdout"
+    assert LocalScheduler([{}]).describe() is None  # the local default adds nothing to bench.json
+
+
+def test_local_scheduler_starts_nothing_after_the_deadline(tmp_path):
+    jobs = [_job(tmp_path, i, WRITE_ROW) for i in range(2)]
+    seen = []
+    LocalScheduler([{}]).run(jobs, seen.append, time.monotonic() - 1)
+    assert seen == [] and not any(j.part.exists() for j in jobs)
+
+
+def test_child_rows_read_back_and_an_unrun_job_is_an_error_row(tmp_path):
+    job = _job(tmp_path, 0, WRITE_ROW)
+    subprocess.run(job.argv, check=True, capture_output=True)
+    row = bench._child_row(job.part, Path("kernels/x"), 0, job.log, {"SLOT": "a"})
+    assert row["problem"] == "p" and row["worker"]["exit_code"] == 0
+    job.log.write_text("the last words of the log")
+    err = bench._child_row(job.part, Path("kernels/x"), None, job.log, {}, error="lost 3 time(s), not retried again")
+    assert err["status"] == "error" and err["error"].startswith("lost 3 time(s)") and "last words" in err["error"]
+
+
+def test_cluster_flag_parsing_and_its_refusals(tmp_path):
+    assert ray_cluster.parse_cluster("ray", env={}) is None
+    assert ray_cluster.parse_cluster("ray", env={"RAY_ADDRESS": "10.0.0.1:6379"}) == "10.0.0.1:6379"
+    assert ray_cluster.parse_cluster("ray://head:10001", env={"RAY_ADDRESS": "x:1"}) == "ray://head:10001"
+    for bad in ("ray://", "dask", "ray:head"):
+        with pytest.raises(UsageError):
+            ray_cluster.parse_cluster(bad, env={})
+    with pytest.raises(UsageError) as err:
+        bench.run_bench(bench.BenchOptions(problems=[str(ROOT / PROBLEMS[0])], device="cpu", cluster="ray",
+                                           workers=2, out=tmp_path / "o"))
+    assert "--workers" in str(err.value)
+    port = _free_port()  # nothing listens there: refused at once, not after Ray's minutes of retries
+    t0 = time.monotonic()
+    with pytest.raises((ClusterError, UsageError)) as err:  # UsageError: Ray itself is not installed here
+        bench.run_bench(bench.BenchOptions(problems=[str(ROOT / PROBLEMS[0])], device="cpu",
+                                           cluster=f"ray://127.0.0.1:{port}", out=tmp_path / "o"))
+    assert time.monotonic() - t0 < 30 and err.value.fix
+    assert not (tmp_path / "o").exists()  # refused before anything was written
+
+
+def test_missing_ray_is_refused_with_the_install_command(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    with pytest.raises(UsageError) as err:
+        bench.run_bench(bench.BenchOptions(problems=[str(ROOT / PROBLEMS[0])], device="cpu", cluster="ray",
+                                           out=tmp_path / "o"))
+    assert "Ray is not installed" in str(err.value) and ".[ray]" in err.value.fix
+    assert not (tmp_path / "o").exists()
+
+
+def test_what_a_task_returns_is_plain_data_and_stays_in_its_part_folder(tmp_path):
+    assert ray_cluster.is_plain({"a": [1, 2.0, None, True, b"x", {"b": "c"}]})
+    assert not ray_cluster.is_plain({"a": object()}) and not ray_cluster.is_plain({1: "int key"})
+    assert not ray_cluster.is_plain({"a": (1, 2)})  # a tuple is not what the task builds: refused
+    part = tmp_path / "parts" / "000-x"
+    (part / "work").mkdir(parents=True)
+    (part / "bench.json").write_text("{}")
+    (part / "work" / "big.bin").write_bytes(b"0" * 2000)
+    files, left = ray_cluster._collect(part, cap=1000)
+    assert list(files) == ["bench.json"] and "big.bin" in left[0]
+    job = Job(0, "x", [sys.executable], tmp_path / "driver" / "000-x")
+    ray_cluster._write_back(job, {"files": {"bench.json": b"{}", "../../escaped.txt": b"no"}, "log": b"l",
+                                  "stdout": b"s"})
+    assert (job.part / "bench.json").read_bytes() == b"{}" and job.log.read_bytes() == b"l"
+    assert not (tmp_path / "escaped.txt").exists()
+
+
+# ------------------------------------------------------------------------------------------------ Ray
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        pytest.skip("Ray is not installed: pip install -e '.[ray]' (the optional extra; CI's make setup installs it)")
+    return ray
+
+
+@pytest.fixture(scope="module")
+def ray_here():
+    """A Ray instance of this process (2 CPUs, no dashboard), which the scheduler finds connected."""
+    ray = _ray()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)  # a new one, not a found one
+    yield ray
+    ray.shutdown()
+
+
+@pytest.mark.slow  # starts Ray in the test process (about 10 s), then a few one-second jobs
+def test_ray_scheduler_retries_a_lost_child_and_a_lost_ray_worker(ray_here, tmp_path):
+    marker = tmp_path / "attempts"
+    marker.mkdir()
+    first_attempt = textwrap.dedent(f"""
+        n = len(list(Path({str(marker)!r}).glob(PART.name + "-*")))
+        (Path({str(marker)!r}) / f"{{PART.name}}-{{n}}").touch()
+        """)
+    jobs = [
+        _job(tmp_path, 0, WRITE_ROW),
+        _job(tmp_path, 1, first_attempt + "if n == 0:\n    os.kill(os.getpid(), signal.SIGKILL)\n" + WRITE_ROW),
+        _job(tmp_path, 2, first_attempt + "if n == 0:\n    os.kill(os.getppid(), signal.SIGKILL)\n    time.sleep(30)\n"
+             + WRITE_ROW),
+    ]
+    said, seen = [], []
+    sched = ray_cluster.RayScheduler(None, "cpu", retries=2, say=said.append)
+    sched.run(jobs, seen.append, None)
+    by = {o.job.index: o for o in seen}
+    assert sorted(by) == [0, 1, 2]
+    assert by[0].attempts == 1 and by[0].lost == [] and by[0].exit_code == 0
+    assert by[1].attempts == 2 and "killed by signal 9" in by[1].lost[0]
+    assert by[2].attempts == 2 and "Ray worker was lost" in by[2].lost[0]
+    for o in seen:  # every job's files came back and its row reads as the local path's
+        assert o.error is None and o.where["host"] == socket.gethostname()
+        assert json.loads((o.job.part / "bench.json").read_text())["problems"][0]["problem"] == "p"
+        assert (o.job.part / "work" / "note.txt").read_text() == "from the child"
+    assert any("job1" in m and "retrying (attempt 2 of 3)" in m for m in said)
+    assert any("job2" in m and "retrying" in m for m in said)
+    assert sched.describe()["nodes"] == 1 and sched.describe()["ray"] == ray_here.__version__
+
+
+@pytest.mark.slow  # with the Ray instance above: two short jobs
+def test_ray_task_returns_only_plain_data_and_gives_up_after_its_retries(ray_here, tmp_path):
+    job = _job(tmp_path, 0, WRITE_ROW)
+    ctx = {"cwd": str(ROOT), "kind": "cpu", "lanes": 1, "env": {}, "not_after": None}
+    result = ray_here.get(ray_here.remote(ray_cluster.run_on_node).remote(
+        {"argv": job.argv, "part": str(job.part)}, ctx))
+    assert _plain_types(result) <= {"dict", "str", "bytes", "int", "float", "list", "NoneType", "bool"}
+    assert result["exit_code"] == 0 and set(result["files"]) == {"bench.json", "work/note.txt"}
+    always = _job(tmp_path, 1, "os.kill(os.getpid(), signal.SIGKILL)\n")
+    seen = []
+    ray_cluster.RayScheduler(None, "cpu", retries=1, say=lambda m: None).run([always], seen.append, None)
+    (o,) = seen
+    assert o.attempts == 2 and len(o.lost) == 2 and o.error.startswith("lost 2 time(s)")
+    skipped = []
+    ray_cluster.RayScheduler(None, "cpu", say=lambda m: None).run([_job(tmp_path, 2, WRITE_ROW)], skipped.append,
+                                                                  time.monotonic() - 1)
+    assert skipped == []  # --stop-after passed: the task starts nothing
+
+
+# ------------------------------------------------------------------------------------------------ the CLI on a cluster
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ray_head(tmp_path_factory):
+    """``ray start --head`` on this host (2 CPUs), in a session of its own that teardown ends by its id."""
+    _ray()
+    exe = Path(sys.executable).with_name("ray")
+    if not exe.exists():
+        pytest.skip(f"no ray command beside {sys.executable}")
+    port = _free_port()
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"}
+    log = open(tmp_path_factory.mktemp("ray-head") / "head.log", "w")
+    proc = subprocess.Popen([str(exe), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
+                             "--include-dashboard=false", f"--ray-client-server-port={_free_port()}"],
+                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None, "ray start --head exited"
+                time.sleep(0.5)
+        yield {"address": f"127.0.0.1:{port}", "env": env, "session": proc.pid}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the head's session: its GCS, raylet and workers, nothing else
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        log.close()
+        # `ray start` records its address for a later ray.init() to find; ended by a signal, the head leaves it
+        current = Path("/tmp/ray/ray_current_cluster")
+        if current.is_file() and current.read_text().strip().endswith(f":{port}"):
+            current.unlink()
+
+
+def _children_of_session(session: int, problem: str) -> list[tuple[int, int]]:
+    """(pid, parent pid) of the bench children for ``problem`` in the Ray head's session."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+            if os.getsid(int(d.name)) != session:
+                continue
+            stat = (d / "stat").read_text()
+        except (OSError, ProcessLookupError):
+            continue
+        if b"xeforge" in argv and b"--json" in argv and any(a.endswith(b"/" + problem.encode()) for a in argv):
+            found.append((int(d.name), int(stat.rsplit(")", 1)[1].split()[1])))
+    return found
+
+
+def _verdicts(rep: dict) -> list[tuple]:
+    return [(r["problem"], r["status"], r["entries"]["start"]["verified"],
+             [(g["gate"], g["status"]) for g in r["entries"]["start"]["gates"]], r["entries"]["start"]["rounds"])
+            for r in rep["problems"]]
+
+
+@pytest.mark.slow  # a local --workers 2 bench and a Ray bench with two retried problems (about 90 s on 2 cores)
+def test_bench_on_a_ray_cluster_matches_the_local_path_and_survives_lost_workers(ray_head, tmp_path):
+    local = subprocess.run([sys.executable, "-m", "xeforge", "bench", *PROBLEMS, "--device", "cpu", "--workers", "2",
+                            "--out", str(tmp_path / "local")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert local.returncode == 0, local.stderr
+    out = tmp_path / "ray"
+    env = {**ray_head["env"], "RAY_ADDRESS": ray_head["address"]}
+    proc = subprocess.Popen([sys.executable, "-m", "xeforge", "bench", *PROBLEMS, "--device", "cpu",
+                             "--cluster", "ray", "--out", str(out), "--json"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # mid-run: vector_add's child is killed, and softmax's Ray worker (the child's parent)
+    killed: dict[str, int] = {}
+    deadline = time.monotonic() + 120
+    while len(killed) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        for problem, whom in (("vector_add", "child"), ("softmax", "ray worker")):
+            if problem in killed:
+                continue
+            found = _children_of_session(ray_head["session"], problem)
+            if found:
+                time.sleep(1.0)  # let it start its work
+                pid, parent = found[0]
+                os.kill(pid if whom == "child" else parent, signal.SIGKILL)
+                killed[problem] = pid
+        time.sleep(0.05)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert set(killed) == {"vector_add", "softmax"}, f"could not find both children to kill: {killed}\n{stderr}"
+    assert proc.returncode == 0, stderr
+    rep = json.loads(stdout)  # stdout holds the data and nothing else (Ray's logs stay on stderr)
+    assert rep == json.loads((out / "bench.json").read_text())
+    assert rep["status"] == "done" and _verdicts(rep) == _verdicts(json.loads((tmp_path / "local" / "bench.json").read_text()))
+    assert rep["cluster"]["scheduler"] == "ray" and rep["cluster"]["address"] == ray_head["address"]
+    retried = {r["problem"]: r for r in rep["retried"]}
+    assert set(retried) == {"vector_add", "softmax"} and all(r["attempts"] == 2 for r in retried.values())
+    assert "killed by signal 9" in retried["vector_add"]["lost"][0]
+    assert "Ray worker was lost" in retried["softmax"]["lost"][0]
+    assert "2 problem(s) retried after a lost worker" in rep["summary"]
+    assert "retried after a lost worker: vector_add (2 attempts" in stderr
+    for r in rep["problems"]:
+        assert r["worker"]["attempts"] == 2 and r["worker"]["pid"] != killed[r["problem"]]
+    local_rep = json.loads((tmp_path / "local" / "bench.json").read_text())
+    assert "retried" not in local_rep and "cluster" not in local_rep  # the local record is as it was
