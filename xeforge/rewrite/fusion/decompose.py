@@ -200,8 +200,8 @@ def _graph(name: str, method: bool, kinds: tuple[str, ...], consts: tuple, kw_na
 def lower_call(name: str, method: bool, args: list[tuple[str, Any]], kw_names: tuple[str, ...],
                bind: Callable[[str, str], str]) -> str:
     """tl code of the elementwise call ``name(*args)``: each arg is ('tensor', its tl code) or ('const', a Python
-    literal); the last ``len(kw_names)`` are keywords. ``bind(code, base)`` binds an intermediate to a fresh
-    variable (and returns its name), so a value the graph reads twice is computed once."""
+    literal); the last ``len(kw_names)`` are keywords. ``bind(code, base)`` binds an intermediate that more than one
+    node reads to a fresh variable (and returns its name), so it is computed once."""
     kinds = tuple(k for k, _ in args)
     consts = tuple(None if k == "tensor" else v for k, v in args)
     try:
@@ -233,7 +233,8 @@ def lower_call(name: str, method: bool, args: list[tuple[str, Any]], kw_names: t
                 if not isinstance(params[k], str):
                     params[k] = str(params[k]) if isinstance(params[k], bool) else _f(params[k])
             code = PRIMS[packet](params)
-            env[node] = code if code.isidentifier() or _is_number(code) else bind(code, "d")
+            # a value read by more than one node is computed once; one read once stays inline
+            env[node] = code if code.isidentifier() or _is_number(code) or len(node.users) <= 1 else bind(code, "d")
         else:
             raise DecompositionError(f"{shown}: graph node {node.op} {node.target}")
     if out is None:
