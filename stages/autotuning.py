@@ -24,18 +24,20 @@ from xeforge.analysis.launches import bindings, live_launches
 from xeforge.rewrite import autotune
 from xeforge.rewrite.tiling import KernelAnalysis, NotApplicable
 from xeforge.rewrite.tiling.configs import kb_configs, kb_errors, measured_configs, tunable
+from xeforge.rewrite.tiling.dispatch import undispatch
 from xeforge.rewrite.tiling.grid import launched_kernels_gemm_first
 from xeforge.rewrite.tiling.tactics import RewriteMemo
 
 
-def config_pool(ctx: StageContext, kernel: str) -> tuple[list[dict[str, Any]], str]:
-    """Configurations to list after the incumbent's own, and where they come from."""
+def config_pool(ctx: StageContext, kernel: str, source: str | None = None) -> tuple[list[dict[str, Any]], str]:
+    """Configurations to list after the incumbent's own, and where they come from (``source``: the incumbent with
+    its per-shape dispatch undone, where it has one)."""
     device = ctx.device
     if getattr(device, "interpreter", False) or getattr(device, "kind", "cpu") == "cpu":
         return [], ("the CPU interpreter has no benchmarker for @triton.autotune, so the list holds the launch's "
                     "own configuration only")
     measured = measured_configs(ctx.run_dir, kernel, autotune.MAX_CONFIGS - 1)
-    drawn = kb_configs(ctx, ctx.source, kernel, autotune.MAX_CONFIGS)
+    drawn = kb_configs(ctx, source or ctx.source, kernel, autotune.MAX_CONFIGS)
     pool: list[dict[str, Any]] = []
     for cfg in measured + drawn:
         if cfg not in pool:
@@ -63,7 +65,8 @@ class AutotuneFromSpace(Tactic):
         errors = []
         for kernel in launched_kernels_gemm_first(ctx.model):
             try:
-                pool, why = config_pool(ctx, kernel)
+                undone = undispatch(ctx.source, kernel)
+                pool, why = config_pool(ctx, kernel, undone[0] if undone else None)
                 if ctx.model.functions[kernel].is_autotuned:  # met where it is: its own list, extended
                     if not pool:
                         raise NotApplicable(f"{kernel} is @triton.autotune'd already and {why}")

@@ -19,6 +19,7 @@ from tests.conftest import tactic_context, FIXTURES, ROOT
 from xeforge.kernel_model import parse_kernel
 from xeforge.problem import load_problem
 from xeforge.rewrite import autotune, persistent
+from xeforge.rewrite.tiling.dispatch import Branch, dispatch
 
 KERNELS = ROOT / "kernels"
 HERE = FIXTURES / "tactics" / "autotuning"
@@ -45,6 +46,27 @@ def test_interpreter_candidate_autotunes_the_incumbent_config(verify):
     assert "triton.cdiv(M, META['BLOCK_M'])" in cand.source
     verdict = verify(p, cand.source)
     assert verdict.correct, verdict.feedback()
+
+
+def test_a_per_shape_dispatch_becomes_one_autotuned_launch_listing_every_branch(verify):
+    """After device_tuning's per-shape dispatch the kernel has a launch per shape class; autotuning replaces the
+    dispatch by the incumbent's launch under @triton.autotune whose list holds every branch's configuration (its key
+    picks per shape). Each listed configuration, pinned, is verified on the interpreter (which cannot benchmark)."""
+    p = load_problem(KERNELS / "gemm_relu")
+    small = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 16, "num_warps": 2}
+    dispatched = dispatch(p.kernel_source, "matmul_kernel", [Branch("M <= 31", small)])
+    assert len([s for s in parse_kernel(dispatched).launches if s.kernel == "matmul_kernel"]) == 2
+    src, plan = autotune.rewrite(dispatched, [], "cpu", kernel="matmul_kernel")
+    assert plan.replaced_dispatch == 2 and "in place of the per-shape dispatch of 2 launches" in plan.describe()
+    model = parse_kernel(src)
+    assert len([s for s in model.launches if s.kernel == "matmul_kernel"]) == 1 and "M <= 31" not in src
+    configs = model.functions["matmul_kernel"].autotune_configs
+    assert configs == [{"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4}, small]  # the else's first
+    app = TACTIC.check(context(p, dispatched))
+    assert app.applies and "per-shape dispatch" in app.reason, app.reason
+    for cfg in configs:
+        verdict = verify(p, autotune.pin(src, "matmul_kernel", cfg, "cpu"))
+        assert verdict.correct, (cfg, verdict.feedback())
 
 
 def test_persistent_grid_keeps_its_meta_lambda(verify):

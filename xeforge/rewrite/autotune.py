@@ -31,6 +31,7 @@ from typing import Any
 from xeforge.analysis.launches import autotune_configs, bindings, launch_options
 from xeforge.kernel_model import KernelModel, axis_blocks, dotted_name, parse_kernel
 from xeforge.rewrite.tiling import BlockPtr, KernelAnalysis, Mask, NotApplicable, Ptr, is_tl_call
+from xeforge.rewrite.tiling.dispatch import undispatch
 from xeforge.rewrite.tiling.grid import GridTranslator, launch_grid, launched_kernels_gemm_first, single_launch
 from xeforge.rewrite.tiling.configs import OPTION_KEYS, apply_config, kb_configs, tunable, values_at
 from xeforge.rewrite.tiling.host_rule import host_made
@@ -53,9 +54,14 @@ class AutotunePlan:
     grid: str | None  # the new grid expression (None: unchanged)
     restore: list[str] = field(default_factory=list)
     added: int = 0  # configurations appended to a list the kernel already had (0: a new decorator)
+    replaced_dispatch: int = 0  # branches of a per-shape dispatch this decorator replaces (their configs are listed)
 
     def describe(self) -> str:
         what = ", ".join(self.tuned + self.options)
+        if self.replaced_dispatch:
+            return (f"{self.kernel}: @triton.autotune over {len(self.configs)} config(s) of {what}, keyed on "
+                    f"{', '.join(self.key)}, in place of the per-shape dispatch of {self.replaced_dispatch} launches "
+                    "(each branch's configuration listed)")
         if self.added:
             return (f"{self.kernel}: its own @triton.autotune list of {len(self.configs) - self.added} extended by "
                     f"{self.added} KB configuration(s) of {what}, keyed on {', '.join(self.key) or 'nothing'}")
@@ -214,12 +220,19 @@ def rewrite(source: str, configs: list[dict[str, Any]], device_kind: str, kernel
     names = [kernel] if kernel else launched_kernels_gemm_first(model)
     errors = []
     for name in names:
+        src, pool, replaced = source, list(configs), 0
+        undone = undispatch(source, name)  # a per-shape dispatch: the autotuner's key picks per shape instead
+        if undone is not None:
+            src, branch = undone
+            pool = [c for c in branch[1:] + pool if c != branch[0]]
+            replaced = len(branch)
         try:
-            plan = plan_autotune(model, name, configs, device_kind, include_incumbent)
+            plan = plan_autotune(parse_kernel(src) if undone else model, name, pool, device_kind, include_incumbent)
         except NotApplicable as exc:
             errors.append(f"{name}: {exc}")
             continue
-        return apply_autotune(source, plan, device_kind), plan
+        plan.replaced_dispatch = replaced
+        return apply_autotune(src, plan, device_kind), plan
     raise NotApplicable("; ".join(errors) or "no kernel launch found")
 
 

@@ -14,6 +14,10 @@ the original launch names a grid variable whose value the new block sizes change
 inline and the variable is left as it was (other launches may read it). The ``else`` branch is the incumbent's
 launch, unchanged. Works wherever the launch is (``forward``, a wrapper function, a launcher method); the statement
 is replaced with libcst, the formatting and comments of the original launch kept.
+
+And :func:`undispatch`, the way back for the autotuning stage: such an ``if``/``elif``/``else`` over launches of one
+kernel becomes its ``else`` branch's launch again, with every branch's configuration returned, so one
+``@triton.autotune`` keyed on the shape arguments can choose among them (and more) per shape.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 from xeforge.kernel_model import KernelModel, LaunchSite, parse_kernel, parse_python
 from xeforge.rewrite.cst_tools import expr
 from xeforge.rewrite.tiling import NotApplicable
-from xeforge.rewrite.tiling.configs import apply_config
+from xeforge.rewrite.tiling.configs import apply_config, current_config
 from xeforge.rewrite.tiling.grid import enclosing_function, launch_grid, single_launch
 
 INDENT = "    "
@@ -155,3 +159,59 @@ def _replace_statement(source: str, line: int, new: cst.BaseStatement, kernel: s
     except SyntaxError as exc:  # never hand on a source that does not parse
         raise NotApplicable(f"the dispatch around line {launch_line} did not parse ({exc.msg}, line {exc.lineno})")
     return code
+
+
+def _leaves(node: ast.If, kernel: str, launches: set[int]) -> list[ast.stmt] | None:
+    """The one-statement branches of ``if``/``elif``/``else`` (the ``else`` last), each a launch of ``kernel``
+    (``launches``: their ids); None when any branch is anything else or the chain has no ``else``."""
+    out: list[ast.stmt] = []
+    while True:
+        if len(node.body) != 1 or id(node.body[0]) not in launches:
+            return None
+        out.append(node.body[0])
+        if len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If):
+            node = node.orelse[0]
+            continue
+        if len(node.orelse) != 1 or id(node.orelse[0]) not in launches:
+            return None
+        out.append(node.orelse[0])
+        return out
+
+
+def _dedented(source: str, stmt: ast.stmt, col: int) -> list[str]:
+    """``stmt``'s lines, moved left so that its first line starts at column ``col``."""
+    lines = source.splitlines()[stmt.lineno - 1:stmt.end_lineno]
+    shift = stmt.col_offset - col
+    return [ln[shift:] if ln[:shift].strip() == "" else ln.lstrip() for ln in lines]
+
+
+def undispatch(source: str, kernel: str) -> tuple[str, list[dict[str, Any]]] | None:
+    """``source`` with the per-shape dispatch of ``kernel`` (every launch of it a branch of one ``if``/``elif``/
+    ``else``) replaced by its ``else`` launch, and each branch's configuration (the ``else``'s first); None when
+    ``kernel``'s launches are not such a dispatch."""
+    model = parse_kernel(source)
+    sites = [s for s in model.launches if s.kernel == kernel]
+    if len(sites) < 2:
+        return None
+    launches = set()
+    for site in sites:
+        try:
+            launches.add(id(launch_statement(model, site)))
+        except NotApplicable:
+            return None
+    for node in ast.walk(model.tree):
+        if isinstance(node, ast.If):
+            leaves = _leaves(node, kernel, launches)
+            if leaves is not None and len(leaves) == len(sites):
+                lines = source.splitlines(keepends=True)
+
+                def with_leaf(leaf: ast.stmt) -> str:
+                    body = "".join(ln + "\n" for ln in _dedented(source, leaf, node.col_offset))
+                    return "".join(lines[:node.lineno - 1]) + body + "".join(lines[node.end_lineno:])
+
+                configs = []
+                for leaf in [leaves[-1], *leaves[:-1]]:
+                    m = parse_kernel(with_leaf(leaf))
+                    configs.append(current_config(m, single_launch(m, kernel)))
+                return with_leaf(leaves[-1]), configs
+    return None
