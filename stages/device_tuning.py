@@ -14,7 +14,9 @@ The stage's other tactics live beside it, in this order (each one works on the b
 ``split-k`` (:mod:`stages.device_tuning_splitk`, SPLIT_K programs per output tile over slices of K when a GEMM's
 tiles leave cores idle; first, because the swizzle would make the 2D grid 1D and the search should tune the
 split kernel), ``group-swizzle`` (:mod:`stages.device_tuning_swizzle`, grouped tile order, before the search so
-it tunes GROUP_SIZE_M), ``per-shape-config`` (:mod:`stages.device_tuning_shapes`, right after the search: where the
+it tunes GROUP_SIZE_M), ``swap-ab`` (:mod:`stages.device_tuning_swap`, after the search: the GEMM's tile computed
+transposed so that N fills the matrix unit's deep side at decode-sized M, timed at every shape),
+``per-shape-config`` (:mod:`stages.device_tuning_shapes`, right after the search: where the
 spec times several shapes, another configuration for the class of a shape far from the primary one — a decode-like
 M — as a small dispatch at the launch, ``if M <= 128: kernel[grid_a](..., BLOCK_M=16, ...) else: <the searched
 launch>``, drawn from the search's verified trials and the KB's seeds, every branch reached by a correctness shape,
@@ -38,6 +40,7 @@ from stages.device_tuning_host_desc import HostDescriptors
 from stages.device_tuning_rows import RowsPerProgram
 from stages.device_tuning_shapes import PerShapeConfig
 from stages.device_tuning_splitk import SplitK
+from stages.device_tuning_swap import SwapAB
 from stages.device_tuning_swizzle import GroupedTileOrder
 from xeforge.analysis.launches import autotune_configs, bindings, block_params, live_launches
 from xeforge.kernel_model import KernelModel, LaunchSite
@@ -213,11 +216,11 @@ STAGE = Stage(
     goal="pick tile sizes, num_warps, num_stages, grf_mode, warp_size and GROUP_SIZE_M for the device",
     kb_topics=("tiles", "warps", "grf", "slm", "swizzle"),
     # split-K first: it needs the 2D grid the swizzle replaces, and the search then tunes the split kernel;
-    # swizzle before the search: GROUP_SIZE_M becomes searchable; per-shape configurations after it: the primary keeps
-    # the searched configuration and the search's trials are there to draw from; the epilogue halves then, of the
-    # tuned tile; row batching then: ROWS is sized from the tuned block; host-side descriptors last: they are built
-    # from the launch the tactics before settled
-    tactics=[SplitK(), GroupedTileOrder(), LaunchParamSearch(), PerShapeConfig(target_site),
+    # swizzle before the search: GROUP_SIZE_M becomes searchable; swap-AB after it, timed at every shape; per-shape
+    # configurations after them: the primary keeps the searched configuration and the search's trials are there to
+    # draw from; the epilogue halves then, of the tuned tile; row batching then: ROWS is sized from the tuned block;
+    # host-side descriptors last: they are built from the launch the tactics before settled
+    tactics=[SplitK(), GroupedTileOrder(), LaunchParamSearch(), SwapAB(target_site), PerShapeConfig(target_site),
              EpilogueHalves(target_site), RowsPerProgram(), HostDescriptors()],
     detectors=[_detect_defaults],
 )

@@ -81,7 +81,7 @@ def _dot_acc(node: cst.CSTNode) -> str | None:
     return None
 
 
-def _k_loops(fn: cst.FunctionDef) -> dict[cst.For, str]:
+def k_loops(fn: cst.FunctionDef) -> dict[cst.For, str]:
     loops: dict[cst.For, str] = {}
     for node in walk(fn):
         if isinstance(node, cst.For):
@@ -106,7 +106,7 @@ def _k_loop_calls(fn: cst.FunctionDef, parsed: Parsed) -> dict[cst.CSTNode, str]
         helper = parsed.function(call_name(stmt.value) or "")
         if helper is None or helper is fn:
             continue
-        inner = _k_loops(helper)
+        inner = k_loops(helper)
         params = [p.name.value for p in helper.params.params]
         targets = [t.target for t in stmt.targets]
         names = {e.value.value for t in targets for e in (t.elements if isinstance(t, (cst.Tuple, cst.List)) else [])
@@ -169,7 +169,7 @@ def split_epilogue(source: str, kernel: str) -> tuple[str, EpiloguePlan]:
     fn = parsed.function(kernel)
     if fn is None:
         raise NotApplicable(f"{kernel} is not a top-level function")
-    loops = _k_loops(fn) or _k_loop_calls(fn, parsed)
+    loops = k_loops(fn) or _k_loop_calls(fn, parsed)
     if not loops:
         raise NotApplicable(f"{kernel}: no K loop accumulating tl.dot into a tile")
     accs = set(loops.values())
