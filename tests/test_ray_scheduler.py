@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -145,66 +146,72 @@ def _ray():
     return ray
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def ray_here():
-    """A Ray instance of this process (2 CPUs, no dashboard), which the scheduler finds connected."""
+    """A Ray instance of this process (2 CPUs, about 6 s to start), which the scheduler finds connected; ended with
+    its class, before the CLI tests start their head: one Ray at a time on CI's 2 cores."""
     ray = _ray()
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)  # a new one, not a found one
     yield ray
     ray.shutdown()
 
 
-@pytest.mark.slow  # starts Ray in the test process (about 10 s), then a few one-second jobs
-def test_ray_scheduler_retries_a_lost_child_and_a_lost_ray_worker(ray_here, tmp_path):
-    marker = tmp_path / "attempts"
-    marker.mkdir()
-    first_attempt = textwrap.dedent(f"""
-        n = len(list(Path({str(marker)!r}).glob(PART.name + "-*")))
-        (Path({str(marker)!r}) / f"{{PART.name}}-{{n}}").touch()
-        """)
-    jobs = [
-        _job(tmp_path, 0, WRITE_ROW),
-        _job(tmp_path, 1, first_attempt + "if n == 0:\n    os.kill(os.getpid(), signal.SIGKILL)\n" + WRITE_ROW),
-        _job(tmp_path, 2, first_attempt + "if n == 0:\n    os.kill(os.getppid(), signal.SIGKILL)\n    time.sleep(30)\n"
-             + WRITE_ROW),
-    ]
-    said, seen = [], []
-    sched = ray_cluster.RayScheduler(None, "cpu", retries=2, say=said.append)
-    sched.run(jobs, seen.append, None)
-    by = {o.job.index: o for o in seen}
-    assert sorted(by) == [0, 1, 2]
-    assert by[0].attempts == 1 and by[0].lost == [] and by[0].exit_code == 0
-    assert by[1].attempts == 2 and "killed by signal 9" in by[1].lost[0]
-    assert by[2].attempts == 2 and "Ray worker was lost" in by[2].lost[0]
-    for o in seen:  # every job's files came back and its row reads as the local path's
-        assert o.error is None and o.where["host"] == socket.gethostname()
-        assert json.loads((o.job.part / "bench.json").read_text())["problems"][0]["problem"] == "p"
-        assert (o.job.part / "work" / "note.txt").read_text() == "from the child"
-    assert any("job1" in m and "retrying (attempt 2 of 3)" in m for m in said)
-    assert any("job2" in m and "retrying" in m for m in said)
-    assert sched.describe()["nodes"] == 1 and sched.describe()["ray"] == ray_here.__version__
+class TestRayScheduler:
+    """The scheduler in this process, driving small jobs on :func:`ray_here`."""
+
+    @pytest.mark.slow  # a few one-second jobs
+    def test_ray_scheduler_retries_a_lost_child_and_a_lost_ray_worker(self, ray_here, tmp_path):
+        marker = tmp_path / "attempts"
+        marker.mkdir()
+        first_attempt = textwrap.dedent(f"""
+            n = len(list(Path({str(marker)!r}).glob(PART.name + "-*")))
+            (Path({str(marker)!r}) / f"{{PART.name}}-{{n}}").touch()
+            """)
+        jobs = [
+            _job(tmp_path, 0, WRITE_ROW),
+            _job(tmp_path, 1, first_attempt + "if n == 0:\n    os.kill(os.getpid(), signal.SIGKILL)\n" + WRITE_ROW),
+            _job(tmp_path, 2, first_attempt + "if n == 0:\n    os.kill(os.getppid(), signal.SIGKILL)\n    time.sleep(30)\n"
+                 + WRITE_ROW),
+        ]
+        said, seen = [], []
+        sched = ray_cluster.RayScheduler(None, "cpu", retries=2, say=said.append)
+        sched.run(jobs, seen.append, None)
+        by = {o.job.index: o for o in seen}
+        assert sorted(by) == [0, 1, 2]
+        assert by[0].attempts == 1 and by[0].lost == [] and by[0].exit_code == 0
+        assert by[1].attempts == 2 and "killed by signal 9" in by[1].lost[0]
+        assert by[2].attempts == 2 and "Ray worker was lost" in by[2].lost[0]
+        for o in seen:  # every job's files came back and its row reads as the local path's
+            assert o.error is None and o.where["host"] == socket.gethostname()
+            assert json.loads((o.job.part / "bench.json").read_text())["problems"][0]["problem"] == "p"
+            assert (o.job.part / "work" / "note.txt").read_text() == "from the child"
+        assert any("job1" in m and "retrying (attempt 2 of 3)" in m for m in said)
+        assert any("job2" in m and "retrying" in m for m in said)
+        assert sched.describe()["nodes"] == 1 and sched.describe()["ray"] == ray_here.__version__
 
 
-@pytest.mark.slow  # with the Ray instance above: two short jobs
-def test_ray_task_returns_only_plain_data_and_gives_up_after_its_retries(ray_here, tmp_path):
-    job = _job(tmp_path, 0, WRITE_ROW)
-    ctx = {"cwd": str(ROOT), "kind": "cpu", "lanes": 1, "env": {}, "not_after": None}
-    result = ray_here.get(ray_here.remote(ray_cluster.run_on_node).remote(
-        {"argv": job.argv, "part": str(job.part)}, ctx))
-    assert _plain_types(result) <= {"dict", "str", "bytes", "int", "float", "list", "NoneType", "bool"}
-    assert result["exit_code"] == 0 and set(result["files"]) == {"bench.json", "work/note.txt"}
-    always = _job(tmp_path, 1, "os.kill(os.getpid(), signal.SIGKILL)\n")
-    seen = []
-    ray_cluster.RayScheduler(None, "cpu", retries=1, say=lambda m: None).run([always], seen.append, None)
-    (o,) = seen
-    assert o.attempts == 2 and len(o.lost) == 2 and o.error.startswith("lost 2 time(s)")
-    skipped = []
-    ray_cluster.RayScheduler(None, "cpu", say=lambda m: None).run([_job(tmp_path, 2, WRITE_ROW)], skipped.append,
-                                                                  time.monotonic() - 1)
-    assert skipped == []  # --stop-after passed: the task starts nothing
+    @pytest.mark.slow  # three short jobs
+    def test_ray_task_returns_only_plain_data_and_gives_up_after_its_retries(self, ray_here, tmp_path):
+        job = _job(tmp_path, 0, WRITE_ROW)
+        ctx = {"cwd": str(ROOT), "kind": "cpu", "lanes": 1, "env": {}, "not_after": None}
+        result = ray_here.get(ray_here.remote(ray_cluster.run_on_node).remote(
+            {"argv": job.argv, "part": str(job.part)}, ctx))
+        assert _plain_types(result) <= {"dict", "str", "bytes", "int", "float", "list", "NoneType", "bool"}
+        assert result["exit_code"] == 0 and set(result["files"]) == {"bench.json", "work/note.txt"}
+        always = _job(tmp_path, 1, "os.kill(os.getpid(), signal.SIGKILL)\n")
+        seen = []
+        ray_cluster.RayScheduler(None, "cpu", retries=1, say=lambda m: None).run([always], seen.append, None)
+        (o,) = seen
+        assert o.attempts == 2 and len(o.lost) == 2 and o.error.startswith("lost 2 time(s)")
+        skipped = []
+        ray_cluster.RayScheduler(None, "cpu", say=lambda m: None).run([_job(tmp_path, 2, WRITE_ROW)], skipped.append,
+                                                                      time.monotonic() - 1)
+        assert skipped == []  # --stop-after passed: the task starts nothing
 
 
-# ------------------------------------------------------------------------------------------------ the CLI on a cluster
+    # ------------------------------------------------------------------------------------------------ the CLI on a cluster
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -213,27 +220,32 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def ray_head(tmp_path_factory):
-    """``ray start --head`` on this host (2 CPUs), in a session of its own that teardown ends by its id."""
+    """``ray start --head`` on this host (2 CPUs, token authentication with a token of its own), in a session of
+    its own that teardown ends by its id. Yields its address, its Ray Client address and the environment that
+    reaches it."""
     _ray()
     exe = Path(sys.executable).with_name("ray")
     if not exe.exists():
         pytest.skip(f"no ray command beside {sys.executable}")
-    port = _free_port()
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"}
+    port, client = _free_port(), _free_port()
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
+           "RAY_USAGE_STATS_ENABLED": "0"}
     log = open(tmp_path_factory.mktemp("ray-head") / "head.log", "w")
     proc = subprocess.Popen([str(exe), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
-                             "--include-dashboard=false", f"--ray-client-server-port={_free_port()}"],
+                             "--include-dashboard=false", f"--ray-client-server-port={client}"],
                             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None, "ray start --head exited"
-                time.sleep(0.5)
-        yield {"address": f"127.0.0.1:{port}", "env": env, "session": proc.pid}
+        for listening in (port, client):  # the GCS, then the Ray Client server, which starts after it
+            while time.monotonic() < deadline:
+                try:
+                    socket.create_connection(("127.0.0.1", listening), timeout=1).close()
+                    break
+                except OSError:
+                    assert proc.poll() is None, "ray start --head exited"
+                    time.sleep(0.5)
+        yield {"address": f"127.0.0.1:{port}", "client": f"ray://127.0.0.1:{client}", "env": env,
+               "session": proc.pid}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # the head's session: its GCS, raylet and workers, nothing else
         try:
@@ -313,3 +325,20 @@ def test_bench_on_a_ray_cluster_matches_the_local_path_and_survives_lost_workers
         assert r["worker"]["attempts"] == 2 and r["worker"]["pid"] != killed[r["problem"]]
     local_rep = json.loads((tmp_path / "local" / "bench.json").read_text())
     assert "retried" not in local_rep and "cluster" not in local_rep  # the local record is as it was
+
+
+@pytest.mark.slow  # one problem ported and benched through Ray Client (about 25 s)
+def test_a_port_through_ray_client(ray_head, tmp_path):
+    """``xeforge bench --port`` on the cluster: the problem's port runs inside its task's child, and its result is
+    verified there like any port result."""
+    proc = subprocess.run([sys.executable, "-m", "xeforge", "bench", PROBLEMS[0], "--device", "cpu", "--port",
+                           "--engine", "rules", "--stages", "memory_access", "--runs-dir", str(tmp_path / "runs"),
+                           "--cluster", ray_head["client"], "--out", str(tmp_path / "o"), "--json"], cwd=ROOT,
+                          env=ray_head["env"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rep = json.loads(proc.stdout)
+    assert rep["cluster"]["address"] == ray_head["client"] and rep["retried"] == []
+    (row,) = rep["problems"]
+    assert row["worker"]["attempts"] == 1 and row["port_run"]["ported_now"] is True
+    assert row["entries"]["start"]["verified"] == "verified" and row["entries"]["final"]["verified"] == "verified"
+    assert Path(row["port_run"]["report"]).is_file()  # one host: the port's run folder is where the row says
