@@ -135,6 +135,25 @@ def test_what_a_task_returns_is_plain_data_and_stays_in_its_part_folder(tmp_path
                                   "stdout": b"s"})
     assert (job.part / "bench.json").read_bytes() == b"{}" and job.log.read_bytes() == b"l"
     assert not (tmp_path / "escaped.txt").exists()
+    job.log.write_bytes(b"the whole log, of which a task returns the tail")  # the task ran on this host
+    ray_cluster._write_back(job, {"files": {}, "log": b"the tail", "stdout": b"s"})
+    assert job.log.read_bytes().startswith(b"the whole log")  # not cut down to the tail it came back with
+
+
+def test_a_ray_task_sees_the_gpu_ray_gave_it_and_lanes_share_its_lock(tmp_path):
+    """The environment a task gives its child, from the GPU ids Ray assigned (no GPU needed to check it)."""
+    from xeforge import device_lock
+
+    assert ray_cluster._gpu_env("cpu", 1, [], {}) == {}
+    assert ray_cluster._gpu_env("cuda", 1, ["3"], {}) == {"CUDA_VISIBLE_DEVICES": "3"}  # a whole GPU: no lock
+    two = ray_cluster._gpu_env("cuda", 2, ["1"], {})
+    assert two["CUDA_VISIBLE_DEVICES"] == "1" and two[device_lock.ENV].endswith("xeforge-gpu-locks/cuda-1.lock")
+    assert ray_cluster._gpu_env("cuda", 2, ["1"], {}) == two  # the other lane on GPU 1 takes the same lock
+    assert ray_cluster._gpu_env("cuda", 2, ["0"], {})[device_lock.ENV] != two[device_lock.ENV]
+    xpu = ray_cluster._gpu_env("xpu", 2, ["0"], {device_lock.ENV: str(tmp_path / "given.lock")})
+    assert xpu == {"ZE_AFFINITY_MASK": "0", device_lock.ENV: str(tmp_path / "given.lock")}  # a given lock is kept
+    assert ray_cluster.RayScheduler(None, "cuda", lanes=4).num_gpus == 0.25
+    assert ray_cluster.RayScheduler(None, "cpu", lanes=1).num_gpus == 0
 
 
 # ------------------------------------------------------------------------------------------------ Ray

@@ -109,6 +109,14 @@ def _collect(part: Path, cap: int) -> tuple[dict[str, bytes], list[str]]:
     return out, left
 
 
+def _tail(path: Path, limit: int = 1 << 20) -> bytes:
+    """The last ``limit`` bytes of a log (a child's stderr is not capped; its last lines say why it ended)."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        fh.seek(max(0, size - limit))
+        return fh.read()
+
+
 def _gpu_env(kind: str, lanes: int, ids: list[str], env: dict[str, str]) -> dict[str, str]:
     """The GPU Ray gave the task, made visible the way the local slots do it, and its lane lock."""
     if kind == "cpu" or not ids:
@@ -157,9 +165,8 @@ def run_on_node(job: dict, ctx: dict) -> dict:
     if rc < 0 and not (part / "bench.json").exists():
         return {"lost": f"its child was killed by signal {-rc} on {host} before it wrote a result", **where}
     files, left = _collect(part, RETURN_CAP_BYTES)
-    return {"exit_code": rc, "files": files, "left_out": left, "log": log.read_bytes()[-(1 << 20):],
-            "stdout": stdout.read_bytes()[-(1 << 20):], "env": gpu, "elapsed_s": round(time.monotonic() - t0, 2),
-            **where}
+    return {"exit_code": rc, "files": files, "left_out": left, "log": _tail(log), "stdout": _tail(stdout), "env": gpu,
+            "elapsed_s": round(time.monotonic() - t0, 2), **where}
 
 
 # ------------------------------------------------------------------------------------------------ the driver
@@ -186,9 +193,18 @@ def _write_back(job: Job, result: dict) -> None:
             continue
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_bytes(data)
-    for dest, data in ((job.log, result["log"]), (job.stdout, result["stdout"])):
-        if not (dest.is_file() and dest.read_bytes() == data):
-            dest.write_bytes(data)
+    for dest, tail in ((job.log, result["log"]), (job.stdout, result["stdout"])):
+        if not (dest.is_file() and _ends_with(dest, tail)):  # on the task's host the whole file is there already
+            dest.write_bytes(tail)
+
+
+def _ends_with(path: Path, tail: bytes) -> bool:
+    size = path.stat().st_size
+    if size < len(tail):
+        return False
+    with open(path, "rb") as fh:
+        fh.seek(size - len(tail))
+        return fh.read() == tail
 
 
 def _ray_prints_to_stderr():
@@ -283,8 +299,8 @@ class RayScheduler:
                 except ray.exceptions.RayError as exc:
                     result = {"error": f"the Ray task failed: {type(exc).__name__}: {' '.join(str(exc).split())[:600]}"}
                 if not is_plain(result):
-                    result = {"error": f"the Ray task returned {type(result).__name__} values that are not plain "
-                                       "data; nothing of it was used"}
+                    result = {"error": "the Ray task returned something other than plain data (str, bytes, numbers, "
+                                       "lists, str-keyed dicts); none of it was used"}
                 if result.get("skipped"):
                     continue
                 elapsed = round(time.monotonic() - t0[job.index], 2)
@@ -304,8 +320,8 @@ class RayScheduler:
                 where = {k: result[k] for k in ("host", "node", "pid")}
                 if result["left_out"]:
                     where["left_out"] = result["left_out"]
-                done(Outcome(job, result["exit_code"], result["env"], elapsed, where=where, attempts=attempt,
-                             lost=lost))
+                done(Outcome(job, result["exit_code"], result["env"], result["elapsed_s"], where=where,
+                             attempts=attempt, lost=lost))
         except BaseException:
             for ref in pending:
                 ray.cancel(ref, force=True)
