@@ -1,11 +1,12 @@
 """The report plots, drawn headless (matplotlib's Agg canvas, no pyplot, no display) into PNG bytes.
 
-Owns: four figures, each computed from a stored report JSON only (so ``xeforge report`` can redraw them):
+Owns: these figures, each computed from a stored report JSON only (so ``xeforge report`` can redraw them):
 
 - :func:`port_waterfall`: a port's speedup stage by stage (cumulative, log scale) and the end-to-end result;
 - :func:`suite_speedups`: each problem's start and port result against PyTorch eager and torch.compile (log scale);
 - :func:`suite_roofline`: achieved FLOP/s against arithmetic intensity, with the device roofline drawn;
-- :func:`suite_shapes`: each problem's port result against its start at every timed shape.
+- :func:`suite_shapes`: each problem's port result against its start, torch.compile and (for GEMMs) the vendor BLAS
+  GEMM at every timed shape (:data:`SHAPE_RATIOS`; the last two only where they were timed).
 
 Each returns a :class:`Plot`; when there is nothing to draw (no timings on the CPU interpreter, no roofline for
 the device) ``png`` is None and ``missing`` says why — the reports print that sentence instead of an image.
@@ -238,17 +239,25 @@ def suite_roofline(report: dict[str, Any]) -> Plot:
     return plot
 
 
-def suite_shapes(report: dict[str, Any]) -> Plot:
-    """The port result against its start at every timed shape of each problem that has more than one."""
-    plot = Plot("shapes", "Port result vs start at every timed shape",
-                "Ratio of median times per timed shape (>1: the port result is faster than its start there), log "
+#: the per-shape ratios drawn: plot name -> (speedup key, baseline's name in titles and axes)
+SHAPE_RATIOS = {"shapes": ("final_vs_start", "its start"), "shapes-compile": ("final_vs_compile", "torch.compile"),
+                "shapes-blas": ("final_vs_blas", "the vendor BLAS GEMM")}
+
+
+def suite_shapes(report: dict[str, Any], name: str = "shapes") -> Plot:
+    """The port result against a baseline (its start, torch.compile, the BLAS GEMM: :data:`SHAPE_RATIOS`) at every
+    timed shape of each problem that has more than one."""
+    key, base = SHAPE_RATIOS[name]
+    plot = Plot(name, f"Port result vs {base.removeprefix('its ')} at every timed shape",
+                f"Ratio of median times per timed shape (>1: the port result is faster than {base} there), log "
                 "scale; one bar per shape (bench-gpu, then bench-gpu-1, ...). Left of the line: slower at that shape.")
     rows = [r for r in report.get("problems", []) if len(r.get("shapes") or []) > 1]
     if not report.get("timed"):
         plot.missing = "nothing was timed: correctness-only run on the CPU interpreter"
         return plot
+    rows = [r for r in rows if any((sh.get("speedups", {}).get(key) or {}).get("value") for sh in r["shapes"])]
     if not rows:
-        plot.missing = "no problem was timed at more than one shape"
+        plot.missing = f"no problem was timed against {base} at more than one shape"
         return plot
     names = sorted({sh["variant"] for r in rows for sh in r["shapes"]})
     fig, why = _figure(8.0, max(3.0, 0.3 * len(rows) * len(names) + 1.5))
@@ -258,14 +267,14 @@ def suite_shapes(report: dict[str, Any]) -> Plot:
     ax = fig.add_subplot(1, 1, 1)
     height = 0.8 / len(names)
     vals_all = []
-    for i, name in enumerate(names):
-        pos = [(y - 0.4 + (i + 0.5) * height, (sh.get("speedups", {}).get("final_vs_start") or {}).get("value"))
-               for y, r in enumerate(rows) for sh in r["shapes"] if sh["variant"] == name]
+    for i, variant in enumerate(names):
+        pos = [(y - 0.4 + (i + 0.5) * height, (sh.get("speedups", {}).get(key) or {}).get("value"))
+               for y, r in enumerate(rows) for sh in r["shapes"] if sh["variant"] == variant]
         pos = [(p, v) for p, v in pos if v]
         vals_all += [v for _, v in pos]
         if pos:
             one = len(names) == 1  # one shape name: bars coloured by gain / loss; several: a colour per shape
-            ax.barh([p for p, _ in pos], [v - 1.0 for _, v in pos], height=height * 0.9, left=1.0, label=name,
+            ax.barh([p for p, _ in pos], [v - 1.0 for _, v in pos], height=height * 0.9, left=1.0, label=variant,
                     color=[_COLORS["gain"] if v >= 1.0 else _COLORS["loss"] for _, v in pos] if one else None)
     ax.axvline(1.0, color=_COLORS["roof"], lw=0.8, ls="--")
     ax.set_xscale("log")
@@ -275,14 +284,17 @@ def suite_shapes(report: dict[str, Any]) -> Plot:
     ax.set_yticks(list(range(len(rows))))
     ax.set_yticklabels([r["problem"] for r in rows], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("port result / start (log)")
+    ax.set_xlabel(f"port result / {base.removeprefix('its ')} (log)")
     ax.legend(fontsize=8, loc="lower right")
     plot.png = _png(fig)
     return plot
 
 
 def bench_plots(report: dict[str, Any]) -> list[Plot]:
-    return [suite_speedups(report), suite_roofline(report), suite_shapes(report)]
+    """The bench report's figures; a per-shape ratio with nothing to draw (no BLAS GEMM timed) is left out."""
+    shapes = [suite_shapes(report, n) for n in SHAPE_RATIOS]
+    return [suite_speedups(report), suite_roofline(report), shapes[0],
+            *[p for p in shapes[1:] if p.png is not None]]
 
 
 def port_plots(report: dict[str, Any]) -> list[Plot]:

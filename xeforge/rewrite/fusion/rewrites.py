@@ -758,8 +758,11 @@ def fuse_forward_ops(source: str, problem: Any) -> tuple[str, str]:
         new, absorbed = _apply_chain(c, ch)
         ops = ", ".join(dict.fromkeys(ch.ops))
         parts = []
-        if ch.stmts:
-            parts.append(f"{len(ch.stmts)} torch op statement(s) ({ops}) after {site.kernel} now run in its epilogue")
+        if ch.stmts or ch.ops:
+            what = f"{len(ch.stmts)} torch op statement(s)" if ch.stmts else "the returned expression's torch ops"
+            if ch.stmts and ch.ret is not None and ch.to_dtype is None and not isinstance(ch.ret.value, ast.Name):
+                what += " and the returned expression"
+            parts.append(f"{what} ({ops}) after {site.kernel} now run in its epilogue")
         if absorbed:
             parts.append(f"{site.kernel} writes {c.seg(ch.to_dtype)} directly (no trailing cast pass)")
         return new, "; ".join(parts)
