@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""The real-world corpus's bench report as markdown tables: one row per kernel and timed shape, then geomeans per
+family (the ``kind`` of each ``examples/realworld/<name>/new.yaml``) and overall, then the kernels whose port result
+is slower than the starting kernel at some timed shape, and the kernels with no figures (and why).
+
+Usage (repo root):
+    .venv/bin/python scripts/corpus_table.py BENCH_JSON [--earlier OLDER_BENCH_JSON ...] [--corpus examples/realworld]
+
+--earlier names reports of earlier calls of the same bench: a kernel without figures in BENCH_JSON (a row dropped by
+``--resume --redo`` and not run again, say) is explained from the newest earlier report that has a row for it.
+
+Every figure is read from BENCH_JSON as ``xeforge bench`` wrote it (``xeforge/bench.py``): per problem, ``shapes``
+(each timed shape with the median times of start, final, eager and compile, and the speedups final_vs_start and
+final_vs_compile = median(baseline) / median(port result)); problems timed at one shape only have no ``shapes`` and
+are read from ``entries`` and ``speedups``. Nothing is re-measured or rounded before the geomean.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import yaml
+
+try:
+    from tabulate import tabulate
+except ImportError:  # pragma: no cover - a plain pipe table without it
+    tabulate = None
+
+FAMILIES = ("gemm", "attention", "reduction", "elementwise", "other")
+
+
+def geomean(xs):
+    xs = [x for x in xs if x and x > 0 and math.isfinite(x)]
+    return (math.exp(sum(math.log(x) for x in xs) / len(xs)), len(xs)) if xs else (None, 0)
+
+
+def table(rows, headers):
+    if tabulate is not None:
+        return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def ms(t):
+    return f"{t['median_ms']:.4f}" if t and t.get("median_ms") is not None else "–"
+
+
+def x(sp):
+    return f"{sp['value']:.2f}x" if sp and sp.get("value") is not None else "–"
+
+
+def corpus_kinds(corpus: Path) -> dict[str, dict]:
+    out = {}
+    for f in sorted(corpus.glob("*/new.yaml")):
+        y = yaml.safe_load(f.read_text())
+        out[f.parent.name] = {"kind": y.get("kind", "other"), "bench": y.get("bench"), "dims": y.get("dims")}
+    return out
+
+
+def shapes_of(row: dict) -> list[dict]:
+    """Every timed shape of a row, the primary first; a row timed at one shape gets one from its entries."""
+    if row.get("shapes"):
+        return row["shapes"]
+    ents = row.get("entries") or {}
+    times = {k: e["time"] for k, e in ents.items() if e.get("timed") and e.get("time") and k != "blas"}
+    if not times:
+        return []
+    sp = {n: v for n, v in (row.get("speedups") or {}).items() if n in ("final_vs_start", "final_vs_compile",
+                                                                      "final_vs_eager")}
+    v = row.get("variant") or {}
+    return [{"variant": v.get("name"), "dims": v.get("dims"), "times": times, "speedups": sp, "errors": {}}]
+
+
+def why_not(row: dict) -> str:
+    return " ".join(_why_not(row).split())
+
+
+def _why_not(row: dict) -> str:
+    if row.get("status") == "error":
+        return (row.get("error") or "error").strip().splitlines()[0][:300]
+    ents = row.get("entries") or {}
+    bits = []
+    for k in ("start", "final"):
+        e = ents.get(k) or {}
+        if e.get("error"):
+            bits.append(f"{k}: {' '.join(e['error'].split())[:250]}")
+        elif e.get("not_timed"):
+            bits.append(f"{k}: {e['not_timed']}" + (f" ({e.get('verification', '')[:200]})"
+                                                       if e.get("verified") == "failed" else ""))
+    return "; ".join(bits) or "no timed start"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("bench_json")
+    ap.add_argument("--corpus", default="examples/realworld")
+    ap.add_argument("--earlier", action="append", default=[], help="an earlier report, newest last (repeatable)")
+    a = ap.parse_args(argv)
+    rep = json.loads(Path(a.bench_json).read_text())
+    kinds = corpus_kinds(Path(a.corpus))
+    rows_by = {r["problem"]: r for r in rep.get("problems", [])}
+    earlier: dict[str, tuple[str, dict]] = {}
+    for f in a.earlier:  # newest last: a later report's row wins
+        for r in json.loads(Path(f).read_text()).get("problems", []):
+            earlier[r["problem"]] = (f, r)
+
+    per_kernel, slower, missing = [], [], []
+    fam = {f: {"vs_start": [], "vs_compile": [], "start_vs_compile": []} for f in FAMILIES}
+    timed_kernels = {f: 0 for f in FAMILIES}
+    for name, meta in kinds.items():
+        r = rows_by.get(name)
+        if r is None:
+            if name in earlier:
+                f, er = earlier[name]
+                missing.append((name, meta["kind"], f"not in this report; in {f}: {why_not(er)}"))
+            else:
+                missing.append((name, meta["kind"], "not benched (in no report given)"))
+            continue
+        shs = shapes_of(r)
+        ents = r.get("entries") or {}
+        if not shs or "start" not in (shs[0].get("times") or {}):
+            missing.append((name, meta["kind"], why_not(r)))
+            continue
+        timed_kernels[meta["kind"] if meta["kind"] in fam else "other"] += 1
+        note = ""
+        f = ents.get("final") or {}
+        if f.get("path") and f.get("source_hash") == (ents.get("start") or {}).get("source_hash"):
+            note = "port = start"
+        elif not f.get("path"):
+            note = "no port result" + (f": {f['error'][:120]}" if f.get("error") else "")
+        elif not f.get("timed"):
+            note = f"port not timed: {f.get('not_timed') or f.get('error') or ''}"[:160]
+        for sh in shs:
+            t, sp = sh.get("times") or {}, sh.get("speedups") or {}
+            dims = ", ".join(f"{k}={v}" for k, v in (sh.get("dims") or {}).items())
+            vs_c = None
+            if t.get("final") and t.get("compile"):
+                vs_c = {"value": t["compile"]["median_ms"] / t["final"]["median_ms"]}
+            s_c = None
+            if t.get("start") and t.get("compile"):
+                s_c = {"value": t["compile"]["median_ms"] / t["start"]["median_ms"]}
+            fs = sp.get("final_vs_start")
+            fc = sp.get("final_vs_compile") or vs_c
+            err = "; ".join(f"{k}: {v[:80]}" for k, v in (sh.get("errors") or {}).items())
+            per_kernel.append([name, meta["kind"], sh.get("variant") or "", dims, ms(t.get("start")),
+                               ms(t.get("final")), ms(t.get("eager")), ms(t.get("compile")), x(fs), x(fc),
+                               "; ".join(b for b in (note, err) if b)])
+            fk = meta["kind"] if meta["kind"] in fam else "other"
+            for key, sv in (("vs_start", fs), ("vs_compile", fc), ("start_vs_compile", s_c)):
+                if sv and sv.get("value") is not None:
+                    fam[fk][key].append(sv["value"])
+            if fs and fs.get("value") is not None and fs["value"] < 1.0:
+                q = (f"; paired ratios {fs['ratio_q1']:.2f}-{fs['ratio_q3']:.2f}"
+                     if isinstance(fs.get("ratio_q1"), float) and math.isfinite(fs["ratio_q1"]) else "")
+                slower.append(f"{name} at {sh.get('variant')} ({dims}): {fs['value']:.3f}x{q}")
+
+    dev = rep.get("device") or {}
+    ver = rep.get("versions") or {}
+    print(f"Report: {a.bench_json} ({rep.get('status')}, created {rep.get('created')}); device {dev.get('name')} "
+          f"({dev.get('architecture')}, {dev.get('driver')}); torch {ver.get('torch')}, Triton {ver.get('triton')}, "
+          f"Python {ver.get('python')}\n")
+    print("### Geomeans per family (every timed shape of every benched kernel counts once)\n")
+    gm_rows = []
+    allv = {"vs_start": [], "vs_compile": [], "start_vs_compile": []}
+    for fname in FAMILIES:
+        d = fam[fname]
+        n_k = sum(1 for n, m in kinds.items() if m["kind"] == fname)
+        for k in allv:
+            allv[k] += d[k]
+        g1, n1 = geomean(d["vs_start"])
+        g2, n2 = geomean(d["vs_compile"])
+        g3, n3 = geomean(d["start_vs_compile"])
+        gm_rows.append([fname, f"{timed_kernels[fname]} of {n_k}", n1, f"{g1:.3f}x" if g1 else "–",
+                        f"{g2:.3f}x (n={n2})" if g2 else "–",
+                        f"{g3:.3f}x (n={n3})" if g3 else "–"])
+    g1, n1 = geomean(allv["vs_start"])
+    g2, n2 = geomean(allv["vs_compile"])
+    g3, n3 = geomean(allv["start_vs_compile"])
+    gm_rows.append(["**all**", f"{sum(timed_kernels.values())} of {len(kinds)}", n1, f"{g1:.3f}x" if g1 else "–",
+                    f"{g2:.3f}x (n={n2})" if g2 else "–",
+                    f"{g3:.3f}x (n={n3})" if g3 else "–"])
+    print(table(gm_rows, ["family", "kernels timed", "timed shapes", "port result / start",
+                          "port result vs torch.compile", "start vs torch.compile"]))
+    print("\nx = median(baseline) / median(port result): above 1 the port result is faster.\n")
+    print("### Per kernel and timed shape (median ms)\n")
+    print(table(per_kernel, ["kernel", "family", "shape", "dims", "start ms", "port result ms", "eager ms",
+                             "torch.compile ms", "result / start", "result vs torch.compile", "note"]))
+    print("\n### Port result slower than the start at some timed shape\n")
+    print("\n".join(f"- {s}" for s in slower) if slower else "- none")
+    print("\n### Kernels without figures\n")
+    print("\n".join(f"- `{n}` ({k}): {w}" for n, k, w in missing) if missing else "- none")
+    print("\n### Shapes (new.yaml: `dims` is bench-gpu; each `bench` entry overrides it as bench-gpu-1, -2, ...)\n")
+    shp = [[n, m["kind"], ", ".join(f"{k}={v}" for k, v in (m["dims"] or {}).items()),
+            "; ".join(", ".join(f"{k}={v}" for k, v in b.items()) for b in (m["bench"] or []))]
+           for n, m in kinds.items()]
+    print(table(shp, ["kernel", "family", "bench-gpu (dims)", "bench-gpu-1, -2, ... (overrides)"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The epilogue-graph problems (issue 33) on a GPU: written by scripts/epilogue_problems.py, then ported (rules
+# engine) and benched by scripts/h200-suite.sh against torch.compile of the same Model over F.linear.
+# Usage (repo root, GPU machine): bash scripts/h200-epilogues.sh OUTDIR [CASE ...]
+# The environment of h200-suite.sh applies (LANES, BUDGET, TIME_BUDGET, STAGES, STOP_AFTER, RESUME).
+set -uo pipefail
+OUTDIR=${1:-bench-out/h200-epilogues}
+shift || true
+PROBLEMS_DIR=${PROBLEMS_DIR:-/tmp/xeforge-epilogues}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+mapfile -t DIRS < <(python3 scripts/epilogue_problems.py "$PROBLEMS_DIR" "$@")
+bash scripts/h200-suite.sh "$OUTDIR" "${DIRS[@]}"
