@@ -111,6 +111,19 @@ def test_cluster_flag_parsing_and_its_refusals(tmp_path):
     assert not (tmp_path / "o").exists()  # refused before anything was written
 
 
+def test_a_gone_cluster_recorded_on_this_host_is_refused_at_once(tmp_path, monkeypatch):
+    _ray()
+    port = _free_port()
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray_cluster, "_recorded_address", lambda ray: f"127.0.0.1:{port}")  # `ray start` died
+    t0 = time.monotonic()
+    with pytest.raises(ClusterError) as err:
+        bench.run_bench(bench.BenchOptions(problems=[str(ROOT / PROBLEMS[0])], device="cpu", cluster="ray",
+                                           out=tmp_path / "o"))
+    assert time.monotonic() - t0 < 30 and "ray stop" in err.value.fix and f":{port}" in err.value.fix
+    assert not (tmp_path / "o").exists()
+
+
 def test_missing_ray_is_refused_with_the_install_command(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
     with pytest.raises(UsageError) as err:

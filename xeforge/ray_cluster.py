@@ -170,17 +170,26 @@ def run_on_node(job: dict, ctx: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ the driver
-def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+def _recorded_address(ray) -> str | None:
+    """The address a plain ``ray.init()`` would connect to: the cluster ``ray start`` recorded on this host (None:
+    none recorded, or this Ray keeps it elsewhere; ray.init then starts a local instance or finds it itself)."""
+    try:
+        return ray._private.services.canonicalize_bootstrap_address(None)
+    except Exception:  # noqa: BLE001 — a private helper of Ray's; without it the check is skipped, not the run
+        return None
+
+
+def _check_reachable(address: str, fix: str = "") -> None:
     """A ClusterError at once when nothing listens at the address (Ray itself retries for minutes)."""
     hostport = address.removeprefix("ray://").rsplit("/", 1)[0]
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
         raise UsageError("--cluster", f"{address!r} is not HOST:PORT", "use ray://HOST:10001, or RAY_ADDRESS=HOST:6379")
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5.0).close()
     except OSError as exc:
         raise ClusterError("--cluster", f"nothing answers at {host}:{port} ({exc.strerror or exc})",
-                           "start the head node there (ray start --head), or fix RAY_ADDRESS / --cluster") from None
+                           fix or "start the head node there (ray start --head), or fix RAY_ADDRESS / --cluster") from None
 
 
 def _write_back(job: Job, result: dict) -> None:
@@ -242,6 +251,9 @@ class RayScheduler:
         where = self.info["address"]
         if self.address is not None:
             _check_reachable(self.address)
+        elif (found := _recorded_address(ray)) is not None:
+            _check_reachable(found, f"the cluster `ray start` recorded on this host ({found}) is gone: `ray stop` "
+                                    "clears the record; or name a cluster with RAY_ADDRESS or --cluster ray://")
         if not ray.is_initialized():
             try:
                 # worker logs stay out of this process's stdout (data goes there): each child's log is its own file
