@@ -34,8 +34,8 @@ def _job(tmp: Path, idx: int, body: str) -> Job:
     """A job whose child runs ``body`` (Python) with PART set to its part folder, as the bench's child would."""
     part = tmp / "parts" / f"{idx:03d}-job{idx}"
     part.parent.mkdir(parents=True, exist_ok=True)
-    code = "import json, os, signal, sys, time\nfrom pathlib import Path\nPART = Path(sys.argv[1])\nPART.mkdir(parents=True, exist_ok=True)\n" \
-        + textwrap.dedent(body)
+    code = ("import json, os, signal, sys, time\nfrom pathlib import Path\n"
+            "PART = Path(sys.argv[1])\nPART.mkdir(parents=True, exist_ok=True)\n") + textwrap.dedent(body)
     return Job(idx, f"job{idx}", [sys.executable, "-c", code, str(part)], part)
 
 
@@ -46,6 +46,12 @@ WRITE_ROW = """
 print("child stdout")
 print("child stderr", file=sys.stderr)
 """
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _plain_types(value) -> set[str]:
@@ -202,8 +208,8 @@ class TestRayScheduler:
         jobs = [
             _job(tmp_path, 0, WRITE_ROW),
             _job(tmp_path, 1, first_attempt + "if n == 0:\n    os.kill(os.getpid(), signal.SIGKILL)\n" + WRITE_ROW),
-            _job(tmp_path, 2, first_attempt + "if n == 0:\n    os.kill(os.getppid(), signal.SIGKILL)\n    time.sleep(30)\n"
-                 + WRITE_ROW),
+            _job(tmp_path, 2, first_attempt
+                 + "if n == 0:\n    os.kill(os.getppid(), signal.SIGKILL)\n    time.sleep(30)\n" + WRITE_ROW),
         ]
         said, seen = [], []
         sched = ray_cluster.RayScheduler(None, "cpu", retries=2, say=said.append)
@@ -241,15 +247,7 @@ class TestRayScheduler:
         assert skipped == []  # --stop-after passed: the task starts nothing
 
 
-    # ------------------------------------------------------------------------------------------------ the CLI on a cluster
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
+# ------------------------------------------------------------------------------------------------ the CLI on a cluster
 @pytest.fixture(scope="module")
 def ray_head(tmp_path_factory):
     """``ray start --head`` on this host (2 CPUs, token authentication with a token of its own), in a session of
@@ -345,7 +343,8 @@ def test_bench_on_a_ray_cluster_matches_the_local_path_and_survives_lost_workers
     assert proc.returncode == 0, stderr
     rep = json.loads(stdout)  # stdout holds the data and nothing else (Ray's logs stay on stderr)
     assert rep == json.loads((out / "bench.json").read_text())
-    assert rep["status"] == "done" and _verdicts(rep) == _verdicts(json.loads((tmp_path / "local" / "bench.json").read_text()))
+    local_rep = json.loads((tmp_path / "local" / "bench.json").read_text())
+    assert rep["status"] == "done" and _verdicts(rep) == _verdicts(local_rep)
     assert rep["cluster"]["scheduler"] == "ray" and rep["cluster"]["address"] == ray_head["address"]
     retried = {r["problem"]: r for r in rep["retried"]}
     assert set(retried) == {"vector_add", "softmax"} and all(r["attempts"] == 2 for r in retried.values())
@@ -355,7 +354,6 @@ def test_bench_on_a_ray_cluster_matches_the_local_path_and_survives_lost_workers
     assert "retried after a lost worker: vector_add (2 attempts" in stderr
     for r in rep["problems"]:
         assert r["worker"]["attempts"] == 2 and r["worker"]["pid"] != killed[r["problem"]]
-    local_rep = json.loads((tmp_path / "local" / "bench.json").read_text())
     assert "retried" not in local_rep and "cluster" not in local_rep  # the local record is as it was
 
 

@@ -50,7 +50,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from tabulate import tabulate
 
-from xeforge import device_lock, devices
+from xeforge import devices
 from xeforge.cli_args import add_llm_args, add_time_budget
 from xeforge.diagnosis.deep import describe as describe_deep
 from xeforge.diagnosis.profile import describe as describe_profile

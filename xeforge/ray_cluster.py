@@ -189,7 +189,8 @@ def _check_reachable(address: str, fix: str = "") -> None:
         socket.create_connection((host.strip("[]"), int(port)), timeout=5.0).close()
     except OSError as exc:
         raise ClusterError("--cluster", f"nothing answers at {host}:{port} ({exc.strerror or exc})",
-                           fix or "start the head node there (ray start --head), or fix RAY_ADDRESS / --cluster") from None
+                           fix or "start the head node there (ray start --head), or fix RAY_ADDRESS / --cluster"
+                           ) from None
 
 
 def _write_back(job: Job, result: dict) -> None:
@@ -230,8 +231,7 @@ class RayScheduler:
         self.address, self.kind, self.lanes, self.retries = address, kind, lanes, retries
         self.cwd = Path(cwd or os.getcwd()).resolve()
         self.say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
-        self.info: dict = {"scheduler": "ray", "address": address or "this host",
-                           "retries": retries,
+        self.info: dict = {"scheduler": "ray", "address": address or "this host", "retries": retries,
                            "num_gpus_per_task": self.num_gpus}
         self.connected_here = False
         self.ray = None  # the ray module once connected
@@ -272,7 +272,7 @@ class RayScheduler:
                          cpus=res.get("CPU", 0), gpus=res.get("GPU", 0))
         if self.num_gpus and not res.get("GPU"):
             raise ClusterError("--cluster", f"the Ray cluster at {where} has no GPU for a --device {self.kind} bench",
-                             "start the nodes with their GPUs (ray start --num-gpus N), or bench --device cpu")
+                               "start the nodes with their GPUs (ray start --num-gpus N), or bench --device cpu")
         self.say(f"ray: {self.info['nodes']} node(s), {self.info['cpus']:g} CPU(s), {self.info['gpus']:g} GPU(s) "
                  f"at {where}; {self.num_gpus:g} GPU per problem")
         self.ray = ray
