@@ -526,8 +526,10 @@ def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = Fals
                 state["line"] = s.lineno
                 if translate(s.value, s.lineno, ch.cur):
                     ch.ret = s
-                    names_full = names & full and reduction_call(s.value) is None
-                    (full.add if names_full else full.discard)(ch.cur)
+                    if names & full and reduction_call(s.value) is None:
+                        full.add(ch.cur)
+                    else:
+                        full.discard(ch.cur)
             else:
                 ch.stop = f"line {s.lineno}: `{c.seg(s)}` is not a plain return of the result"
             break

@@ -477,7 +477,6 @@ def _where(b, call, args):
     return f"tl.where({b.expr(args[0])}, {b.expr(args[1])}, {b.expr(args[2])})"
 
 
-#: methods that stand for the tensor they are called on, values unchanged
 def _row_dim(call: ast.Call, args: list[ast.expr]) -> None:
     dim = _kw(call, args, 1, "dim")
     extra = [k.arg for k in call.keywords if k.arg not in ("dim", "dtype")]
@@ -488,10 +487,10 @@ def _row_dim(call: ast.Call, args: list[ast.expr]) -> None:
 def _softmax(b: EpilogueBuilder, call: ast.Call, args: list[ast.expr]) -> str:
     """``softmax(z, dim=-1)`` = ``exp(z - max) / sum(exp(z - max))`` over the row (one tile covers it)."""
     _row_dim(call, args)
-    z = b.temp(b.expr(args[0]))
     if b.row_reduce is None:
         raise Unsupported(f"{ast.unparse(call)} reduces over the row: fused where one tile covers the row (the "
                           "fuse-row-reduction tactic's shape)")
+    z = b.temp(b.expr(args[0]))
     e = b.temp(f"tl.exp({z} - {b.row_reduce('max', z)})", "e")
     return f"({e} / {b.row_reduce('sum', e)})"
 
@@ -499,13 +498,14 @@ def _softmax(b: EpilogueBuilder, call: ast.Call, args: list[ast.expr]) -> str:
 def _log_softmax(b: EpilogueBuilder, call: ast.Call, args: list[ast.expr]) -> str:
     """``log_softmax(z, dim=-1)`` = ``z - logsumexp(z)`` over the row (one tile covers it)."""
     _row_dim(call, args)
-    z = b.temp(b.expr(args[0]))
     if b.row_reduce is None:
         raise Unsupported(f"{ast.unparse(call)} reduces over the row: fused where one tile covers the row (the "
                           "fuse-row-reduction tactic's shape)")
+    z = b.temp(b.expr(args[0]))
     return f"({z} - {b.row_reduce('logsumexp', z)})"
 
 
+#: methods that stand for the tensor they are called on, values unchanged
 VALUE_VIEWS = ("clone", "detach", "contiguous")
 
 #: ops over the whole row, lowered with :attr:`EpilogueBuilder.row_reduce` and broadcast back
