@@ -28,6 +28,7 @@ from xeforge.errors import ClusterError, UsageError
 from xeforge.schedule import Job, LocalScheduler
 
 PROBLEMS = ("kernels/vector_add", "kernels/softmax")
+OBJECT_STORE = 200 << 20  # bytes of Ray's object store per test cluster (its default is 30% of the host's memory)
 
 
 def _job(tmp: Path, idx: int, body: str) -> Job:
@@ -189,7 +190,8 @@ def ray_here():
     """A Ray instance of this process (2 CPUs, about 6 s to start), which the scheduler finds connected; ended with
     its class, before the CLI tests start their head: one Ray at a time on CI's 2 cores."""
     ray = _ray()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)  # a new one, not a found one
+    # a new one (not one found on this host), with a small object store: CI machines are small
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=OBJECT_STORE)
     yield ray
     ray.shutdown()
 
@@ -262,7 +264,8 @@ def ray_head(tmp_path_factory):
            "RAY_USAGE_STATS_ENABLED": "0"}
     log = open(tmp_path_factory.mktemp("ray-head") / "head.log", "w")
     proc = subprocess.Popen([str(exe), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
-                             "--include-dashboard=false", f"--ray-client-server-port={client}"],
+                             "--include-dashboard=false", f"--ray-client-server-port={client}",
+                             f"--object-store-memory={OBJECT_STORE}"],
                             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         deadline = time.monotonic() + 90
