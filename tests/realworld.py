@@ -40,6 +40,9 @@ NOT_STRUCTURAL = TUNING | {"per-shape-config"}
 #: name (the construct and what stops it). Each is a gap of the tool, listed in the issue's closing note.
 KNOWN_GAPS = {
     ("rope_cache", "rows-per-program"): "calls _rotate_head_block (line",
+    # q's and k's head blocks in one grid axis: a tile count over a block size the kernel is not given (passed in
+    # as a number it would go stale when the launch search changes BLOCK_H)
+    ("rope_cache", "persistent-loop"): "grid size n_q_blocks + triton.cdiv(n_k, BLOCK_H) is not a kernel argument",
     # a 2D descriptor cannot start at a batch's base pointer (a 3D descriptor over [batch, rows, cols] would)
     ("batched_matmul_3d", "tensor-descriptor"): "the base pointer a_ptr is offset by bid * stride_ab",
     # a query block past its sequence returns; in a tile loop that return would have to become a guard

@@ -146,10 +146,11 @@ INLINE_PID = EARLY_RETURN.replace("    pid = tl.program_id(0)\n    if pid * BLOC
 
 
 @pytest.mark.parametrize("source,reason", [
-    (None, "grid size n_rows is not a kernel argument"),
+    (EARLY_RETURN.replace("    if pid * BLOCK >= n:\n        return\n", "").replace("](x, y, n,", "](x, y, n + 0,"),
+     "grid size n is not passed to k"),
     (EARLY_RETURN, "returns early"),
     (INLINE_PID, "calls tl.program_id inline"),
-], ids=["softmax-rows", "early-return", "inline-program-id"])
+], ids=["a-tile-count-of-a-host-value", "early-return", "inline-program-id"])
 def test_unsupported_kernels_are_left_alone_with_a_reason(source, reason):
     p = load_problem(KERNELS / "softmax")
     ctx = context(p, source)
@@ -246,3 +247,25 @@ def test_a_return_that_ends_the_kernel_and_a_unit_grid_axis_do_not_block_the_til
                                               "    pid = tl.program_id(0)\n    if pid > 1000:\n        return\n")
     with pytest.raises(persistent.NotApplicable, match=r"returns early \(line 10\)"):
         persistent.rewrite(early)
+
+
+SLOW_ROWS = ["online_softmax", "cross_entropy_fwd", "fused_add_rmsnorm", "log_softmax_rows", "rmsnorm", "rotary"]
+
+
+@pytest.mark.parametrize("where", ["softmax", "rmsnorm_heuristics",
+                                   *[pytest.param(w, marks=pytest.mark.slow) for w in SLOW_ROWS]])
+def test_a_row_kernel_loops_over_the_rows_the_host_counts(where, verify):
+    """One program per row with the row count read off a shape on the host (``(n_rows,)``, ``(x2d.shape[0],)``):
+    the count comes in as an argument; a pointer the row advances in place (``X += row * stride``, the corpus's
+    RMSNorm) becomes a per-row local, so each row starts from the pointer the kernel was given."""
+    from tests.realworld import problem_dir
+
+    p = load_problem(KERNELS / where if (KERNELS / where).is_dir() else problem_dir(where))
+    ctx = context(p)
+    app = TACTIC.check(ctx)
+    assert app.applies and "NUM_PID_0" in app.reason, app.reason
+    src = TACTIC.propose(ctx)[0].source
+    if where == "rmsnorm_heuristics":
+        assert "X_tile = X + (row * stride_x_row)" in src and "X += " not in src
+    verdict = verify(p, src)
+    assert verdict.correct, verdict.feedback()

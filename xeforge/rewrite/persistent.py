@@ -34,7 +34,7 @@ from xeforge.rewrite.memory import launch_facts
 from xeforge.rewrite.tiling import KernelAnalysis, NotApplicable, _assign_counts, is_tl_call, names_in
 from xeforge.rewrite.tiling.grid import (GridTranslator, enclosing_function, fresh_name, launch_bindings, launch_grid,
                                          launched_kernels_gemm_first, program_id_vars, single_launch)
-from xeforge.rewrite.cst_tools import statements
+from xeforge.rewrite.cst_tools import code, statements
 from xeforge.rewrite.tiling.edit import FunctionEdit, LaunchEdit, add_module_function, edit_function, edit_launch
 
 HELPER = "_device_core_count"
@@ -69,6 +69,8 @@ class PersistentPlan:
     grid: object  # GridInfo
     site: object  # LaunchSite
     passed: dict[str, str] = dataclasses.field(default_factory=dict)  # new kernel argument -> the host count it gets
+    #: pointer parameters a tile advances in place (``X += row * stride``) -> the per-tile local that replaces them
+    advanced: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def describe(self) -> str:
         axes = " x ".join(self.counts)
@@ -125,6 +127,45 @@ def _hoistable_assign(st: ast.stmt, counts: dict[str, int], dependent: set[str])
                    for n in ast.walk(st.value))
 
 
+def _advances_only(rest: list[tuple[int, ast.stmt]], name: str) -> bool:
+    """Every assignment of ``name`` in the tile's statements is a top-level ``name += ...`` (nothing nested in an
+    ``if`` or a loop, where a tile might skip it)."""
+    top = [st for _, st in rest if isinstance(st, ast.AugAssign) and isinstance(st.target, ast.Name)
+           and st.target.id == name and isinstance(st.op, ast.Add)]
+    return bool(top) and len(top) == _assign_counts([st for _, st in rest]).get(name, 0)
+
+
+class _Advance(cst.CSTTransformer):
+    """In the tile loop's statements: the first ``X += d`` becomes ``X_tile = X + (d)``, and ``X`` is ``X_tile``
+    after it (so each tile starts from the parameter as the kernel received it)."""
+
+    def __init__(self, advanced: dict[str, str]) -> None:
+        self.advanced, self.started = advanced, set()
+
+    def rename(self, stmt: cst.BaseStatement) -> cst.BaseStatement:
+        line = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
+        if isinstance(line, cst.AugAssign) and isinstance(line.target, cst.Name) and \
+                line.target.value in self.advanced and line.target.value not in self.started:
+            name = line.target.value
+            rhs = line.value.visit(self)
+            self.started.add(name)
+            new = statements(f"{self.advanced[name]} = {name} + ({code(rhs)})")[0]
+            return new.with_changes(leading_lines=stmt.leading_lines, trailing_whitespace=stmt.trailing_whitespace)
+        return stmt.visit(self)
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.Name:
+        if updated.value in self.started:
+            return updated.with_changes(value=self.advanced[updated.value])
+        return updated
+
+
+def _plain_count(el: ast.AST) -> bool:
+    """A grid element that counts programs without dividing by a block: ``x2d.shape[0]``, ``batch * heads``."""
+    return not any((isinstance(n, ast.Call) and not (isinstance(n.func, ast.Attribute) and n.func.attr in
+                                                     ("size", "numel")))
+                   or (isinstance(n, ast.BinOp) and not isinstance(n.op, (ast.Mult, ast.Add))) for n in ast.walk(el))
+
+
 def plan_persistent(model: KernelModel, kernel: str) -> PersistentPlan:
     fn = model.functions[kernel]
     if is_persistent(fn.node):
@@ -162,9 +203,10 @@ def plan_persistent(model: KernelModel, kernel: str) -> PersistentPlan:
         try:
             kcounts.append(tr.kernel_expr(el))
         except NotApplicable:
-            # a count the kernel is not given on an outer axis (a batch size the wrapper reads off a shape, beside
-            # the tile axes): passed in as an argument
-            if ax == 0 or (grid.kind == "lambda" and grid.meta in names_in(el)):
+            # a count the kernel is not given (a batch size or a row count the wrapper reads off a shape): passed in
+            # as an argument, where no block size divides it (a tile count would go stale when a later stage
+            # changes the block)
+            if (grid.kind == "lambda" and grid.meta in names_in(el)) or not _plain_count(el):
                 raise
             name = fresh_name(taken, f"NUM_PID_{ax}")
             taken.add(name)
@@ -179,7 +221,14 @@ def plan_persistent(model: KernelModel, kernel: str) -> PersistentPlan:
     # names live before the loop that the loop body reassigns would carry state from one tile to the next
     before = set(fn.params) | set(_assign_counts(list(prologue)))
     in_loop = set(_assign_counts([st for _, st in rest]))
-    carried = sorted(before & in_loop)
+    # a parameter the tile advances in place (``X += row * stride``, the tutorials' row kernels) becomes a per-tile
+    # local from its first advance on; anything else assigned before the loop and inside it would carry over
+    advanced = {}
+    for name in sorted(before & in_loop):
+        if name in fn.params and name not in _assign_counts(list(prologue)) and _advances_only(rest, name):
+            advanced[name] = fresh_name(taken, f"{name}_tile")
+            taken.add(advanced[name])
+    carried = sorted((before & in_loop) - set(advanced))
     if carried:
         raise NotApplicable(f"{', '.join(carried)} assigned before the tile loop and again inside it")
     dependent = {p.name for p in pids}
@@ -195,8 +244,9 @@ def plan_persistent(model: KernelModel, kernel: str) -> PersistentPlan:
     bind = launch_bindings(site, fn, model.source)
     tensors = [bind[p].strip() for p in fn.params if p in bind and _PLAIN.match(bind[p].strip())
                and any(getattr(a.ptr, "base", None) == p for a in an.accesses)]
-    if not tensors:  # a kernel that reads its tensors through descriptors or block pointers: their base pointers
-        tensors = [bind[p].strip() for p in fn.params if p in _base_params(fn.node) and p in bind
+    if not tensors:  # a kernel that reads its tensors through descriptors or block pointers: their base pointers;
+        # or one that advances its pointers in place (``X += row * stride``)
+        tensors = [bind[p].strip() for p in fn.params if (p in _base_params(fn.node) or p in advanced) and p in bind
                    and _PLAIN.match(bind[p].strip())]
     host = enclosing_function(model, site)
     inputs = {a.arg for a in host.args.args} if host is not None else set()
@@ -207,7 +257,7 @@ def plan_persistent(model: KernelModel, kernel: str) -> PersistentPlan:
     cast = next((p.cast for p in pids if p.cast), None)
     start = f"tl.program_id(0).to({cast})" if cast else "tl.program_id(0)"
     return PersistentPlan(kernel, [p.name for p in sorted(pids, key=lambda p: p.axis)], start, kcounts, mcounts, first,
-                          {p.stmt.lineno for p in pids}, hoisted, device_arg, grid, site, passed)
+                          {p.stmt.lineno for p in pids}, hoisted, device_arg, grid, site, passed, advanced)
 
 
 def apply_persistent(source: str, plan: PersistentPlan, flatten: bool = False) -> str:
@@ -261,6 +311,9 @@ def apply_persistent(source: str, plan: PersistentPlan, flatten: bool = False) -
         loop = statements(header)[0]
         comment = cst.EmptyLine(comment=cst.Comment("# persistent: program p handles tiles p, p + num_programs, "
                                                     "p + 2 * num_programs, ..."))
+        if plan.advanced:
+            adv = _Advance(plan.advanced)
+            inner = [adv.rename(s) for s in inner]
         new_inner = [s for code in per_tile for s in statements(code)] + inner
         loop = loop.with_changes(body=loop.body.with_changes(body=new_inner), leading_lines=[comment])
         head = [s for code in lines for s in statements(code)]
