@@ -636,3 +636,17 @@ def test_a_ports_time_budget_reaches_every_port_of_the_bench(tmp_path):
     from xeforge.cli import build_parser
 
     assert build_parser().parse_args(["bench", "kernels/", "--port", "--time-budget", "3"]).time_budget == 3.0
+
+
+def test_an_out_of_memory_row_with_lanes_sharing_a_gpu_names_the_lanes_and_the_fix():
+    """The corpus run with 4 lanes on an 80 GB card reported eight starts as failing gate 0 with CUDA out of
+    memory: another lane's memory, not the kernel's fault. The row now says so, and how to bench it alone."""
+    from xeforge.bench import _out_of_memory, lanes_oom_note
+
+    start = {"verification": "rejected at gate 0-isolation: variant ci: raised: AcceleratorError: CUDA error: out of "
+                             "memory"}
+    assert _out_of_memory({"error": None, "entries": {"start": start}})
+    assert _out_of_memory({"error": "unexpected OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB"})
+    assert not _out_of_memory({"error": None, "entries": {"start": {"verification": "correct on every variant"}}})
+    note = lanes_oom_note(4, "geglu_tanh")
+    assert "--lanes-per-gpu 4" in note and "--redo geglu_tanh --lanes-per-gpu 1" in note

@@ -54,9 +54,11 @@ def launches(source: str, kernel: str) -> list:
     return [s for s in parse_kernel(source).launches if s.kernel == kernel]
 
 
-def test_registered_right_after_the_launch_parameter_search():
+def test_registered_right_after_the_launch_parameter_search_and_swap_ab():
+    """After the search (its trials are there to draw from) and after swap-ab (a swapped kernel that wins is the one
+    whose tiles the dispatch picks per shape class)."""
     names = [t.name for t in STAGE.tactics]
-    assert names.index("per-shape-config") == names.index("launch-params") + 1
+    assert names.index("per-shape-config") == names.index("swap-ab") + 1 == names.index("launch-params") + 2
 
 
 # ------------------------------------------------------------------------------------------------ where it does not act

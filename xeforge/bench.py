@@ -1030,6 +1030,8 @@ def _run_scheduled(paths: list[Path], opt: BenchOptions, kind: str, scheduler: S
         row.setdefault("elapsed_s", o.elapsed_s)
         if o.where is not None:  # a cluster: where the finished attempt ran, and the attempts it took
             row["worker"].update(o.where, attempts=o.attempts, lost=o.lost)
+        if opt.lanes_per_gpu > 1 and _out_of_memory(row):
+            row["notes"] = [*row.get("notes", []), lanes_oom_note(opt.lanes_per_gpu, row.get("problem", o.job.name))]
         rows[o.job.index] = row
         progress.finished(row)
         report["problems"] = kept + [rows[k] for k in sorted(rows)]
@@ -1037,6 +1039,20 @@ def _run_scheduled(paths: list[Path], opt: BenchOptions, kind: str, scheduler: S
 
     scheduler.run(jobs, done, deadline)
     report["problems"] = kept + [rows[k] for k in sorted(rows)]
+
+
+def _out_of_memory(row: dict) -> bool:
+    """Whether the row's error or any entry's verdict is the device running out of memory."""
+    texts = [row.get("error") or ""] + [str(e.get(k) or "") for e in (row.get("entries") or {}).values()
+                                       if isinstance(e, dict) for k in ("error", "verification")]
+    return any("out of memory" in t.lower() for t in texts)
+
+
+def lanes_oom_note(lanes: int, problem: str) -> str:
+    """What an out-of-memory row means when lanes share a GPU, and the fix."""
+    return (f"out of GPU memory while {lanes} problems shared the GPU (--lanes-per-gpu {lanes}): each lane holds its "
+            "own float64 oracle, inputs and compiled candidates, so this may be another lane's memory, not the "
+            f"kernel's fault; bench it again alone: --resume --redo {problem} --lanes-per-gpu 1")
 
 
 def _child_row(part: Path, problem: Path, rc: int | None, log: Path, slot: dict, error: str | None = None) -> dict:
