@@ -15,9 +15,13 @@ top (``pid_m = tl.program_id(0)``, ``pid_n = tl.program_id(1)``, or one ``pid``)
 
 and the launch gets ``grid = lambda META: (min(num_programs, <tiles from META>),)`` with the program count read
 from the device at run time (SMs on NVIDIA, Xe-cores on Intel, a few on the CPU interpreter) by a small
-module-level helper. Block sizes stay tunable: the grid follows ``META``. A kernel with an early ``return``,
-inline ``tl.program_id`` uses, a grid axis the kernel cannot recompute (a size that is not a kernel argument),
-or a name carried from before the loop and reassigned inside it is left alone, with the reason.
+module-level helper. Block sizes stay tunable: the grid follows ``META``. A grid count the kernel is not given but
+no block divides (a row count the wrapper reads off a shape, ``(x2d.shape[0],)``; a batch size) is passed in as a
+new argument ``NUM_PID_<axis>``; a pointer parameter each tile advances in place (``X += row * stride``, the row
+kernels' form) becomes a per-tile local (``X_tile = X + (row * stride)``), so every tile starts from the pointer the
+kernel was given. A kernel with an early ``return``, inline ``tl.program_id`` uses, a grid axis the kernel cannot
+recompute (a tile count over a size that is not a kernel argument), or another name carried from before the loop
+and reassigned inside it is left alone, with the reason.
 """
 
 from __future__ import annotations

@@ -252,8 +252,16 @@ def _fold(node: Any, params: dict[str, Any]) -> Any:
         if str(a.type).startswith("Tensor") and isinstance(v, (int, float, bool)):
             v = torch.tensor(v, dtype=torch.bool if isinstance(v, bool) else torch.float64)
         args[a.name] = v
-    got = node.target(**args)
-    return got.item() if hasattr(got, "item") else got
+    try:
+        got = node.target(**args)
+    except Exception as exc:  # noqa: BLE001 - torch's refusal of these constants, said as the reason
+        raise DecompositionError(f"aten.{node.target} on constants: {type(exc).__name__}: {exc}") from None
+    if not hasattr(got, "numel"):
+        return got
+    flat = got.flatten()
+    if flat.numel() == 0 or not bool((flat == flat[0]).all()):
+        raise DecompositionError(f"aten.{node.target} makes a constant tensor that is not one value")
+    return flat[0].item()
 
 
 def _is_number(code: str) -> bool:

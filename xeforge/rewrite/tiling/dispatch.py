@@ -161,9 +161,9 @@ def _replace_statement(source: str, line: int, new: cst.BaseStatement, kernel: s
     return code
 
 
-def _leaves(node: ast.If, kernel: str, launches: set[int]) -> list[ast.stmt] | None:
-    """The one-statement branches of ``if``/``elif``/``else`` (the ``else`` last), each a launch of ``kernel``
-    (``launches``: their ids); None when any branch is anything else or the chain has no ``else``."""
+def _leaves(node: ast.If, launches: set[int]) -> list[ast.stmt] | None:
+    """The one-statement branches of ``if``/``elif``/``else`` (the ``else`` last), each one of ``launches`` (the
+    ids of a kernel's launch statements); None when any branch is anything else or the chain has no ``else``."""
     out: list[ast.stmt] = []
     while True:
         if len(node.body) != 1 or id(node.body[0]) not in launches:
@@ -201,7 +201,7 @@ def undispatch(source: str, kernel: str) -> tuple[str, list[dict[str, Any]]] | N
             return None
     for node in ast.walk(model.tree):
         if isinstance(node, ast.If):
-            leaves = _leaves(node, kernel, launches)
+            leaves = _leaves(node, launches)
             if leaves is not None and len(leaves) == len(sites):
                 lines = source.splitlines(keepends=True)
 
@@ -212,6 +212,9 @@ def undispatch(source: str, kernel: str) -> tuple[str, list[dict[str, Any]]] | N
                 configs = []
                 for leaf in [leaves[-1], *leaves[:-1]]:
                     m = parse_kernel(with_leaf(leaf))
-                    configs.append(current_config(m, single_launch(m, kernel)))
+                    try:
+                        configs.append(current_config(m, single_launch(m, kernel)))
+                    except NotApplicable:
+                        return None
                 return with_leaf(leaves[-1]), configs
     return None
