@@ -395,7 +395,7 @@ def _bench_problem(path: Path, ctx: BenchContext, row: dict, workdir: Path) -> N
                description=problem.spec.description)
     row["notes"] += list(problem.notes)
     variant = problem.variant(opt.variant) if opt.variant else problem.timing_variant(device.kind)
-    dtype = variant.dtype or next((i.dtype for i in problem.input_specs(variant)), None)
+    dtype = problem.compute_dtype(variant)
     row["variant"] = {"name": variant.name, "dims": dict(variant.dims), "dtype": dtype, "flop": variant.flop,
                       "bytes": variant.bytes, "flop_expr": variant.flop_expr, "bytes_expr": variant.bytes_expr}
     row["roofline"] = roofline_for(variant, dtype, getattr(ctx.kbc, "entry", None))

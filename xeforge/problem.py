@@ -265,6 +265,12 @@ class Problem:
         names = variant.params or tuple(self.spec.inputs)
         return [self.spec.inputs[n] for n in names]
 
+    def compute_dtype(self, variant: Variant) -> str | None:
+        """The dtype a variant computes in: its own ``dtype``, else its first floating input's (an int64 index
+        tensor listed first says nothing of it)."""
+        return variant.dtype or next((i.dtype for i in self.input_specs(variant)
+                                      if str(i.dtype).startswith(("float", "bfloat"))), None)
+
     def ragged_variants(self, base: Variant) -> list[Variant]:
         """Ragged shapes for the correctness gate, derived from ``base`` (normally ``ci``)."""
         rg = self.spec.ragged

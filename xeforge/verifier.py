@@ -493,9 +493,7 @@ class Verifier:
         return "; cause: " + "; ".join(parts) if parts else ""
 
     def _tolerances(self, variant: Variant) -> tuple[float, float]:
-        # the variant's dtype, else the first floating input's (an int64 index tensor first says nothing of it)
-        dt = variant.dtype or next((i.dtype for i in self.problem.input_specs(variant)
-                                    if str(i.dtype).startswith(("float", "bfloat"))), None)
+        dt = self.problem.compute_dtype(variant)
         tf32 = self.problem.spec.precision == "tf32" and not self.device.interpreter
         default = default_tolerance(dt, self.settings, tf32)
         return (variant.rtol if variant.rtol is not None else default,
