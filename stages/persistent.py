@@ -1,16 +1,15 @@
 """Stage 6, persistent: a persistent kernel over tiles, sized from the device's core count.
 
-Owns: this stage's goal, its detector (a launch that starts many more programs than the device has cores)
-and its tactic ``persistent-loop`` (KB ``persistent-grid-from-cores``), which rewrites a tiled 1D or 2D grid
-into a loop over tiles with :mod:`xeforge.rewrite.persistent`: ``min(#tiles, cores)`` programs, the core
-count read from the device at run time (SMs on NVIDIA, Xe-cores on Intel). Where the launch already starts no
-more programs than the device has cores (each would walk one tile) it is proposed only if split-K cannot apply
-(split-K fills idle cores and needs the one-tile grid): the tile-loop form alone compiled 1.27x faster than the
-one-tile-per-program kernel on the H200 (Triton 3.6, 1024 x 4096 x 4096 bf16, 128 tiles; BENCHMARKS.md), so it
-is timed, not ruled out. On a GPU the rewrite is also proposed with the top KB tile configurations (and, on
-NVIDIA, with the tile loop flattened into the K loop as upstream's persistent matmul does), and over the block_io
-stage's rewrite where that stage did not adopt it (descriptors that lost alone; the two compose); the verifier
-times each one.
+Owns: this stage's goal, its detector (a launch that starts many more programs than the device has cores) and its
+tactic ``persistent-loop`` (KB ``persistent-grid-from-cores``), which rewrites a tiled 1D or 2D grid into a loop
+over tiles with :mod:`xeforge.rewrite.persistent`: ``min(#tiles, cores)`` programs, the core count read from the
+device at run time (SMs on NVIDIA, Xe-cores on Intel). Where the launch already starts no more programs than the
+device has cores (each would walk one tile) it is proposed only if split-K cannot apply (split-K fills idle cores
+and needs the one-tile grid): the tile-loop form alone compiled 1.27x faster than the one-tile-per-program kernel on
+the H200 (Triton 3.6, 1024 x 4096 x 4096 bf16, 128 tiles; docs/measurements/HISTORY.md), so it is timed, not ruled
+out. On a GPU the rewrite is also proposed with the top KB tile configurations (and, on NVIDIA, with the tile loop
+flattened into the K loop as upstream's persistent matmul does), and over the block_io stage's rewrite where that
+stage did not adopt it (descriptors that lost alone; the two compose); the verifier times each one.
 """
 
 from __future__ import annotations
@@ -84,7 +83,7 @@ class PersistentTileLoop(Tactic):
         """On a GPU, where the block_io stage's descriptors were not adopted (they lost alone), the tile loop over
         descriptor loads as well: the two compose. On the H200 (Triton 3.6, linear_relu, 1024 x 4096 x 4096 bf16)
         the descriptor GEMM was 0.92x of the pointer GEMM with one tile per program, and 1.14x of it inside a tile
-        loop (BENCHMARKS.md); each such candidate is timed."""
+        loop (docs/measurements/HISTORY.md); each such candidate is timed."""
         if not getattr(ctx.device, "can_time", False):
             return []
         try:

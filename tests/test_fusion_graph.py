@@ -121,12 +121,13 @@ _mm_bias[grid](x, self.weight, self.bias, y, M, N, K, x.stride(0), x.stride(1), 
 def _problem(tmp_path, body: str, style: str = "wrapper"):
     lines = "".join(f"        {ln}\n" for ln in body.splitlines())
     if style == "direct":
-        kernel = KERNEL[:KERNEL.index("def linear")] + MODEL.replace("        y = LINEAR(x, self.weight, self.bias)\n",
-                                                                      "".join(f"        {ln}\n" for ln in DIRECT.splitlines()))
+        launch = "".join(f"        {ln}\n" for ln in DIRECT.splitlines())
+        kernel = KERNEL[:KERNEL.index("def linear")] + MODEL.replace("        y = LINEAR(x, self.weight, self.bias)\n", launch)
     else:
         kernel = KERNEL + MODEL.replace("LINEAR", "linear")
     (tmp_path / "kernel.py").write_text(kernel.replace("BODY", lines))
-    ref = "import torch\nimport torch.nn.functional as F\n\n\ndef linear(x, weight, bias):\n    return torch.nn.functional.linear(x, weight, bias)\n"
+    ref = ("import torch\nimport torch.nn.functional as F\n\n\ndef linear(x, weight, bias):\n"
+           "    return torch.nn.functional.linear(x, weight, bias)\n")
     (tmp_path / "reference.py").write_text(ref + MODEL.replace("LINEAR", "linear").replace("BODY", lines))
     (tmp_path / "spec.yaml").write_text(SPEC)
     return load_problem(tmp_path)

@@ -4,8 +4,8 @@ Each ``backward_kernels.py`` holds the direct style plus backward kernels with t
 forward never calls). On a GPU context every applicable tactic of the stages that tune launches proposes its
 candidates (re-tiled copies included); in none of them may a launch of a kernel the trace did not see run have
 changed (its block sizes, launch options or grid): a tuning written there is lost on the real kernel. On the H200
-the dtype stage's copies went to such a launch and the port ended 2.9x slower than its other styles (BENCHMARKS.md);
-this test then found rows-per-program doing the same to logsumexp's backward kernel.
+the dtype stage's copies went to such a launch and the port ended 2.9x slower than its other styles
+(docs/measurements/HISTORY.md); this test then found rows-per-program doing the same to logsumexp's backward kernel.
 """
 
 from __future__ import annotations

@@ -38,7 +38,8 @@ def k(a_ptr, b_ptr, c_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.c
 @pytest.mark.parametrize("update, swapped", [
     ("acc += tl.dot(a, b)", "acc += tl.dot(tl.trans(b), tl.trans(a))"),
     ("acc = tl.dot(a, b, acc)", "acc = tl.dot(tl.trans(b), tl.trans(a), acc)"),
-    ('acc = acc + tl.dot(a, b, input_precision="ieee")', 'acc = acc + tl.dot(tl.trans(b), tl.trans(a), input_precision="ieee")'),
+    ('acc = acc + tl.dot(a, b, input_precision="ieee")',
+     'acc = acc + tl.dot(tl.trans(b), tl.trans(a), input_precision="ieee")'),
 ])
 def test_each_accumulation_form_is_swapped_and_transposed_back(update, swapped):
     src, plan = swap_ab(KERNEL.replace("UPDATE", update), "k")

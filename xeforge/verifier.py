@@ -484,8 +484,8 @@ class Verifier:
                              "true' if that is intended), or state the Model keeps between calls")
         if not unstable and not self.device.interpreter and self.problem.spec.precision != "tf32" \
                 and self._tolerances(variant)[0] <= self.settings.fp32_tol and tf32_dots(cand.text):
-            parts.append("a tl.dot on float32 operands runs as TF32 on this GPU (Triton's default), about 1e-3 relative "
-                         "error: set `precision: tf32` in spec.yaml if the kernel means it, or pass "
+            parts.append("a tl.dot on float32 operands runs as TF32 on this GPU (Triton's default), about 1e-3 "
+                         "relative error: set `precision: tf32` in spec.yaml if the kernel means it, or pass "
                          "input_precision=\"ieee\" to tl.dot to hold fp32")
         if cand.hash in self._nonfinite:
             parts.append(f"the weights {', '.join(self._nonfinite[cand.hash])} hold NaN or Inf once loaded: never "

@@ -12,8 +12,9 @@ GEMMs. The rewrite keeps every load as it is and changes three statements of the
 - right after the K loop ``acc = tl.trans(acc)``, so the epilogue and the store see the tile as before.
 
 Applies to a kernel with one K loop accumulating ``tl.dot`` into one ``tl.zeros`` tile in one of those three forms
-(a rescaled accumulator, flash attention's ``acc * alpha[:, None]``, would not survive the transpose); otherwise :class:`NotApplicable` names what stops it. Whether it wins is the GPU's to say (gate 3 over
-every timed shape): a candidate, not a rule; the per-shape dispatch may then keep it for the small-M class only.
+(a rescaled accumulator, flash attention's ``acc * alpha[:, None]``, would not survive the transpose); otherwise
+:class:`NotApplicable` names what stops it. Whether it wins is the GPU's to say (gate 3 over every timed shape): a
+candidate, not a rule; the per-shape dispatch may then keep it for the small-M class only.
 """
 
 from __future__ import annotations

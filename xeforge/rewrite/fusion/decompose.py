@@ -7,11 +7,12 @@ decomposition table (``torch._decomp``), until every node is a primitive of :dat
 comparisons, ...); each node then becomes one ``tl`` expression. The graph's inputs are the tile's value and the
 operands the caller already translated; Python literals stay constants.
 
-What is traced is only ever a torch function resolved by name from ``torch.nn.functional``, ``torch.special``,
-or (with a reference implementation in ``torch._refs``, so never ``torch.save`` and the like) ``torch`` and
-``torch.Tensor``, called on this module's own sample tensors with the literal arguments the call wrote: no user
-code runs here. A node whose inputs are all constants is computed by torch at once. Anything else, or a graph with a node outside :data:`PRIMS` (a reduction, a view, an op
-with no ``tl`` form), raises :class:`DecompositionError` naming the op.
+What is traced is only ever a torch function resolved by name from ``torch.nn.functional``, ``torch.special``, or
+(with a reference implementation in ``torch._refs``, so never ``torch.save`` and the like) ``torch`` and
+``torch.Tensor``, called on this module's own sample tensors with the literal arguments the call wrote: no user code
+runs here. A node whose inputs are all constants is computed by torch at once. Anything else, or a graph with a node
+outside :data:`PRIMS` (a reduction, a view, an op with no ``tl`` form), raises :class:`DecompositionError` naming
+the op.
 """
 
 from __future__ import annotations
