@@ -103,7 +103,9 @@ def decide(inc: list[float], cand: list[float], margin: float, floor_s: float | 
     implausible = None
     if floor_s is not None and sc.median_ms * 1e-3 < floor_s:
         implausible = (f"candidate median {sc.median_ms:.4f} ms is below the roofline floor {floor_s * 1e3:.4f} ms "
-                       "(flop/peak, bytes/bandwidth): a measurement or correctness bug")
+                       "(flop/peak, bytes/bandwidth): a measurement or correctness bug, or the spec's `flop` / "
+                       "`bytes` count more than the minimum work (a multi-pass algorithm's traffic, say: they are "
+                       "the floor any kernel must pay)")
     accepted = implausible is None and speedup > 1.0 + margin
     return Decision(speedup, margin, accepted, si, sc, implausible, speedup > flag_above)
 
