@@ -25,7 +25,10 @@ whose shape argument differs from the primary's by :data:`CLASS_RATIO` or more:
    whose branch keeps the incumbent's launch — a tile the search rejected because it was slower at the decode-like
    shape alone (:data:`PRIMARY_WINNERS` per class);
 6. **the combination** (:meth:`PerShapeConfig.follow_up`): with winners in two classes or more, one dispatch with
-   every class's winner, judged the same way.
+   every class's winner, judged the same way;
+7. **swap-AB for few rows**: for a class of the tile's rows (``M <= 128``), the class's first configurations again
+   with its branch launching a swap-AB copy of the kernel (``<kernel>_swapab``, the tile computed transposed:
+   :func:`xeforge.rewrite.device_tuning.swap_ab.swapped_branch`), the other shapes keeping the kernel as it is.
 
 Where it does not apply, it says why: on the interpreter (nothing to rank), with one timed shape, at an
 ``@triton.autotune``'d kernel (its key already picks a configuration per shape), at a kernel launched from several
@@ -46,6 +49,7 @@ from xeforge.problem import Variant, source_hash
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling.configs import (OPTION_KEYS, apply_config, current_config, describe, kb_configs,
                                             kb_rejects, measured_configs, tunable)
+from xeforge.rewrite.device_tuning.swap_ab import swap_ab, swapped_branch
 from xeforge.rewrite.tiling.dispatch import Branch, dispatch, launch_statement
 from xeforge.rewrite.tiling.grid import _cdiv_args, launch_bindings, launch_grid
 
@@ -53,6 +57,8 @@ from xeforge.rewrite.tiling.grid import _cdiv_args, launch_bindings, launch_grid
 CLASS_RATIO = 4
 #: candidates per shape class (each one is timed at every shape)
 CONFIGS_PER_CLASS = 4
+#: of those, how many also go to the class's branch as a swap-AB copy of the kernel
+SWAPPED_PER_CLASS = 2
 #: the launch search's verified trials and the KB's seeds considered per class
 FROM_SEARCH = 3
 FROM_KB = 3
@@ -353,7 +359,8 @@ class PerShapeConfig(Tactic):
         self._proposed.clear()
         out = []
         for cls in plan.classes:
-            for cfg in self.configs(ctx, plan.site, cls):
+            cfgs = self.configs(ctx, plan.site, cls)
+            for cfg in cfgs:
                 changed = {k: v for k, v in cfg.items() if current.get(k) != v}
                 desc = (f"{kernel}: if {cls.test} ({', '.join(cls.serves)}): {describe(changed)}; else the "
                         "incumbent's launch")
@@ -361,7 +368,35 @@ class PerShapeConfig(Tactic):
                 if cand is not None and cand.source != ctx.source:
                     self._proposed[source_hash(cand.source)] = (cls, cfg)
                     out.append(cand)
+            out.extend(self._swapped(ctx, kernel, cls, cfgs[:SWAPPED_PER_CLASS], current))
             out.extend(self._primary_winners(ctx, plan.site, cls, current))
+        return out
+
+    def _swapped(self, ctx: StageContext, kernel: str, cls: ShapeClass, cfgs: list[dict[str, Any]],
+                 current: dict[str, Any]) -> list[Candidate]:
+        """For a class of few rows: its branch launches a swap-AB copy of the kernel (the tile computed transposed,
+        N on the matrix unit's deep side; :mod:`xeforge.rewrite.device_tuning.swap_ab`) with each of the class's
+        first configurations, the other shapes keep the kernel as it is."""
+        if cls.op != "<=" or cls.block is None:
+            return []
+        try:
+            rows = swap_ab(ctx.source, kernel)[1].shape[0]
+        except NotApplicable:
+            return []
+        if rows != cls.block:  # few columns are not what swapping helps: the class must be of the tile's rows
+            return []
+        out = []
+        for cfg in cfgs:
+            try:
+                src = swapped_branch(dispatch(ctx.source, kernel, [Branch(cls.test, cfg)]), ctx.source, kernel,
+                                     cls.test)
+            except (NotApplicable, LookupError):
+                return out
+            changed = {k: v for k, v in cfg.items() if current.get(k) != v}
+            desc = (f"{kernel}: if {cls.test} ({', '.join(cls.serves)}): a swap-AB copy ({kernel}_swapab) with "
+                    f"{describe(changed) or 'the incumbent configuration'}; else the incumbent's launch")
+            out.append(Candidate(src, self.name, desc, kind="search", params={**cfg, "swap_ab": True},
+                                 time_all_shapes=True))
         return out
 
     def _primary_winners(self, ctx: StageContext, site: LaunchSite, cls: ShapeClass,

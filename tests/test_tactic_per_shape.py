@@ -16,11 +16,12 @@ import pytest
 
 from stages.base import Candidate, Stage, TrialOutcome
 from stages.device_tuning import STAGE
-from stages.device_tuning_shapes import CONFIGS_PER_CLASS, PerShapeConfig, chain_coverage
+from stages.device_tuning_shapes import CONFIGS_PER_CLASS, SWAPPED_PER_CLASS, PerShapeConfig, chain_coverage
 from tests.conftest import FIXTURES, ROOT, tactic_context
 from xeforge.kernel_model import parse_kernel
 from xeforge.problem import load_problem
 from xeforge.rewrite.tiling import NotApplicable
+from xeforge.rewrite.device_tuning.swap_ab import swapped_branch
 from xeforge.rewrite.tiling.dispatch import Branch, dispatch
 from xeforge.verifier import Verdict
 
@@ -89,7 +90,8 @@ def test_the_decode_shape_gets_a_class_and_candidates_that_keep_the_primary_laun
     # M: 4096 (primary), 16 (decode), 3000: the threshold is the power of two below sqrt(16 * 3000)
     assert "M <= 128 for bench-gpu-1 (M=16; verified at ci@bfloat16, bench-gpu-1" in app.reason
     assert "bench-gpu-2: no shape argument or grid axis of matmul_kernel (line 51) differs" in app.reason  # M 3000 vs 4096
-    cands = TACTIC.propose(ctx)
+    every = TACTIC.propose(ctx)
+    cands = [c for c in every if not c.params.get("swap_ab")]
     assert 0 < len(cands) <= CONFIGS_PER_CLASS
     original = ast.get_source_segment(p.kernel_source, launches(p.kernel_source, "matmul_kernel")[0].node)
     fn = parse_kernel(p.kernel_source).functions["matmul_kernel"]
@@ -109,6 +111,25 @@ def test_the_decode_shape_gets_a_class_and_candidates_that_keep_the_primary_laun
         assert blocks == [c.params["BLOCK_M"], c.params["BLOCK_N"]], c.description  # its own, consistent grid
     # the incumbent's tile fitted to the decode shape comes first: 16 rows, the rest as it was
     assert cands[0].params["BLOCK_M"] == 16 and cands[0].params["BLOCK_N"] == 32
+    # and the class's first configurations again, its branch launching a swap-AB copy of the kernel
+    swapped = [c for c in every if c.params.get("swap_ab")]
+    assert 0 < len(swapped) <= SWAPPED_PER_CLASS
+    for c in swapped:
+        assert len(launches(c.source, "matmul_kernel")) == 1 and len(launches(c.source, "matmul_kernel_swapab")) == 1
+        assert "def matmul_kernel_swapab(" in c.source and "a swap-AB copy" in c.description
+
+
+def test_the_swapped_branch_verifies_at_the_shapes_it_serves(verify):
+    """gemm_relu on the interpreter: ci (M=32) takes the incumbent's launch, the ragged M=31 and 17 the swapped copy
+    with a 16-row tile."""
+    p = load_problem(GEMM_RELU)
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 16, "num_warps": 2}
+    out = swapped_branch(dispatch(p.kernel_source, "matmul_kernel", [Branch("M <= 31", cfg)]), p.kernel_source,
+                         "matmul_kernel", "M <= 31")
+    assert "matmul_kernel_swapab[(triton.cdiv(M, 16), triton.cdiv(N, 64))](" in out
+    assert "acc += tl.dot(tl.trans(b), tl.trans(a))" in out and out.count("tl.trans(acc)") == 1
+    verdict = verify(p, out)
+    assert verdict.correct, verdict.feedback()
 
 
 def test_a_dim_that_only_sizes_the_grid_gets_a_class_too():
@@ -155,6 +176,8 @@ def test_two_classes_and_their_winners_combined(tmp_path):
     assert app.applies and "M <= 128 for bench-gpu-1" in app.reason and "N <= 1024 for bench-gpu-2" in app.reason
     tactic = PerShapeConfig(TACTIC._target)
     cands = tactic.propose(ctx)
+    assert not any(c.params.get("swap_ab") for c in cands if "if N <= 1024" in c.description)  # few columns: no swap
+    cands = [c for c in cands if not c.params.get("swap_ab")]
     by_class = {t: [c for c in cands if f"if {t} " in c.description] for t in ("M <= 128", "N <= 1024")}
     assert all(by_class.values()), [c.description for c in cands]
 
