@@ -477,31 +477,29 @@ def _where(b, call, args):
     return f"tl.where({b.expr(args[0])}, {b.expr(args[1])}, {b.expr(args[2])})"
 
 
-def _row_dim(call: ast.Call, args: list[ast.expr]) -> None:
+def _whole_row(b: EpilogueBuilder, call: ast.Call, args: list[ast.expr]) -> str:
+    """The tile value an op over the whole row reads (bound to a name), after checking it reduces over the last dim
+    and that one tile covers the row (else Unsupported with the reason)."""
     dim = _kw(call, args, 1, "dim")
     extra = [k.arg for k in call.keywords if k.arg not in ("dim", "dtype")]
     if literal(dim) not in (1, -1) or len(args) > 2 or extra:
         raise Unsupported(f"{ast.unparse(call)}: only over the last dim (dim=1 or -1) is fused")
+    if b.row_reduce is None:
+        raise Unsupported(f"{ast.unparse(call)} reduces over the row: fused where one tile covers the row (the "
+                          "fuse-row-reduction tactic's shape)")
+    return b.temp(b.expr(args[0]))
 
 
 def _softmax(b: EpilogueBuilder, call: ast.Call, args: list[ast.expr]) -> str:
     """``softmax(z, dim=-1)`` = ``exp(z - max) / sum(exp(z - max))`` over the row (one tile covers it)."""
-    _row_dim(call, args)
-    if b.row_reduce is None:
-        raise Unsupported(f"{ast.unparse(call)} reduces over the row: fused where one tile covers the row (the "
-                          "fuse-row-reduction tactic's shape)")
-    z = b.temp(b.expr(args[0]))
+    z = _whole_row(b, call, args)
     e = b.temp(f"tl.exp({z} - {b.row_reduce('max', z)})", "e")
     return f"({e} / {b.row_reduce('sum', e)})"
 
 
 def _log_softmax(b: EpilogueBuilder, call: ast.Call, args: list[ast.expr]) -> str:
     """``log_softmax(z, dim=-1)`` = ``z - logsumexp(z)`` over the row (one tile covers it)."""
-    _row_dim(call, args)
-    if b.row_reduce is None:
-        raise Unsupported(f"{ast.unparse(call)} reduces over the row: fused where one tile covers the row (the "
-                          "fuse-row-reduction tactic's shape)")
-    z = b.temp(b.expr(args[0]))
+    z = _whole_row(b, call, args)
     return f"({z} - {b.row_reduce('logsumexp', z)})"
 
 
