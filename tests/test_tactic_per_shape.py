@@ -22,7 +22,7 @@ from xeforge.kernel_model import parse_kernel
 from xeforge.problem import load_problem
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.device_tuning.swap_ab import swapped_branch
-from xeforge.rewrite.tiling.dispatch import Branch, dispatch
+from xeforge.rewrite.tiling.dispatch import Branch, dispatch, undispatch
 from xeforge.verifier import Verdict
 
 GEMM_RELU = ROOT / "kernels" / "gemm_relu"
@@ -230,6 +230,22 @@ def test_the_rewrite_is_valid_for_a_launch_in_forward_with_an_inline_grid():
     test = next(n for n in fn.body if isinstance(n, ast.If))
     assert "fc_relu[(triton.cdiv(M, 32), triton.cdiv(N, 64))](" in ast.get_source_segment(out, test.body[0])
     assert "BM=16, BN=16, BK=32, num_warps=4" in ast.get_source_segment(out, test.orelse[0])
+
+
+@pytest.mark.parametrize("where, kernel, blocks", [("gemm_relu", "matmul_kernel", ("BLOCK_M", "BLOCK_N")),
+                                                   ("wrapper", "fc_relu", ("BM", "BN")),
+                                                   ("direct", "fc_relu", ("BM", "BN"))])
+def test_undispatch_gives_back_the_launch_as_written_and_every_branch_configuration(where, kernel, blocks):
+    """The autotuning stage's way back from a dispatch (an if/elif/else of three launches here): the source before
+    the dispatch, to the character, and each branch's configuration, the else's first."""
+    src = load_problem(GEMM_RELU).kernel_source if where == "gemm_relu" else (STYLES / f"{where}.py").read_text()
+    small = {blocks[0]: 16, blocks[1]: 64, "num_warps": 2}
+    out = dispatch(src, kernel, [Branch("M <= 31", small), Branch("M <= 64", {**small, "num_warps": 4})])
+    back, configs = undispatch(out, kernel)
+    assert back == src
+    assert len(configs) == 3 and configs[1]["num_warps"] == 2 and configs[2]["num_warps"] == 4
+    assert all(c[blocks[1]] == 64 for c in configs[1:]) and configs[0][blocks[1]] != 64
+    assert undispatch(src, kernel) is None  # one launch: nothing to undo
 
 
 def test_a_launch_inside_a_larger_expression_is_refused_with_its_line():
