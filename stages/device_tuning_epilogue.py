@@ -1,45 +1,35 @@
 """Stage 7, device_tuning: the epilogue-halves tactic (a GEMM's epilogue on two column halves of its tile).
 
-Owns: the ``epilogue-halves`` tactic. The GEMM launch the stage tunes (the same target as the launch-parameter
-search) gets its epilogue run on the two ``[BM, BN // 2]`` column halves of the accumulator
-(:mod:`xeforge.rewrite.device_tuning.epilogue`): fewer live registers after the K loop, where a heavy epilogue (an
-exact GELU and a residual read on a 128 x 256 fp32 tile) spills. Whether that wins is the GPU's to say: on the H200
-it did for a GELU + residual epilogue and did not for a row reduction's partials (which this rewrite refuses
-anyway), so it is one candidate for gate 3, not a rule. Listed after the launch-parameter search and the per-shape
-configurations, so the halves are those of the tile the search chose; on a GPU also with the KB's top tile and,
-where the kernel still has one tile per program, inside a persistent tile loop.
+Owns: the ``epilogue-halves`` tactic (a :class:`~stages.device_tuning_rewrite.GemmRewrite`). The GEMM launch the
+stage tunes (the same target as the launch-parameter search) gets its epilogue run on the two ``[BM, BN // 2]``
+column halves of the accumulator (:mod:`xeforge.rewrite.device_tuning.epilogue`): fewer live registers after the K
+loop, where a heavy epilogue (an exact GELU and a residual read on a 128 x 256 fp32 tile) spills. Whether that wins
+is the GPU's to say: on the H200 it did for a GELU + residual epilogue and did not for a row reduction's partials
+(which this rewrite refuses anyway), so it is one candidate for gate 3, not a rule. Listed after the
+launch-parameter search and the per-shape configurations, so the halves are those of the tile the search chose; on a
+GPU also with the KB's top tile and, where the kernel still has one tile per program, inside a persistent tile loop.
 """
 
 from __future__ import annotations
 
-from typing import Callable
-
-from stages.base import Applicability, Candidate, StageContext, Tactic
+from stages.base import Candidate, StageContext
+from stages.device_tuning_rewrite import GemmRewrite
 from xeforge.analysis.launches import bindings
-from xeforge.kernel_model import KernelModel, LaunchSite
+from xeforge.kernel_model import LaunchSite
 from xeforge.rewrite import NotApplicable, persistent
-from xeforge.rewrite.autotune import with_configs
 from xeforge.rewrite.device_tuning.epilogue import EpiloguePlan, split_epilogue
-from xeforge.rewrite.tiling.configs import describe, kb_errors
-from xeforge.rewrite.tiling.tactics import RewriteMemo
+from xeforge.rewrite.tiling.configs import kb_errors
 
 #: the narrowest column block whose halves are worth a second pass over the epilogue
 MIN_COLUMNS = 32
-RETILE_CONFIGS = 1
 
 
-class EpilogueHalves(Tactic):
+class EpilogueHalves(GemmRewrite):
     name = "epilogue-halves"
     summary = "run a GEMM's epilogue on two [BM, BN/2] column halves of its accumulator (fewer live registers)"
+    flag, what, retile = "epilogue_halves", "the split epilogue", 1
 
-    def __init__(self, target: Callable[[KernelModel], LaunchSite | None]) -> None:
-        self._target = target
-        self._memo = RewriteMemo()
-
-    def _build(self, ctx: StageContext) -> tuple[str, EpiloguePlan]:
-        site = self._target(ctx.model)
-        if site is None:
-            raise NotApplicable("no GEMM launch to tune")
+    def rewrite(self, ctx: StageContext, site: LaunchSite) -> tuple[str, EpiloguePlan]:
         src, plan = split_epilogue(ctx.source, site.kernel)
         if plan.cols.isidentifier():
             value = bindings(ctx.model, site).get(plan.cols)
@@ -47,30 +37,10 @@ class EpilogueHalves(Tactic):
             if isinstance(width, int) and not isinstance(width, bool) and width < MIN_COLUMNS:
                 raise NotApplicable(f"{site.kernel} at line {site.line}: {plan.cols}={width}, halves of "
                                     f"{width // 2} columns are too narrow to gain (at least {MIN_COLUMNS})")
-        bad = kb_errors(ctx, src)
-        if bad:
-            raise NotApplicable(f"the split epilogue breaks KB constraints for {ctx.device_id}: {'; '.join(bad)}")
         return src, plan
 
-    def check(self, ctx: StageContext) -> Applicability:
-        try:
-            _, plan = self._memo.get(ctx, self._build)
-        except NotApplicable as exc:
-            return Applicability(False, str(exc))
-        return Applicability(True, plan.describe())
-
-    def propose(self, ctx: StageContext) -> list[Candidate]:
-        try:
-            src, plan = self._memo.get(ctx, self._build)
-        except NotApplicable:
-            return []
-        params = {"kernel": plan.kernel, "epilogue_halves": True}
-        out = [Candidate(src, self.name, plan.describe(), params=params)]
-        for cfg, tiled in with_configs(ctx, src, plan.kernel, RETILE_CONFIGS):
-            out.append(Candidate(tiled, self.name, f"{plan.describe()}; with {describe(cfg)}",
-                                 params={**params, **cfg}))
-        out.extend(self._in_tile_loop(ctx, src, plan))
-        return out
+    def more(self, ctx: StageContext, src: str, plan: EpiloguePlan) -> list[Candidate]:
+        return self._in_tile_loop(ctx, src, plan)
 
     def _in_tile_loop(self, ctx: StageContext, src: str, plan: EpiloguePlan) -> list[Candidate]:
         """On a GPU, where the kernel still has one tile per program: the halves inside a persistent tile loop too.

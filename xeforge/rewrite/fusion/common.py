@@ -61,44 +61,53 @@ def _symbolic(problem: Any, shapes: dict[str, tuple]) -> tuple | None:
     return tuple(sorted(a, key=str)[0] for a in axes)
 
 
-def traced_shape(problem: Any, param: str | None = None, launch: tuple[str, str] | None = None):
-    """What the static reading of forward and ``__init__`` does not show, as the traces of the starting kernel saw
-    it (shapes are the Model's, which no rewrite changes; one trace per problem, cached), in the spec's dim names:
-    the shape of a Model parameter or buffer (``param``: ``self.bias2`` made by ``nn.Parameter(torch.randn(n) *
-    0.1)``), or of the tensor a launch passes for a kernel parameter (``launch``: (kernel, parameter), a buffer a
-    wrapper sized from shapes it read; a kernel copied for an inlined launch, ``K_fused``, is its original's). None
-    where a trace is missing."""
+def _traced_args(problem: Any, kernel: str, param: str) -> dict[str, Any] | None:
+    """Variant -> the argument (a trace's ``Arg``) the one launch of ``kernel`` passes for ``param`` in the starting
+    kernel's traces (a kernel copied for an inlined launch, ``K_fused``, is its original's); None where a trace or
+    that one launch is missing (one trace per problem, cached)."""
     from xeforge.analysis.observe import traces  # lazy: the trace worker is only asked for what the code hides
 
-    shapes: dict[str, tuple] = {}
+    kernels = {kernel, re.sub(r"_fused(_\d+)?$", "", kernel)}
+    out = {}
     for vname, t in traces(problem).items():
-        if isinstance(t, str):
+        got = [] if isinstance(t, str) else [la.args[param] for la in t.launches
+                                             if la.kernel in kernels and param in la.args]
+        if len(got) != 1:
             return None
-        if param is not None and param.removeprefix("self.") in t.params:
-            shapes[vname] = t.params[param.removeprefix("self.")].shape
-        elif launch is not None:
-            kernels = {launch[0], re.sub(r"_fused(_\d+)?$", "", launch[0])}
-            got = [la.args[launch[1]].shape for la in t.launches if la.kernel in kernels and launch[1] in la.args]
-            if len(got) != 1:
+        out[vname] = got[0]
+    return out
+
+
+def traced_shape(problem: Any, param: str | None = None, launch: tuple[str, str] | None = None):
+    """What the static reading of forward and ``__init__`` does not show, as the traces of the starting kernel saw
+    it (shapes are the Model's, which no rewrite changes), in the spec's dim names: the shape of a Model parameter or
+    buffer (``param``: ``self.bias2`` made by ``nn.Parameter(torch.randn(n) * 0.1)``), or of the tensor a launch
+    passes for a kernel parameter (``launch``: (kernel, parameter), a buffer a wrapper sized from shapes it read).
+    None where a trace is missing."""
+    from xeforge.analysis.observe import traces  # lazy, as in _traced_args
+
+    shapes: dict[str, tuple] = {}
+    if launch is not None and param is None:
+        args = _traced_args(problem, *launch)
+        if args is None:
+            return None
+        shapes = {v: a.shape for v, a in args.items()}
+    else:
+        for vname, t in traces(problem).items():
+            if isinstance(t, str):
                 return None
-            shapes[vname] = got[0]
+            if param is not None and param.removeprefix("self.") in t.params:
+                shapes[vname] = t.params[param.removeprefix("self.")].shape
     return _symbolic(problem, shapes) if shapes else None
 
 
 def traced_scalar(problem: Any, kernel: str, param: str) -> list[tuple[str, int]]:
     """[(variant, value)] of the integer a launch of ``kernel`` passes for ``param`` in the starting kernel's traces
     (a row width the wrapper read from a weight's shape, say); empty where a trace or that launch is missing."""
-    from xeforge.analysis.observe import traces  # lazy, as in traced_shape
-
-    out = []
-    kernels = {kernel, re.sub(r"_fused(_\d+)?$", "", kernel)}
-    for vname, t in traces(problem).items():
-        got = [] if isinstance(t, str) else [la.args[param].value for la in t.launches
-                                             if la.kernel in kernels and param in la.args]
-        if len(got) != 1 or not isinstance(got[0], int) or isinstance(got[0], bool):
-            return []
-        out.append((vname, got[0]))
-    return out
+    args = _traced_args(problem, kernel, param) or {}
+    if any(not isinstance(a.value, int) or isinstance(a.value, bool) for a in args.values()):
+        return []
+    return [(v, a.value) for v, a in args.items()]
 
 
 def _same_sizes(problem: Any, a: tuple, b: tuple) -> bool:
