@@ -28,7 +28,10 @@ whose shape argument differs from the primary's by :data:`CLASS_RATIO` or more:
    every class's winner, judged the same way;
 7. **swap-AB for few rows**: for a class of the tile's rows (``M <= 128``), the class's first configurations again
    with its branch launching a swap-AB copy of the kernel (``<kernel>_swapab``, the tile computed transposed:
-   :func:`xeforge.rewrite.device_tuning.swap_ab.swapped_branch`), the other shapes keeping the kernel as it is.
+   :func:`xeforge.rewrite.device_tuning.swap_ab.swapped_branch`), the other shapes keeping the kernel as it is;
+8. **split-K for few tiles**: for a class of smaller shapes whose output tiles leave the device's cores idle,
+   split-K only in that class (``split_k = 4 if M <= 128 else 1``; SPLIT_K = 1 elsewhere is the incumbent's work),
+   sized as the split-k tactic sizes it, at the class's first timed shape.
 
 Where it does not apply, it says why: on the interpreter (nothing to rank), with one timed shape, at an
 ``@triton.autotune``'d kernel (its key already picks a configuration per shape), at a kernel launched from several
@@ -43,12 +46,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from stages.base import Applicability, Candidate, StageContext, Tactic, TrialOutcome
+from stages.device_tuning_splitk import core_count, split_values
 from xeforge.analysis.observe import traces
 from xeforge.kernel_model import KernelModel, LaunchSite, axis_blocks, parse_python, pure_expression
 from xeforge.problem import Variant, source_hash
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling.configs import (OPTION_KEYS, apply_config, current_config, describe, kb_configs,
-                                            kb_rejects, measured_configs, tunable)
+                                            kb_errors, kb_rejects, measured_configs, tunable)
+from xeforge.rewrite.device_tuning import splitk
 from xeforge.rewrite.device_tuning.swap_ab import swap_ab, swapped_branch
 from xeforge.rewrite.tiling.dispatch import Branch, dispatch, launch_statement
 from xeforge.rewrite.tiling.grid import _cdiv_args, launch_bindings, launch_grid
@@ -59,6 +64,8 @@ CLASS_RATIO = 4
 CONFIGS_PER_CLASS = 4
 #: of those, how many also go to the class's branch as a swap-AB copy of the kernel
 SWAPPED_PER_CLASS = 2
+#: SPLIT_K values tried for a class whose output tiles leave cores idle (the split runs only in that class)
+SPLIT_PER_CLASS = 2
 #: the launch search's verified trials and the KB's seeds considered per class
 FROM_SEARCH = 3
 FROM_KB = 3
@@ -369,6 +376,7 @@ class PerShapeConfig(Tactic):
                     self._proposed[source_hash(cand.source)] = (cls, cfg)
                     out.append(cand)
             out.extend(self._swapped(ctx, kernel, cls, cfgs[:SWAPPED_PER_CLASS], current))
+            out.extend(self._split(ctx, kernel, cls))
             out.extend(self._primary_winners(ctx, plan.site, cls, current))
         return out
 
@@ -396,6 +404,41 @@ class PerShapeConfig(Tactic):
             desc = (f"{kernel}: if {cls.test} ({', '.join(cls.serves)}): a swap-AB copy ({kernel}_swapab) with "
                     f"{describe(changed) or 'the incumbent configuration'}; else the incumbent's launch")
             out.append(Candidate(src, self.name, desc, kind="search", params={**cfg, "swap_ab": True},
+                                 time_all_shapes=True))
+        return out
+
+    def _split(self, ctx: StageContext, kernel: str, cls: ShapeClass) -> list[Candidate]:
+        """For a class of smaller shapes whose output tiles leave the device's cores idle (M = 16 at a 128-row
+        tile: one row of tiles): split-K only there (``split_k = 4 if M <= 128 else 1``,
+        :func:`xeforge.rewrite.device_tuning.splitk.apply` with ``when``); the other shapes keep the incumbent's
+        work, SPLIT_K = 1. Sized like the split-k tactic, at the class's first timed shape."""
+        if cls.op != "<=":
+            return []
+        cores, where = core_count(ctx)
+        variant = next((v for v in ctx.problem.timed_variants(ctx.device.kind) if v.name in cls.serves), None)
+        if cores is None or variant is None:
+            return []
+        try:
+            plan = splitk.find(ctx.source, ctx.problem)
+            if plan.kernel != kernel:
+                return []
+            tiles, steps = splitk.sizes(ctx.source, plan, ctx.problem, variant)
+        except NotApplicable:
+            return []
+        if tiles >= cores:
+            return []
+        out = []
+        for s in split_values(tiles, steps, cores)[:SPLIT_PER_CLASS]:
+            try:
+                src = splitk.apply(ctx.source, plan, s, when=cls.test)
+            except NotApplicable:
+                return out
+            if kb_errors(ctx, src):
+                continue
+            desc = (f"{kernel}: if {cls.test} ({', '.join(cls.serves)}): split-K, {s} programs per output tile "
+                    f"({tiles} tiles at {variant.name} for {cores} cores, {where}), fp32 partials summed in order; "
+                    "else the incumbent's launch (SPLIT_K=1)")
+            out.append(Candidate(src, self.name, desc, kind="search", params={splitk.PARAM: s, "when": cls.test},
                                  time_all_shapes=True))
         return out
 

@@ -2,7 +2,8 @@
 
 Owns: the ``split-k`` tactic and its sizing. A 2D-grid GEMM whose output has fewer tiles than the device has
 cores at the spec's bench variant is rewritten by :mod:`xeforge.rewrite.device_tuning.splitk`: SPLIT_K programs per
-tile, each over one slice of the K loop, fp32 partial tiles summed in order by a second kernel. SPLIT_K is drawn
+tile, each over one slice of the K loop, fp32 partial tiles summed in order by a second kernel (the kernel's own
+epilogue, when it has one, runs there, once per tile). SPLIT_K is drawn
 from :data:`SPLITS`, keeping at most :data:`PROGRAMS_PER_CORE` programs per core and at least
 :data:`MIN_STEPS` K steps per slice; the default is the smallest that gives every core a program. On a GPU
 each value is a candidate for the verifier to time; the interpreter gets one (correctness only), sized from
@@ -60,7 +61,7 @@ def split_values(tiles: int, steps: int, cores: int) -> list[int]:
 class SplitK(Tactic):
     name = "split-k"
     summary = ("SPLIT_K programs per output tile over slices of K, fp32 partials summed in order by a second "
-               "kernel, when a GEMM's tiles leave cores idle")
+               "kernel that runs the epilogue, when a GEMM's tiles leave cores idle")
 
     def __init__(self) -> None:
         self._memo = RewriteMemo()

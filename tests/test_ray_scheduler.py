@@ -23,8 +23,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from xeforge import bench, ray_cluster
+from xeforge import bench, port_cluster, ray_cluster
 from xeforge.errors import ClusterError, UsageError
+from xeforge.problem import load_problem
 from xeforge.schedule import Job, LocalScheduler
 
 PROBLEMS = ("kernels/vector_add", "kernels/softmax")
@@ -116,6 +117,49 @@ def test_cluster_flag_parsing_and_its_refusals(tmp_path):
                                            cluster=f"ray://127.0.0.1:{port}", out=tmp_path / "o"))
     assert time.monotonic() - t0 < 30 and err.value.fix
     assert not (tmp_path / "o").exists()  # refused before anything was written
+
+
+def _port_args(*extra: str):
+    from xeforge.cli import build_parser
+
+    return build_parser().parse_args(["port", str(ROOT / PROBLEMS[0]), *extra])
+
+
+def test_a_port_on_a_cluster_gets_its_flags_and_always_continues_its_run_folder(tmp_path):
+    """The child of ``xeforge port --cluster`` gets the port's own flags, the kind --device names (not what this
+    host has), and --run-dir ... --resume: a retried attempt replays what the lost one recorded."""
+    args = _port_args("--device", "cuda", "--stages", "persistent", "--engine", "rules", "--budget", "3",
+                      "--target", "arc-b580", "--patch", "--cluster", "ray", "--runs-dir", str(tmp_path / "runs"))
+    assert port_cluster.device_kind(args.device, print) == "cuda"  # no CUDA here: the cluster's nodes have it
+    run_dir = port_cluster.run_folder(args, load_problem(ROOT / PROBLEMS[0]))
+    assert run_dir.parent == (tmp_path / "runs" / "vector_add").resolve() and run_dir.is_dir()
+    argv = port_cluster.child_argv(args, "cuda", run_dir)
+    assert argv[1:5] == ["-m", "xeforge", "port", str((ROOT / PROBLEMS[0]).resolve())]
+    text = " ".join(argv)
+    for part in ("--device cuda", f"--run-dir {run_dir} --resume --json", "--stages persistent", "--engine rules",
+                 "--budget 3", "--target arc-b580", "--patch"):
+        assert part in text, part
+    assert "--cluster" not in argv
+    (run_dir / "run.json").write_text("{}")
+    with pytest.raises(UsageError) as err:  # a folder that holds a run is continued only when asked
+        port_cluster.run_folder(_port_args("--run-dir", str(run_dir), "--cluster", "ray"), None)
+    assert "--resume" in err.value.fix
+    assert port_cluster.run_folder(_port_args("--resume", "--runs-dir", str(tmp_path / "runs")),
+                                   load_problem(ROOT / PROBLEMS[0])) == run_dir
+
+
+def test_a_port_on_a_cluster_is_refused_before_it_makes_a_run_folder(tmp_path, capsys):
+    from xeforge.cli import main
+
+    runs = tmp_path / "runs"
+    assert main(["port", str(ROOT / PROBLEMS[0]), "--cluster", "ray", "--dry-run", "--runs-dir", str(runs)]) == 1
+    assert "--dry-run runs nothing on a device" in capsys.readouterr().err
+    port = _free_port()  # nothing listens there
+    assert main(["port", str(ROOT / PROBLEMS[0]), "--device", "cpu", "--cluster", f"ray://127.0.0.1:{port}",
+                 "--runs-dir", str(runs)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Error: ") and "Traceback" not in err
+    assert not runs.exists()
 
 
 def test_a_gone_cluster_recorded_on_this_host_is_refused_at_once(tmp_path, monkeypatch):
@@ -375,3 +419,55 @@ def test_a_port_through_ray_client(ray_head, tmp_path):
     assert row["worker"]["attempts"] == 1 and row["port_run"]["ported_now"] is True
     assert row["entries"]["start"]["verified"] == "verified" and row["entries"]["final"]["verified"] == "verified"
     assert Path(row["port_run"]["report"]).is_file()  # one host: the port's run folder is where the row says
+
+
+def _port_child(session: int, run_dir: Path) -> int | None:
+    """The pid of the ``xeforge port`` child for ``run_dir`` in the Ray head's session."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+            if os.getsid(int(d.name)) != session:
+                continue
+        except (OSError, ProcessLookupError):
+            continue
+        if b"port" in argv and str(run_dir).encode() in argv:
+            return int(d.name)
+    return None
+
+
+@pytest.mark.slow  # a local port and one on the cluster whose child is killed once (about 90 s on 2 cores)
+def test_a_port_on_a_ray_cluster_resumes_after_its_child_is_killed(ray_head, tmp_path):
+    """``xeforge port --cluster``: the port's child is killed once its first trial is recorded; the retried
+    attempt continues the run folder (the trial replayed, not run again) and ends with the local port's result."""
+    flags = ["--device", "cpu", "--engine", "rules", "--stages", "persistent", "--json"]
+    local = subprocess.run([sys.executable, "-m", "xeforge", "port", PROBLEMS[0], *flags,
+                            "--run-dir", str(tmp_path / "local")], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)
+    assert local.returncode == 0, local.stderr
+    run_dir = tmp_path / "ray"
+    env = {**ray_head["env"], "RAY_ADDRESS": ray_head["address"]}
+    proc = subprocess.Popen([sys.executable, "-m", "xeforge", "port", PROBLEMS[0], *flags, "--cluster", "ray",
+                             "--run-dir", str(run_dir)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    killed = None
+    deadline = time.monotonic() + 180
+    while killed is None and time.monotonic() < deadline and proc.poll() is None:
+        if list(run_dir.glob("trials/*/verdict.json")):
+            killed = _port_child(ray_head["session"], run_dir.resolve())
+            if killed:
+                os.kill(killed, signal.SIGKILL)
+        time.sleep(0.05)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert killed, f"the port's child was not found to kill\n{stderr}"
+    assert proc.returncode == 0, stderr
+    rep = json.loads(stdout)
+    assert rep["cluster"]["attempts"] == 2 and "killed by signal 9" in rep["cluster"]["lost"][0]
+    assert "the port took 2 attempts" in stderr
+    assert "resuming: 1 recorded trial(s) will be replayed" in stderr and "(replayed)" in stderr
+    assert len(list(run_dir.glob("trials/*/meta.json"))) == 1  # the trial was not run a second time
+    local_rep = json.loads(local.stdout)
+    assert rep["summary"] == local_rep["summary"]
+    assert [g["status"] for g in rep["final"]["verdict"]["gates"]] == \
+        [g["status"] for g in local_rep["final"]["verdict"]["gates"]]

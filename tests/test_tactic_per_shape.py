@@ -21,7 +21,9 @@ from tests.conftest import FIXTURES, ROOT, tactic_context
 from xeforge.kernel_model import parse_kernel
 from xeforge.problem import load_problem
 from xeforge.rewrite.tiling import NotApplicable
+from xeforge.rewrite.device_tuning import splitk
 from xeforge.rewrite.device_tuning.swap_ab import swapped_branch
+from xeforge.rewrite.tiling.configs import apply_config
 from xeforge.rewrite.tiling.dispatch import Branch, dispatch, undispatch
 from xeforge.verifier import Verdict
 
@@ -48,7 +50,7 @@ def style_problem(tmp_path, style: str, extra: str = DECODE, ragged: str = "ragg
 
 
 def h200(p, source=None):
-    return tactic_context(p, source, kind="cuda", target="h200")
+    return tactic_context(p, source, kind="cuda", target="h200", cores=132)
 
 
 def launches(source: str, kernel: str) -> list:
@@ -91,7 +93,7 @@ def test_the_decode_shape_gets_a_class_and_candidates_that_keep_the_primary_laun
     assert "M <= 128 for bench-gpu-1 (M=16; verified at ci@bfloat16, bench-gpu-1" in app.reason
     assert "bench-gpu-2: no shape argument or grid axis of matmul_kernel (line 51) differs" in app.reason  # M 3000 vs 4096
     every = TACTIC.propose(ctx)
-    cands = [c for c in every if not c.params.get("swap_ab")]
+    cands = [c for c in every if not c.params.get("swap_ab") and "SPLIT_K" not in c.params]
     assert 0 < len(cands) <= CONFIGS_PER_CLASS
     original = ast.get_source_segment(p.kernel_source, launches(p.kernel_source, "matmul_kernel")[0].node)
     fn = parse_kernel(p.kernel_source).functions["matmul_kernel"]
@@ -129,6 +131,41 @@ def test_the_swapped_branch_verifies_at_the_shapes_it_serves(verify):
     assert "matmul_kernel_swapab[(triton.cdiv(M, 16), triton.cdiv(N, 64))](" in out
     assert "acc += tl.dot(tl.trans(b), tl.trans(a))" in out and out.count("tl.trans(acc)") == 1
     verdict = verify(p, out)
+    assert verdict.correct, verdict.feedback()
+
+
+def test_a_class_of_few_tiles_gets_split_k_in_its_branch_only(verify):
+    """gemm_square at M=16 has 32 output tiles of 128 x 128 for the 132 SMs of the stand-in H200: the class's
+    candidates split K only there (`split_k = 8 if M <= 128 else 1`); at every other shape SPLIT_K is 1, the output its
+    own one-slice workspace, and no summing kernel runs. A threshold that splits the CPU's correctness shapes runs
+    both sides through the verifier (the ragged M=17 split, ci's M=64 and the ragged 63 not)."""
+    p = load_problem(ROOT / "kernels" / "gemm_square")
+    ctx = h200(p)
+    split = [c for c in TACTIC.propose(ctx) if "SPLIT_K" in c.params]
+    assert [c.params["SPLIT_K"] for c in split] == [8, 2]
+    for c in split:
+        assert c.time_all_shapes and c.params["when"] == "M <= 128"
+        assert f"split_k = {c.params['SPLIT_K']} if M <= 128 else 1" in c.source
+        assert "32 tiles at bench-gpu-1 for 132 cores" in c.description
+    src = splitk.apply(p.kernel_source, splitk.find(p.kernel_source, p), 4, when="M <= 31")
+    assert "else c.unsqueeze(0)" in src and "    if split_k > 1:\n            splitk_sum_kernel[" in src
+    verdict = verify(p, src)
+    assert verdict.correct, verdict.feedback()
+
+
+def test_a_kernel_with_an_epilogue_gets_split_k_with_it_in_the_branch(verify):
+    """kb09 adds its bias in the kernel: with 32 x 256 tiles (32 tiles at M=16 for 132 SMs) the class's branch
+    launches the split copy and the epilogue copy, the else branch the kernel as written; both sides verified on
+    the interpreter (the ragged M=17 split). With its own 32 x 32 tiles (256 at M=16) there is nothing to split."""
+    p = load_problem(ROOT / "kernels" / "kb09_matmul_subtract_multiply_relu")
+    assert not [c for c in TACTIC.propose(h200(p)) if "SPLIT_K" in c.params]
+    wide = apply_config(p.kernel_source, "matmul_bias_kernel", {"BLOCK_M": 32, "BLOCK_N": 256, "BLOCK_K": 32})
+    split = [c for c in TACTIC.propose(h200(p, wide)) if "SPLIT_K" in c.params]
+    assert split and all("if M <= 64:" in c.source and "matmul_bias_kernel_epilogue[grid](" in c.source
+                         for c in split)
+    src = splitk.apply(p.kernel_source, splitk.find(p.kernel_source, p), 4, when="M <= 17")
+    assert len(launches(src, "matmul_bias_kernel")) == 1 and len(launches(src, "matmul_bias_kernel_splitk")) == 1
+    verdict = verify(p, src)
     assert verdict.correct, verdict.feedback()
 
 

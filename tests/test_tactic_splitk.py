@@ -3,9 +3,10 @@
 gemm_tall_k (64 output tiles at bench-gpu) gets SPLIT_K programs per tile over slices of its K loop, with the
 block-pointer loop as written and after the block_io stage (descriptor and pointer loops in one kernel). Every
 candidate passes ``Verifier.verify`` on ci and the ragged shapes: K=160 with BLOCK_K=32 is 5 steps, so SPLIT_K=2
-leaves a short last slice and SPLIT_K=8 empty ones, and a split that drops the short slice is rejected. GEMMs
-with an epilogue, with enough tiles, without ``tl.dot``, persistent, 1D- or 3D-gridded are left alone with the
-reason; ``xeforge port --dry-run`` lists the tactic.
+leaves a short last slice and SPLIT_K=8 empty ones, and a split that drops the short slice is rejected. A GEMM
+with an epilogue gets a second kernel that sums the slices and runs it; a 1D grid takes the slices on axis 1.
+GEMMs with enough tiles, without ``tl.dot``, persistent or 3D-gridded, and epilogues a second kernel cannot run, are
+left alone with the reason; ``xeforge port --dry-run`` lists the tactic.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from xeforge.problem import load_problem
 from xeforge.rewrite import blockio, persistent
 from xeforge.rewrite.device_tuning import splitk
 from xeforge.rewrite.device_tuning.splitk import EPILOGUE
+from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling.configs import apply_config
 
 KERNELS = ROOT / "kernels"
@@ -110,6 +112,11 @@ def test_pointer_loops_start_at_their_slice(verify):
     assert verdict.correct, verdict.feedback()
 
 
+def _fused_tail(p):
+    tactic = next(t for t in fusion.STAGE.tactics if t.name == "fuse-elementwise-chain")
+    return tactic.propose(tactic_context(p))[-1].source
+
+
 def _fused_gemm_relu(p):
     tactic = next(t for t in fusion.STAGE.tactics if t.name == "fuse-elementwise-chain")
     return tactic.propose(tactic_context(p))[0].source
@@ -119,16 +126,75 @@ def _third_axis(p):
     return p.kernel_source.replace("pid_n = tl.program_id(1)\n", "pid_n = tl.program_id(1)\n    pid_b = tl.program_id(2)\n")
 
 
+def _pointer_after_the_loop(p):
+    """The store's pointer and mask built after the K loop, from the program ids (as the tutorial GEMM does)."""
+    src = p.kernel_source.replace(
+        "    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,",
+        "    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)\n    c_ptrs = c_ptr + rows[:, None] * stride_cm + "
+        "offs_n[None, :] * stride_cn\n    c_mask = (rows[:, None] < M) & (offs_n[None, :] < N)\n    tl.store(c_ptrs,")
+    src = src.replace("             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))\n\n\n@triton.jit\ndef sub_mul",
+                      "             mask=c_mask)\n\n\n@triton.jit\ndef sub_mul")
+    assert "tl.store(c_ptrs," in src and "mask=c_mask)" in src
+    return src
+
+
+def _mask_from_the_loop(p):
+    return p.kernel_source.replace("             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))\n\n\n@triton.jit",
+                                   "             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N) & (k0 >= 0))"
+                                   "\n\n\n@triton.jit")
+
+
+def _epilogue_reads_the_loop(p):
+    return p.kernel_source.replace("    acc = acc + bias[None, :]", "    acc = acc + bias[None, :] + k0")
+
+
+@pytest.mark.parametrize("folder,make", [
+    (KERNELS / "kb09_matmul_subtract_multiply_relu", None),  # bias in the kernel, the tail in a second kernel
+    (KERNELS / "kb09_matmul_subtract_multiply_relu", _fused_tail),  # the tail kernel folded into the store
+    (KERNELS / "gemm_relu", _fused_gemm_relu),  # the relu fused into the store: `y = tl.maximum(acc, 0)`
+    (KERNELS / "kb09_matmul_subtract_multiply_relu", _pointer_after_the_loop),  # moved before the sum
+], ids=["bias", "fused-tail", "fused-relu", "pointer-after-the-loop"])
+def test_a_gemm_with_an_epilogue_is_split_and_its_epilogue_runs_once_on_the_sum(verify, folder, make):
+    """The kernel stays; <kernel>_splitk runs the K slices and stores raw fp32 partial tiles where the kernel stored
+    its finished one; <kernel>_epilogue sums them in slice order in place of its K loop and runs the epilogue as
+    written, on the original grid. Verified on ci and the ragged shapes (K=17: one step, three empty slices)."""
+    p = load_problem(folder)
+    src = p.kernel_source if make is None else make(p)
+    plan = splitk.find(src, p)
+    assert plan.epilogue is not None
+    out = splitk.apply(src, plan, 4)
+    k = plan.kernel
+    assert [s.kernel for s in parse_kernel(out).launches if s.kernel.startswith(k)] == \
+        [f"{k}_splitk", f"{k}_epilogue"]
+    split_fn = out[out.index(f"def {k}_splitk("):out.index(f"def {k}_epilogue(")]
+    epi_fn = out[out.index(f"def {k}_epilogue("):]
+    epi_fn = epi_fn[:epi_fn.index("\n\n\n")]
+    assert "tl.dot" in split_fn and "tl.dot" not in epi_fn and ".to(" not in split_fn.split("tl.store(")[-1]
+    assert "for s in tl.static_range(1, SPLIT_K):" in epi_fn and "+ s * stride_pk" in epi_fn
+    assert "atomic" not in out and splitk.SUM_KERNEL not in out
+    verdict = verify(p, out)
+    assert verdict.correct, verdict.feedback()
+
+
+@pytest.mark.parametrize("make,reason", [
+    (_mask_from_the_loop, "the store's pointer or mask uses k0, which is not fixed before the K loop"),
+    (_epilogue_reads_the_loop, "its epilogue reads k0, which the K loop assigns"),
+], ids=["mask-from-the-loop", "epilogue-reads-the-loop"])
+def test_an_epilogue_a_second_kernel_cannot_run_is_left_alone_with_the_reason(make, reason):
+    p = load_problem(KERNELS / "kb09_matmul_subtract_multiply_relu")
+    with pytest.raises(NotApplicable) as err:
+        splitk.find(make(p), p)
+    assert EPILOGUE in str(err.value) and reason in str(err.value), str(err.value)
+
+
 @pytest.mark.parametrize("folder,make,reason", [
-    (KERNELS / "gemm_relu", _fused_gemm_relu, f"stores y rather than acc or a cast of it (line 28): {EPILOGUE}"),
-    (KERNELS / "kb09_matmul_subtract_multiply_relu", None, f"changes acc after the K loop (line 30): {EPILOGUE}"),
     (KERNELS / "gemm_relu", None, "16384 output tiles at bench-gpu already fill the 132 cores"),
     (TALL_K, lambda p: persistent.rewrite(p.kernel_source)[0], "is persistent (it loops over tiles)"),
     (TALL_K, _third_axis, "already uses a third grid axis"),
-    (KERNELS / "gemm_square", None, "uses grid axes [0]; split-K handles the 2D grid form"),
+    (KERNELS / "gemm_square", None, "1024 output tiles at bench-gpu already fill the 132 cores"),
     (KERNELS / "gemv_decode", None, "no launched kernel calls tl.dot"),
     (KERNELS / "flash_attn_fwd", None, "carries m_i from one step to the next"),
-], ids=["fused-epilogue", "bias-epilogue", "fills-device", "persistent", "3d-grid", "1d-grid", "no-dot", "attention"])
+], ids=["fills-device", "persistent", "3d-grid", "1d-grid-fills", "no-dot", "attention"])
 def test_other_kernels_are_left_alone_with_the_reason(folder, make, reason):
     p = load_problem(folder)
     src = p.kernel_source if make is None else make(p)
@@ -174,3 +240,18 @@ def test_dry_run_lists_the_tactic(tmp_path):
     assert "tactic split-k: applies — matmul_kernel: split-K" in proc.stdout
     assert "64 output tiles at bench-gpu for 132 cores (KB h200)" in proc.stdout
     assert "+++ split-k" in proc.stdout
+
+
+def test_a_1d_grid_in_the_grouped_tile_order_takes_the_slices_on_its_second_axis(verify):
+    """gemm_square: one program id, the tile's row and column computed from it (GROUP_SIZE_M); the slices take grid
+    axis 1 and the grouped order of the tiles stays as it was. Verified on ci and the ragged shapes (K=17 is one
+    step of 32: three of the four slices are empty)."""
+    p = load_problem(KERNELS / "gemm_square")
+    plan = splitk.find(p.kernel_source, p)
+    assert plan.axis == 1
+    src = splitk.apply(p.kernel_source, plan, 4)
+    for text in ("pid_k = tl.program_id(1)", "grid = (triton.cdiv(M, 128) * triton.cdiv(N, 128), split_k)",
+                 "group_id = pid // num_pid_in_group"):
+        assert text in src, text
+    verdict = verify(p, src)
+    assert verdict.correct, verdict.feedback()

@@ -219,7 +219,9 @@ def test_a_start_with_device_side_descriptors_and_no_allocator_runs(tmp_path):
 def test_a_partly_written_output_is_diagnosed_as_never_written(verifiers):
     v = verifiers("vadd")
     _, g2 = v.correctness(v.code(FIXTURES / "unstable" / "vadd_partial.py"))
-    assert g2.status == "fail" and "outside tolerance" in g2.summary
+    # the unwritten elements hold whatever torch.empty gave: the verdict may lead with NaN or with the tolerance,
+    # but it always names the elements the call never wrote
+    assert g2.status == "fail", g2.summary
     assert "64 of 256 elements are never written by the call" in g2.summary, g2.summary
 
 

@@ -32,11 +32,13 @@ def _print_json(data: Any) -> None:
 
 # ---------------------------------------------------------------------------------------------- port
 def cmd_port(args: argparse.Namespace) -> int:
-    # lazy: the pipeline imports libcst and every stage (about a second); `xeforge --help`, `report`, `kb` and
-    # `aa` never need it
+    problem = load_problem(args.problem)
+    if args.cluster is not None:
+        return _port_on_cluster(args, problem)
+    # lazy: the pipeline imports libcst and every stage (about a second); `xeforge --help`, `report`, `kb`, `aa`
+    # and a port on a cluster (its child imports it) never need it
     from xeforge.pipeline import Pipeline, PortOptions
 
-    problem = load_problem(args.problem)
     settings = load_settings()
     if args.budget is not None:
         settings = settings.replace(tuning_budget=args.budget, cpu_tuning_budget=min(args.budget, settings.cpu_tuning_budget))
@@ -55,7 +57,17 @@ def cmd_port(args: argparse.Namespace) -> int:
         else:
             _print_plan(plan)
         return 0
-    report = pipe.run()
+    return _print_port(pipe.run(), args)
+
+
+def _port_on_cluster(args: argparse.Namespace, problem) -> int:
+    from xeforge.port_cluster import port_on_cluster  # lazy: Ray only for --cluster
+
+    report, _ = port_on_cluster(args, problem, lambda msg: print(msg, file=sys.stderr, flush=True))
+    return _print_port(report, args)
+
+
+def _print_port(report: dict, args: argparse.Namespace) -> int:
     if args.json:
         _print_json(report)
     else:
@@ -265,6 +277,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the report (or plan) as JSON on stdout")
     p.add_argument("--patch", action="store_true", help="write final/upstream.patch: the result as a diff that "
                    "`git apply` takes (against the original file for a problem made by `xeforge new`)")
+    p.add_argument("--cluster", default=None, metavar="ray[://ADDRESS]",
+                   help="run the port as a task on a Ray cluster's GPU (--device names the kind): 'ray' connects to "
+                        "$RAY_ADDRESS, else to a cluster on this host, else starts one here; the run folder comes "
+                        "back here (needs the ray extra)")
     add_llm_args(p)
     p.set_defaults(func=cmd_port)
 

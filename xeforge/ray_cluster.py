@@ -22,8 +22,9 @@ What runs where:
    submitted again, up to ``retries`` times. The driver retries (tasks carry ``max_retries=0``) so that it knows
    which problems were retried: a line on stderr each time, and each outcome carries its attempts.
 
-Not done here: a port's candidates spread over GPUs (one problem's port runs in one task, ``--port``); ``xeforge
-port`` has no ``--cluster``.
+``xeforge port --cluster`` runs one job the same way (:mod:`xeforge.port_cluster`): the port's run folder is its
+part folder, kept between attempts so that a retried port resumes. Not done here: a port's candidates spread over
+GPUs (one port runs in one task).
 """
 
 from __future__ import annotations
@@ -91,10 +92,10 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6").prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL: the child ends with a lost Ray worker
 
 
-def _collect(part: Path, cap: int) -> tuple[dict[str, bytes], list[str]]:
-    """The part folder's files by relative path (bench.json first, then the smallest), up to ``cap`` bytes."""
+def _collect(part: Path, cap: int, first: str = "bench.json") -> tuple[dict[str, bytes], list[str]]:
+    """The part folder's files by relative path (``first`` first, then the smallest), up to ``cap`` bytes."""
     files = sorted((f for f in part.rglob("*") if f.is_file() and not f.is_symlink()),
-                   key=lambda f: (f.name != "bench.json", f.stat().st_size))
+                   key=lambda f: (f.relative_to(part) != Path(first), f.stat().st_size))
     out: dict[str, bytes] = {}
     left: list[str] = []
     total = 0
@@ -133,7 +134,8 @@ def _gpu_env(kind: str, lanes: int, ids: list[str], env: dict[str, str]) -> dict
 def run_on_node(job: dict, ctx: dict) -> dict:
     """The Ray task: run one job's child command on this node and return what it wrote, as plain data.
 
-    ``job``: argv, part (relative to ``ctx["cwd"]`` or absolute). ``ctx``: cwd, kind, lanes, env (forwarded from
+    ``job``: argv, part (relative to ``ctx["cwd"]`` or absolute), result (the file the child writes at its end),
+    keep (an earlier attempt's files stay). ``ctx``: cwd, kind, lanes, env (forwarded from
     the driver), not_after (wall-clock seconds; later than that the job is not started). Returns ``{"skipped":
     True}``, ``{"lost": why}`` (the child was killed before it wrote a result: worth another attempt),
     ``{"error": why}``, or the result: exit_code, files, left_out, log, stdout, host, node, env, elapsed_s.
@@ -152,7 +154,9 @@ def run_on_node(job: dict, ctx: dict) -> dict:
     given = {**os.environ, **ctx["env"]}
     gpu = _gpu_env(ctx["kind"], ctx["lanes"], ids, given)
     part = cwd / job["part"]
-    shutil.rmtree(part, ignore_errors=True)  # an earlier, lost attempt's leftovers
+    result = job.get("result", "bench.json")
+    if not job.get("keep"):
+        shutil.rmtree(part, ignore_errors=True)  # an earlier, lost attempt's leftovers
     part.parent.mkdir(parents=True, exist_ok=True)
     log, stdout = part.with_name(part.name + ".log"), part.with_name(part.name + ".stdout")
     argv = [sys.executable, *job["argv"][1:]]  # this node's interpreter (the driver's path may not exist here)
@@ -162,9 +166,9 @@ def run_on_node(job: dict, ctx: dict) -> dict:
                                 preexec_fn=_die_with_parent)
         rc = proc.wait()
     where = {"host": host, "node": rt.get_node_id(), "pid": proc.pid}
-    if rc < 0 and not (part / "bench.json").exists():
+    if rc < 0 and not (part / result).exists():
         return {"lost": f"its child was killed by signal {-rc} on {host} before it wrote a result", **where}
-    files, left = _collect(part, RETURN_CAP_BYTES)
+    files, left = _collect(part, RETURN_CAP_BYTES, first=result)
     return {"exit_code": rc, "files": files, "left_out": left, "log": _tail(log), "stdout": _tail(stdout), "env": gpu,
             "elapsed_s": round(time.monotonic() - t0, 2), **where}
 
@@ -271,8 +275,8 @@ class RayScheduler:
         self.info.update(ray=ray.__version__, nodes=len([n for n in ray.nodes() if n.get("Alive")]),
                          cpus=res.get("CPU", 0), gpus=res.get("GPU", 0))
         if self.num_gpus and not res.get("GPU"):
-            raise ClusterError("--cluster", f"the Ray cluster at {where} has no GPU for a --device {self.kind} bench",
-                               "start the nodes with their GPUs (ray start --num-gpus N), or bench --device cpu")
+            raise ClusterError("--cluster", f"the Ray cluster at {where} has no GPU for --device {self.kind}",
+                               "start the nodes with their GPUs (ray start --num-gpus N), or use --device cpu")
         self.say(f"ray: {self.info['nodes']} node(s), {self.info['cpus']:g} CPU(s), {self.info['gpus']:g} GPU(s) "
                  f"at {where}; {self.num_gpus:g} GPU per problem")
         self.ray = ray
@@ -295,7 +299,8 @@ class RayScheduler:
         pending: dict[Any, tuple[Job, int, list[str]]] = {}
 
         def submit(job: Job, attempt: int, lost: list[str]) -> None:
-            pending[task.remote({"argv": list(job.argv), "part": str(job.part)}, ctx)] = (job, attempt, lost)
+            pending[task.remote({"argv": list(job.argv), "part": str(job.part), "result": job.result,
+                                 "keep": job.keep}, ctx)] = (job, attempt, lost)
 
         for job in jobs:
             submit(job, 1, [])

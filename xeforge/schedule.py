@@ -31,12 +31,14 @@ from xeforge.errors import UsageError
 @dataclass(frozen=True)
 class Job:
     """One problem's child command. ``argv[0]`` is the Python interpreter; the child writes into ``part`` (its
-    ``--out``), its stderr to ``log`` and its stdout beside them."""
+    ``--out``, or a port's run folder), its stderr to ``log`` and its stdout beside them."""
 
     index: int  # the problem's place in the bench's order
     name: str
     argv: list[str]
     part: Path
+    result: str = "bench.json"  # the file in ``part`` the child writes once it got to an end
+    keep: bool = False  # an attempt keeps what an earlier one left in ``part`` (a port's run folder resumes)
 
     @property
     def log(self) -> Path:

@@ -246,8 +246,9 @@ class Verifier:
 
     # ------------------------------------------------------------------------------------------ gate 2
     def correctness_variants(self) -> list[tuple[Variant, int]]:
-        """(variant, rounds) for every variant small enough for the device, then the ragged shapes."""
-        return [(v, 2 if v.ragged else self.settings.correctness_rounds)
+        """(variant, rounds) for every variant small enough for the device, then the ragged shapes (two rounds each,
+        fewer only where fewer rounds were asked for)."""
+        return [(v, min(2, self.settings.correctness_rounds) if v.ragged else self.settings.correctness_rounds)
                 for v in self.problem.correctness_variants(self.device.kind, self.settings.ragged_shapes)]
 
     def correctness(self, cand: Code) -> tuple[GateResult, GateResult | None]:

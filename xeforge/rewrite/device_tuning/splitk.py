@@ -4,7 +4,8 @@ Owns: applying the split-K rewrite (:func:`apply`) and the summing kernel it add
 their sizes at a variant are :mod:`~xeforge.rewrite.device_tuning.splitk_plan`'s (re-exported here). A
 2D-grid GEMM kernel (``pid_m = tl.program_id(0)``, ``pid_n = tl.program_id(1)``, one output tile per program, ``tl.dot``
 accumulated in a K loop, the accumulator stored as it is or cast) gets a third grid axis
-``pid_k = tl.program_id(2)``; each program runs the K steps ``[k_lo, k_hi)`` of its tile::
+``pid_k = tl.program_id(2)`` (a 1D-grid one, the grouped tile order, a second axis ``tl.program_id(1)``); each
+program runs the K steps ``[k_lo, k_hi)`` of its tile::
 
     pid_k = tl.program_id(2)
     c_ptr = c_ptr + pid_k * stride_ck           # this program's fp32 partial tile: slice pid_k
@@ -22,14 +23,23 @@ tunable; the last slice is short or empty when K does not divide. ``forward`` al
 ``(SPLIT_K, *c.shape)``, passes slice 0 where it passed ``c`` (same strides per slice) and the slice stride,
 and launches a second kernel that adds the slices in order and casts into ``c`` — deterministic, no atomics,
 no torch compute in ``forward``. Pointers or counters the K loop carries are started at ``k_lo`` by scaling
-their per-step increment; anything else the loop carries, an accumulator that does not start at zero, an
-epilogue (anything done to the accumulator after the loop), a persistent or already 3D grid, or a kernel that
-reads its output is left alone, with the reason.
+their per-step increment; anything else the loop carries, an accumulator that does not start at zero, a
+persistent or already 3D grid, or a kernel that reads its output is left alone, with the reason.
+
+A kernel with an epilogue (anything done to the tile after the K loop: a bias, an activation, a fused tail) is
+split by :func:`_apply_epilogue`: ``<kernel>_splitk`` runs the slices and stores the raw partial tiles, and
+``<kernel>_epilogue``, the kernel with its K loop replaced by the ordered sum of those tiles, runs the epilogue
+once, on the original grid.
+
+With ``when`` (a host test, ``M <= 128``: the per-shape-config tactic's class of few rows) the split runs only at
+the shapes it holds for; elsewhere ``SPLIT_K`` is 1, the output is its own one-slice workspace, and no summing
+kernel runs.
 """
 
 from __future__ import annotations
 
 import ast
+import copy
 
 import libcst as cst
 
@@ -145,11 +155,10 @@ class _Uncast(cst.CSTTransformer):
         return updated
 
 
-def apply(source: str, p: SplitPlan, split: int) -> str:
-    """``source`` with ``p`` applied: SPLIT_K ``split``."""
-    model = parse_kernel(source)
+def _kernel_edits(source: str, model, parsed: Parsed, p: SplitPlan) -> tuple[Edits, str]:
+    """The kernel's side of the split (its slice's program id, output slice, K range and advanced pointers), as
+    edits of ``source``; and the name of the slice-stride parameter it gets."""
     fn = model.functions[p.kernel].node
-    parsed = Parsed.of(source)
     taken = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)} | set(model.functions[p.kernel].params)
     fresh = {}
     for base in ("pid_k", "num_k", "k_per", "k_lo", "k_hi"):
@@ -161,7 +170,7 @@ def apply(source: str, p: SplitPlan, split: int) -> str:
     edits = Edits()
     edits.params[p.kernel] = [stride, f"{PARAM}: tl.constexpr"]
 
-    read = f"tl.program_id(2).to({p.pid_cast})" if p.pid_cast else "tl.program_id(2)"
+    read = f"tl.program_id({p.axis}).to({p.pid_cast})" if p.pid_cast else f"tl.program_id({p.axis})"
     head = [f"{pid_k} = {read}",
             f"# split-K: program {pid_k} sums K steps [{k_lo}, {k_hi}) of its tile into slice {pid_k} of an fp32 "
             "workspace",
@@ -187,6 +196,20 @@ def apply(source: str, p: SplitPlan, split: int) -> str:
         pre = [s for inc in kl.increments for s in statements(_advance(inc, k_lo))]
         edits.replace[kl.node.lineno] = [*pre, loop]
 
+    return edits, stride
+
+
+def apply(source: str, p: SplitPlan, split: int, when: str | None = None) -> str:
+    """``source`` with ``p`` applied: SPLIT_K ``split``; with ``when`` (a host test such as ``M <= 128``) only at
+    the shapes it holds for. Elsewhere SPLIT_K is 1: the kernel runs its whole K loop and stores into the output
+    itself (``tl.store`` casts to the output's type, as the cast it had did), slice 0 of a one-slice view of the
+    output, and no summing kernel runs — the incumbent's work, one more specialization of the same kernel. A plan
+    with an epilogue goes to :func:`_apply_epilogue`."""
+    if p.epilogue is not None:
+        return _apply_epilogue(source, p, split, when)
+    model = parse_kernel(source)
+    parsed = Parsed.of(source)
+    edits, stride = _kernel_edits(source, model, parsed, p)
     for line in sorted(set(p.value_lines)):
         st = _node_at(parsed, cst.SimpleStatementLine, line)
         edits.replace[line] = [st.visit(_Uncast(p.acc)).with_changes(leading_lines=[])]
@@ -205,9 +228,10 @@ def apply(source: str, p: SplitPlan, split: int) -> str:
     if grid.kind == "lambda":
         new_grid = f"lambda {grid.meta}: {new_grid}"
     choose = [f"# split-K: {split_var} programs per output tile, each over one slice of K; their fp32 partial tiles",
-              f"# go to {parts} and {SUM_KERNEL} adds them into {p.out_host}", f"{split_var} = {split}"]
+              f"# go to {parts} and {SUM_KERNEL} adds them into {p.out_host}",
+              f"{split_var} = {split}" if when is None else f"{split_var} = {split} if {when} else 1"]
     alloc = [f"{parts} = torch.empty(({split_var}, *{p.out_host}.shape), device={p.out_host}.device, "
-             "dtype=torch.float32)"]
+             "dtype=torch.float32)" + ("" if when is None else f" if {split_var} > 1 else {p.out_host}.unsqueeze(0)")]
     grid_var = grid.variable and grid.assign is not None and grid.assign in host.body and \
         sum(1 for n in ast.walk(host) if isinstance(n, ast.Name) and n.id == grid.variable
             and isinstance(n.ctx, ast.Load)) == 1
@@ -236,6 +260,8 @@ def apply(source: str, p: SplitPlan, split: int) -> str:
               f"    {parts}, {c}, {c}.shape[0], {c}.shape[1], {parts}.stride(0), {parts}.stride(1), "
               f"{parts}.stride(2),\n    {c}.stride(0), {c}.stride(1), {PARAM}={split_var}, BLOCK_M={SUM_BLOCK}, "
               f"BLOCK_N={SUM_BLOCK}, num_warps=4)")
+    if when is not None:
+        reduce = f"if {split_var} > 1:\n" + "\n".join("    " + ln for ln in reduce.splitlines())
     edits.insert_after[launch_line] = edits.insert_after.get(launch_line, []) + statements(reduce)
     try:
         source = apply_edits(source, edits, parsed)
@@ -257,4 +283,136 @@ def _add_sum_kernel(source: str, cast: str) -> str:
         body[idx] = body[idx].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine(), *[
             ln for ln in body[idx].leading_lines if ln.comment is not None]])
     body[idx:idx] = new
+    return module.with_changes(body=body).code
+
+
+# ------------------------------------------------------------------------------------------------ with an epilogue
+class _Rename(ast.NodeTransformer):
+    def __init__(self, names: dict[str, str]) -> None:
+        self.names = names
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        return ast.copy_location(ast.Name(self.names.get(node.id, node.id), node.ctx), node)
+
+
+class _Inline(ast.NodeTransformer):
+    """A name replaced by (a copy of) the expression it was assigned."""
+
+    def __init__(self, name: str, value: ast.expr) -> None:
+        self.name, self.value = name, value
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        return copy.deepcopy(self.value) if node.id == self.name else node
+
+
+def _function_copy(source: str, kernel: str, name: str) -> cst.FunctionDef:
+    fn = Parsed.of(source).function(kernel)
+    if fn is None:
+        raise NotApplicable(f"{kernel} is not a top-level function")
+    return fn.with_changes(name=cst.Name(name), leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+
+
+def _apply_epilogue(source: str, p: SplitPlan, split: int, when: str | None) -> str:
+    """Split-K for a kernel that changes its tile after the K loop (a bias, an activation, a scale):
+    ``<kernel>_splitk``, a copy whose slices store their raw fp32 partial tiles where the kernel
+    stored its finished one, runs the K slices; ``<kernel>_epilogue``, a copy whose K loop became the sum of those
+    partial tiles in slice order, runs the kernel's own epilogue and store on the original grid. The launch becomes
+    the two launches, which replace the kernel; with ``when``, under ``if <when>:``, and the kernel and its launch
+    stay in the ``else``."""
+    ep = p.epilogue
+    model = parse_kernel(source)
+    fn = model.functions[p.kernel].node
+    parsed = Parsed.of(source)
+    taken = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)} | set(model.functions[p.kernel].params)
+
+    # the statements after the K loop that compute the store's pointer and mask, as written
+    prelude = [next(st for st in fn.body if st.lineno == line) for line in ep.prelude_lines]
+    prelude_src = [ast.get_source_segment(source, st) or ast.unparse(st) for st in prelude]
+
+    # the slices' kernel: the split as for a plain GEMM, everything after the K loop one store of the raw tile
+    edits, stride = _kernel_edits(source, model, parsed, p)
+    mask = f", mask={ast.unparse(ep.mask)}" if ep.mask is not None else ""
+    raw = statements("\n".join([*prelude_src, f"tl.store({ast.unparse(ep.ptr)}, {p.acc}{mask})"]))
+    for i, line in enumerate(ep.tail_lines):
+        edits.replace[line] = raw if i == 0 else []
+    split_fn = _function_copy(apply_edits(source, edits, parsed), p.kernel, p.split_kernel)
+
+    # the epilogue's kernel: the K loop replaced by the sum of the partial tiles, read where the tile is stored (the
+    # store's pointer with the pointer statements it reads spelled out, the output and its strides the partials')
+    part, s_k, s_m, s_n, s_i = (fresh_name(taken, n) for n in ("part_ptr", "stride_pk", "stride_pm", "stride_pn", "s"))
+    dims = {param: (s_m, s_n)[dim] for param, dim in ep.strides.items()}
+    ptr_node = parse_python(ast.unparse(ep.ptr), mode="eval").body
+    for st in reversed(prelude):
+        ptr_node = _Inline(st.targets[0].id, st.value).visit(ptr_node)
+    ptr = ast.unparse(_Rename({p.out: part, **dims}).visit(ptr_node))
+    load = f"tl.load({ptr}{{off}}{mask}{', other=0.0' if ep.mask is not None else ''})"
+    summed = [*prelude_src,
+              f"# split-K: the {PARAM} fp32 partial tiles of this tile, added in slice order; then the epilogue",
+              f"{p.acc} = {load.format(off='')}",
+              f"for {s_i} in tl.static_range(1, {PARAM}):",
+              f"    {p.acc} += {load.format(off=f' + {s_i} * {s_k}')}"]
+    epi = Edits()
+    epi.params[p.kernel] = [part, s_k, s_m, s_n, f"{PARAM}: tl.constexpr"]
+    for i, line in enumerate(ep.loop_lines):
+        epi.replace[line] = statements("\n".join(summed)) if i == 0 else []
+    for line in ep.prelude_lines:
+        epi.replace[line] = []
+    epilogue_fn = _function_copy(apply_edits(source, epi, parsed), p.kernel, p.epilogue_kernel)
+
+    # the host: the launch becomes the two launches
+    site = single_launch(model, p.kernel)
+    host = enclosing_function(model, site)
+    hnames = {n.id for n in ast.walk(host) if isinstance(n, ast.Name)} | {a.arg for a in host.args.args}
+    split_var = fresh_name(hnames, "split_k")
+    parts = fresh_name(hnames | {split_var}, f"{p.out_host}_partials")
+    grid = launch_grid(model, site)
+    launch = next(n for n in walk(parsed.module) if isinstance(n, cst.Call) and parsed.line(n) == site.line
+                  and isinstance(n.func, cst.Subscript))
+    grid_src = cst.Module([]).code_for_node(launch.func.slice[0].slice.value)
+    if grid is not None and grid.kind == "lambda":
+        meta = grid.meta or "META"
+        grid3 = f"lambda {meta}: (*({grid_src})({meta}), {split_var})"
+    else:
+        grid3 = f"(*{grid_src}, {split_var})"
+
+    def relaunch(name: str, grid_text: str, swap: bool, extra: dict[str, str]) -> cst.Call:
+        c = launch
+        if swap:
+            c = c.with_changes(args=[a.with_changes(value=a.value.visit(_Swap(p.out_host, f"{parts}[0]")))
+                                     for a in c.args])
+        el = c.func.slice[0]
+        c = c.with_changes(func=cst.Subscript(value=cst.Name(name), slice=[
+            el.with_changes(slice=cst.Index(value=expr(grid_text)))]))
+        return set_call_kwargs(c, extra)
+
+    code = cst.Module([]).code_for_node
+    block = [f"# split-K: {split_var} programs per output tile, each over one slice of K, write fp32 partial tiles "
+             f"to {parts};",
+             f"# {p.epilogue_kernel} adds them in slice order and runs {p.kernel}'s epilogue into {p.out_host}",
+             f"{split_var} = {split}",
+             f"{parts} = torch.empty(({split_var}, *{p.out_host}.shape), device={p.out_host}.device, "
+             "dtype=torch.float32)",
+             code(relaunch(p.split_kernel, grid3, True, {stride: f"{parts}.stride(0)", PARAM: split_var})),
+             code(relaunch(p.epilogue_kernel, grid_src, False,
+                           {part: parts, s_k: f"{parts}.stride(0)", s_m: f"{parts}.stride(1)",
+                            s_n: f"{parts}.stride(2)", PARAM: split_var}))]
+    if when is not None:
+        original = code(launch)
+        block = [f"if {when}:", *("    " + ln for b in block for ln in b.splitlines()), "else:",
+                 *("    " + ln for ln in original.splitlines())]
+    host_edits = Edits()
+    statement = next(st for st in ast.walk(host) if isinstance(st, ast.Expr) and st.value is site.node)
+    host_edits.replace[statement.lineno] = statements("\n".join(block))
+    try:
+        out = apply_edits(source, host_edits, parsed)
+    except LookupError as exc:
+        raise NotApplicable(f"the split-K edit could not be placed ({exc})") from None
+    module = cst.parse_module(out)
+    body = list(module.body)
+    at = next(i for i, st in enumerate(body) if isinstance(st, cst.FunctionDef) and st.name.value == p.kernel)
+    if any(isinstance(st, cst.FunctionDef) and st.name.value in (p.split_kernel, p.epilogue_kernel) for st in body):
+        raise NotApplicable(f"the file already defines {p.split_kernel} or {p.epilogue_kernel}")
+    # without ``when`` nothing launches the kernel any more: its two copies take its place
+    body[at:at + 1] = [body[at], split_fn, epilogue_fn] if when is not None else [
+        split_fn.with_changes(leading_lines=body[at].leading_lines), epilogue_fn]
     return module.with_changes(body=body).code

@@ -1,11 +1,13 @@
 """Split-K analysis (device_tuning): which GEMMs the split-K codemod fits, and their sizes at a variant.
 
-Owns: :func:`plan` — the checks that a kernel is a 2D-grid GEMM the codemod of
+Owns: :func:`plan` — the checks that a kernel is a 2D- or 1D-grid GEMM the codemod of
 :mod:`xeforge.rewrite.device_tuning.splitk` can split, and the facts it needs (program ids, the K loops and their
 range, the names each loop advances by a fixed step, the zero-initialised accumulator, the one output pointer and
 the dtype the tile is stored in) — and :func:`sizes`, the output tile count and K-loop length at a variant, from a
-static evaluation of ``forward``. Anything a slice could not start mid-way, an epilogue, or a grid other than one
-program per tile raises :class:`NotApplicable` with the reason.
+static evaluation of ``forward``. An epilogue is planned for a second kernel (:class:`Epilogue`: the store's
+pointer and mask, fixed before the K loop, and the statements after it). Anything a slice could not start
+mid-way, an epilogue a second kernel cannot run, or a grid other than one program per tile raises
+:class:`NotApplicable` with the reason.
 """
 
 from __future__ import annotations
@@ -44,9 +46,24 @@ class KLoop:
 
 
 @dataclass
+class Epilogue:
+    """What the kernel does to the finished tile before its one store, kept for a second kernel that runs it on the
+    summed slices: the store's pointer and mask (names fixed before the K loop), the top-level statements after
+    the last K loop, and the output's stride parameters."""
+
+    store_line: int
+    ptr: ast.expr
+    mask: ast.expr | None
+    tail_lines: list[int]  # first lines of the kernel's top-level statements after its last K loop
+    prelude_lines: list[int]  # those of them that compute the store's pointer and mask (from nothing the tile is)
+    loop_lines: list[int]  # first lines of its K loops (top-level statements)
+    strides: dict[str, int]  # output stride parameter -> the dim of the output it strides
+
+
+@dataclass
 class SplitPlan:
     kernel: str
-    pid_lines: tuple[int, int]
+    pid_lines: tuple[int, ...]
     pid_cast: str | None
     loops: list[KLoop]
     start: str | None  # the K loop's range, as written (None: the default)
@@ -58,10 +75,25 @@ class SplitPlan:
     out_host: str  # the tensor forward passes for it
     cast: str  # the output dtype, as the summing kernel spells it
     value_lines: list[int]  # statements whose ``acc.to(...)`` becomes ``acc``
+    axis: int = 2  # the grid axis the slices take: the first the kernel does not use (1 for a 1D grid)
+    epilogue: Epilogue | None = None  # the kernel changes the tile after its K loop: a second kernel runs that
+
+    @property
+    def epilogue_kernel(self) -> str:
+        return f"{self.kernel}_epilogue"
+
+    @property
+    def split_kernel(self) -> str:
+        """The kernel the slices run: the kernel itself, or a copy without its epilogue (``<kernel>_splitk``)."""
+        return f"{self.kernel}_splitk" if self.epilogue else self.kernel
 
     def describe(self, split: int | None = None) -> str:
         loops = f"{len(self.loops)} K loops" if len(self.loops) > 1 else "the K loop"
         what = f"{PARAM}={split}" if split else PARAM
+        if self.epilogue:
+            return (f"{self.kernel}: split-K, {what} programs per output tile each run a slice of {loops} "
+                    f"({self.split_kernel}); {self.epilogue_kernel} adds their fp32 partial tiles in order and runs "
+                    "the kernel's own epilogue")
         return (f"{self.kernel}: split-K, {what} programs per output tile each run a slice of {loops}; fp32 partial "
                 f"tiles summed in order by {SUM_KERNEL}")
 
@@ -265,7 +297,8 @@ def _top_index(fn: ast.FunctionDef, node: ast.AST, parents: dict[int, ast.AST]) 
 
 
 def _check_kernel(model: KernelModel, kernel: str) -> list:
-    """The kernel-wide conditions; returns its two program-id assignments (axis 0 first)."""
+    """The kernel-wide conditions; returns its program-id assignments (axis 0 first): a 2D grid, or a 1D one (the
+    grouped tile order: one program id, the tile's row and column computed from it)."""
     fn = model.functions[kernel]
     node = fn.node
     if fn.is_autotuned:
@@ -288,12 +321,13 @@ def _check_kernel(model: KernelModel, kernel: str) -> list:
     axes = sorted(p.axis for p in pids)
     if any(a >= 2 for a in axes):
         raise NotApplicable(f"{kernel} already uses a third grid axis")
-    if axes != [0, 1]:
-        raise NotApplicable(f"{kernel} uses grid axes {axes}; split-K handles the 2D grid form "
-                            "(pid_m = tl.program_id(0), pid_n = tl.program_id(1))")
+    if axes not in ([0], [0, 1]):
+        raise NotApplicable(f"{kernel} uses grid axes {axes}; split-K handles a 2D grid (pid_m = tl.program_id(0), "
+                            "pid_n = tl.program_id(1)) or a 1D one (pid = tl.program_id(0))")
     grid = launch_grid(model, site)
-    if grid is None or len(grid.elements) != 2:
-        raise NotApplicable(f"the launch of {kernel} at line {site.line} does not use a 2-axis grid")
+    if grid is None or len(grid.elements) != len(axes):
+        raise NotApplicable(f"the launch of {kernel} at line {site.line} does not use a {len(axes)}-axis grid "
+                            f"as its kernel reads (axes {axes})")
     host = enclosing_function(model, site)
     if host is None or not any(isinstance(st, ast.Expr) and st.value is site.node for st in host.body[1:]):
         raise NotApplicable(f"the launch of {kernel} (line {site.line}) is not a top-level statement of "
@@ -411,16 +445,95 @@ def plan(model: KernelModel, kernel: str) -> SplitPlan:
     if max(pid_idx) >= anchor:
         raise NotApplicable(f"{kernel} reads its program ids after the K loop starts")
     _loop_bounds_fixed(fn, loops, anchor, source)
-    _check_accumulator(fn, loops, acc, parents, source)
-    out, cast, value_lines = _output(fn, loops, acc, parents, source)
+    epilogue = None
+    try:
+        _check_accumulator(fn, loops, acc, parents, source)
+        out, cast, value_lines = _output(fn, loops, acc, parents, source)
+    except NotApplicable as exc:
+        if EPILOGUE not in str(exc):
+            raise
+        out, epilogue = _epilogue(model, kernel, loops, acc, parents, exc)
+        cast, value_lines = "out_ptr.dtype.element_ty", []
     if any(out in _names(st) for st in node.body[:min(pid_idx)]):
         raise NotApplicable(f"{kernel} uses {out} before reading its program ids")
     site = single_launch(model, kernel)
     out_host = launch_bindings(site, fn, source).get(out, "").strip()
     if not out_host.isidentifier():
         raise NotApplicable(f"{kernel}'s output is passed as {out_host or 'nothing'}; the rewrite needs a plain name")
-    return SplitPlan(kernel, (pids[0].stmt.lineno, pids[1].stmt.lineno), pids[0].cast, planned, start, stop, step,
-                     anchor, acc, out, out_host, cast, value_lines)
+    if epilogue is not None:
+        for param, host in launch_bindings(site, fn, source).items():
+            for dim in (0, 1):
+                if host.replace(" ", "") == f"{out_host}.stride({dim})":
+                    epilogue.strides[param] = dim
+    return SplitPlan(kernel, tuple(p.stmt.lineno for p in pids), pids[0].cast, planned, start, stop, step,
+                     anchor, acc, out, out_host, cast, value_lines, axis=len(pids), epilogue=epilogue)
+
+
+def _epilogue(model: KernelModel, kernel: str, loops: list[ast.For], acc: str, parents: dict[int, ast.AST],
+              why: NotApplicable) -> tuple[str, Epilogue]:
+    """The kernel's epilogue, when a second kernel can run it on the summed slices: K loops at the top of the body,
+    ``acc`` zeroed before them, one ``tl.store`` after them whose pointer and mask use only names fixed before the
+    first loop, nothing the loops assign read after them but ``acc``. NotApplicable (``why`` first) otherwise."""
+    fn = model.functions[kernel]
+    node, source = fn.node, model.source
+
+    def refuse(reason: str) -> NotApplicable:
+        return NotApplicable(f"{why}; a second kernel cannot run it: {reason}")
+
+    body = node.body
+    if any(lp not in body for lp in loops):
+        raise refuse("a K loop is not a top-level statement of the kernel")
+    first, last = body.index(loops[0]), max(body.index(lp) for lp in loops)
+    inits = [st for st in _assigns_of(node, acc) if not any(p in loops for p in _chain(st, parents, node))
+             and st.lineno < loops[0].lineno]
+    if len(inits) != 1 or not isinstance(inits[0], ast.Assign) or not _zeros(inits[0].value):
+        raise refuse(f"{acc} does not start from tl.zeros")
+    if "int" in ast.unparse(inits[0].value):
+        raise refuse(f"{acc} is an integer accumulator (the partial tiles are fp32)")
+    an = KernelAnalysis(fn)
+    stores = _stores(node, an)
+    tail = body[last + 1:]
+    if len(stores) != 1 or not is_tl_call(stores[0][0], "store"):
+        raise refuse(f"it makes {len(stores)} stores (one tl.store of the finished tile is what it moves)")
+    call, out, _ = stores[0]
+    holder = next((st for st in tail if isinstance(st, ast.Expr) and st.value is call), None)
+    if holder is None or out is None:
+        raise refuse(f"its store (line {call.lineno}) is not a top-level statement after the K loop")
+    if _reads_output(node, an, out):
+        raise refuse(f"it reads {out} as well as writing it")
+    ptr, mask = _kw(call, "pointer", 0), _kw(call, "mask", 2)
+    if ptr is None:
+        raise refuse(f"its store at line {call.lineno} names no pointer")
+    if _kw(call, "boundary_check", 3) is not None:
+        raise refuse(f"its store at line {call.lineno} goes through a block pointer")
+    fixed = set(fn.params) | assigned_names(body[:first])
+    counts = _assign_counts(node)
+    inside = set().union(*(assigned_names(lp.body) | _names(lp.target) for lp in loops)) - {acc}
+    # the tail's statements the store's pointer and mask need (the tutorial's `offs_cm = ...` after the loop):
+    # each assigned once, from names fixed before the loop or by each other, never from the tile
+    prelude: list[ast.stmt] = []
+    need = set().union(*(_names(e) for e in (ptr, mask) if e is not None)) - {"tl", "triton"}
+    for st in reversed(tail[:tail.index(holder)]):
+        made = _names(st.targets[0]) if isinstance(st, ast.Assign) and len(st.targets) == 1 and \
+            isinstance(st.targets[0], ast.Name) else set()
+        if made & need:
+            prelude.insert(0, st)
+            need |= _names(st.value) - {"tl", "triton"}
+    made_here = {st.targets[0].id for st in prelude}
+    for name in sorted(need - made_here):
+        if name in fn.params and counts.get(name, 0) == 0:
+            continue
+        if name not in fixed or counts.get(name, 0) != 1 or name in inside or name == acc:
+            raise refuse(f"the store's pointer or mask uses {name}, which is not fixed before the K loop")
+    if any(counts.get(n, 0) != 1 for n in made_here):
+        raise refuse("the store's pointer or mask is built from names assigned more than once")
+    if ptr is not None and out not in need | made_here | _names(ptr):
+        raise refuse(f"its store writes through a pointer made before the K loop, not from {out} where it stores")
+    read = set().union(*(_names(st) for st in tail)) if tail else set()
+    if inside & read:
+        raise refuse(f"its epilogue reads {', '.join(sorted(inside & read))}, which the K loop assigns")
+    return out, Epilogue(call.lineno, ptr, mask, [st.lineno for st in tail], [st.lineno for st in prelude],
+                         [lp.lineno for lp in loops], {})
 
 
 def _zeros(value: ast.AST) -> bool:
