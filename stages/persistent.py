@@ -4,8 +4,8 @@ Owns: this stage's goal, its detector (a launch that starts many more programs t
 tactic ``persistent-loop`` (KB ``persistent-grid-from-cores``), which rewrites a tiled 1D or 2D grid into a loop
 over tiles with :mod:`xeforge.rewrite.persistent`: ``min(#tiles, cores)`` programs, the core count read from the
 device at run time (SMs on NVIDIA, Xe-cores on Intel). Where the launch already starts no more programs than the
-device has cores (each would walk one tile) it is proposed only if split-K cannot apply (split-K fills idle cores
-and needs the one-tile grid): the tile-loop form alone compiled 1.27x faster than the one-tile-per-program kernel on
+device has cores (each would walk one tile) it is proposed unless half the cores or more would idle and split-K
+applies (split-K fills idle cores and needs the one-tile grid): the tile-loop form alone compiled 1.27x faster than the one-tile-per-program kernel on
 the H200 (Triton 3.6, 1024 x 4096 x 4096 bf16, 128 tiles; docs/measurements/HISTORY.md), so it is timed, not ruled
 out. On a GPU the rewrite is also proposed with the top KB tile configurations (and, on NVIDIA, with the tile loop
 flattened into the K loop as upstream's persistent matmul does), and over the block_io stage's rewrite where that
@@ -103,11 +103,16 @@ class PersistentTileLoop(Tactic):
         return out
 
 
+#: the persistent loop is held back for split-K where the launch leaves at least this share of the cores idle (one
+#: wave that nearly fills the device, 128 tiles for 132 SMs, gains nothing from the split's partial tiles' traffic)
+IDLE_SHARE = 0.5
+
+
 def _no_more_programs_than_cores(ctx: StageContext, kernel: str, split_k: SplitK) -> str | None:
-    """Why the persistent loop is held back here: at the timing variant the launch already starts no more programs
-    than the device has cores, so each would walk one tile, and split-K applies (the device_tuning stage's split-K
-    fills the idle cores, and it needs the one-tile-per-program grid). None when the loop may gain — more
-    programs than cores, or split-K cannot apply (the tile-loop form is then timed against the one-tile kernel) —
+    """Why the persistent loop is held back here: at the timing variant the launch starts no more than half as many
+    programs as the device has cores, so each would walk one tile and half the cores idle, and split-K applies (the
+    device_tuning stage's split-K fills them, and it needs the one-tile-per-program grid). None when the loop may
+    gain — more programs, or split-K cannot apply (the tile-loop form is then timed against the one-tile kernel) —
     or when nothing is known."""
     cores = getattr(ctx.device, "cores", None)
     if not cores or not getattr(ctx.device, "can_time", False):
@@ -117,7 +122,7 @@ def _no_more_programs_than_cores(ctx: StageContext, kernel: str, split_k: SplitK
         n = persistent.launched_programs(ctx.model, kernel, ctx.problem, variant)
     except Exception:  # a forward the static evaluation cannot follow: no reason to hold the rewrite back
         return None
-    if n and n <= cores and split_k.check(ctx).applies:
+    if n and n <= cores * IDLE_SHARE and split_k.check(ctx).applies:
         return (f"{kernel} starts {n} program(s) at {variant.name} for {cores} cores: each would walk one tile, and "
                 "split-K applies (device_tuning's split-K fills the idle cores; it needs the one-tile grid)")
     return None

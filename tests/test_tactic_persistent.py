@@ -177,16 +177,17 @@ def test_not_proposed_when_the_launch_starts_no_more_programs_than_cores():
     assert stage.PersistentTileLoop().check(context(square, kind="cuda")).applies
 
 
-def test_proposed_for_one_tile_per_program_when_split_k_cannot_apply():
-    """linear_relu (the style corpus) re-tiled to 128 x 256: 8 x 16 = 128 programs at bench-gpu for 132 cores, and
-    the ReLU after the K loop rules split-K out. The tile-loop form is proposed (gate 3 times it: on the H200 it
-    compiled 1.27x faster than the one-tile kernel); gemm_tall_k, where split-K applies, still keeps its grid."""
+def test_proposed_for_one_tile_per_program_when_the_tiles_nearly_fill_the_device():
+    """linear_relu (the style corpus) re-tiled to 128 x 256: 8 x 16 = 128 programs at bench-gpu for 132 cores, one
+    wave that nearly fills the device. Split-K applies (the ReLU runs in its epilogue kernel), but the tile-loop form
+    is proposed too (gate 3 times it: on the H200 it compiled 1.27x faster than the one-tile kernel); gemm_tall_k
+    (64 programs, half the cores idle), where split-K applies, still keeps its grid for it."""
     p = load_problem(FIXTURES / "styles" / "linear_relu" / "direct.py")
     src = p.kernel_source.replace("triton.cdiv(M, 16), triton.cdiv(N, 16)", "triton.cdiv(M, 128), triton.cdiv(N, 256)")
     src = src.replace("BM=16, BN=16, BK=32", "BM=128, BN=256, BK=64")
     assert src.count("128") >= 2
     ctx = context(p, src, kind="cuda")
-    assert not SplitK().check(ctx).applies
+    assert SplitK().check(ctx).applies
     app = stage.PersistentTileLoop().check(ctx)
     assert app.applies, app.reason
     assert "persistent loop" in app.reason

@@ -48,8 +48,8 @@ class KLoop:
 @dataclass
 class Epilogue:
     """What the kernel does to the finished tile before its one store, kept for a second kernel that runs it on the
-    summed slices: the store's pointer and mask (names fixed before the K loop), the top-level statements after
-    the last K loop, and the output's stride parameters."""
+    summed slices: the store's pointer and mask, the top-level statements after the last K loop (and those of them
+    the pointer and mask need), and the output's stride parameters."""
 
     store_line: int
     ptr: ast.expr
@@ -473,9 +473,10 @@ def _epilogue(model: KernelModel, kernel: str, loops: list[ast.For], acc: str, p
               why: NotApplicable) -> tuple[str, Epilogue]:
     """The kernel's epilogue, when a second kernel can run it on the summed slices: K loops at the top of the body,
     ``acc`` zeroed before them, one ``tl.store`` after them whose pointer and mask use only names fixed before the
-    first loop, nothing the loops assign read after them but ``acc``. NotApplicable (``why`` first) otherwise."""
+    first loop or computed after it from those alone (the prelude, which the second kernel runs before the sum),
+    nothing the loops assign read after them but ``acc``. NotApplicable (``why`` first) otherwise."""
     fn = model.functions[kernel]
-    node, source = fn.node, model.source
+    node = fn.node
 
     def refuse(reason: str) -> NotApplicable:
         return NotApplicable(f"{why}; a second kernel cannot run it: {reason}")
