@@ -1,6 +1,6 @@
 """Stage 7, device_tuning: the split-K tactic (more programs for a GEMM whose output tiles leave cores idle).
 
-Owns: the ``split-k`` tactic and its sizing. A 2D-grid GEMM whose output has fewer tiles than the device has
+Owns: the ``split-k`` tactic and its sizing. A 2D- or 1D-grid GEMM whose output has fewer tiles than the device has
 cores at the spec's bench variant is rewritten by :mod:`xeforge.rewrite.device_tuning.splitk`: SPLIT_K programs per
 tile, each over one slice of the K loop, fp32 partial tiles summed in order by a second kernel (the kernel's own
 epilogue, when it has one, runs there, once per tile). SPLIT_K is drawn

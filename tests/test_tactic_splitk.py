@@ -255,3 +255,43 @@ def test_a_1d_grid_in_the_grouped_tile_order_takes_the_slices_on_its_second_axis
         assert text in src, text
     verdict = verify(p, src)
     assert verdict.correct, verdict.feedback()
+
+
+@pytest.mark.slow  # five `xeforge new` problems, each verified (about 70 s on 2 cores)
+@pytest.mark.parametrize("name,epilogue", [
+    ("matmul_bias_gelu_evenk", "float32"),  # 1D grid, EVEN_K from a heuristic, an `if` in the K loop, bias + GELU
+    ("w8a8_int8_matmul", "int32"),  # int32 accumulator: int32 partial tiles (exact), the scales in the epilogue
+    ("matmul_config_by_m", None),  # a config table keyed on M, no epilogue
+    ("matmul_autotune_act", "float32"),  # @triton.autotune'd: both copies keep the decorator and tune their own
+    ("int4_dequant_matmul", None),  # @triton.autotune'd with pruning; nibbles unpacked in the K loop
+])
+def test_real_world_gemms_are_split_and_correct(verify, name, epilogue):
+    """Kernels of the real-world corpus as their projects write them (examples/realworld/), brought in with
+    `xeforge new`: split with SPLIT_K=3 (a short last slice at the ragged K) and verified on the interpreter."""
+    from tests.realworld import problem_dir
+
+    p = load_problem(problem_dir(name))
+    plan = splitk.find(p.kernel_source, p)
+    if "autotune" in name:
+        assert parse_kernel(p.kernel_source).functions[plan.kernel].is_autotuned
+    assert (plan.epilogue.acc_dtype if plan.epilogue else None) == epilogue
+    src = splitk.apply(p.kernel_source, plan, 3)
+    if epilogue == "int32":
+        assert "dtype=torch.int32)" in src and "other=0)" in src
+    verdict = verify(p, src)
+    assert verdict.correct, verdict.feedback()
+
+
+def test_a_name_both_branches_of_an_if_assign_is_not_state_the_loop_carries():
+    """`if EVEN_K: ... else: k_left = ...; ... k_left ...` in a K loop carries nothing from one step to the next; a
+    name only one branch assigns, read after the `if`, is carried (and named)."""
+    p = load_problem(KERNELS / "kb09_matmul_subtract_multiply_relu")
+    both = p.kernel_source.replace(
+        "        k = k0 + offs_k\n",
+        "        if K % BLOCK_K == 0:\n            k = k0 + offs_k\n        else:\n            k = offs_k + k0\n")
+    assert both != p.kernel_source
+    assert splitk.find(both, p).loops[0].increments == []
+    one = both.replace("        else:\n            k = offs_k + k0\n", "")
+    with pytest.raises(NotApplicable) as err:
+        splitk.find(one, p)
+    assert "carries k from one step to the next" in str(err.value)

@@ -105,7 +105,8 @@ def port_on_cluster(args: argparse.Namespace, problem: Problem, say: Callable[[s
         raise ClusterError("--cluster", why + (f"; its log ends: {tail}" if tail else ""),
                            f"see {job.log}; the run folder {run_dir} keeps every finished trial: run again with "
                            "--resume") from None
-    report["cluster"] = {**(cluster.describe() or {}), **where, "attempts": outcome.attempts, "lost": outcome.lost}
+    report["cluster"] = {**(cluster.describe() or {}), **where, "attempts": outcome.attempts, "lost": outcome.lost,
+                         "elapsed_s": outcome.elapsed_s}  # the child's own time inside the task that finished
     return report, outcome
 
 

@@ -27,7 +27,8 @@ their per-step increment; anything else the loop carries, an accumulator that do
 persistent or already 3D grid, or a kernel that reads its output is left alone, with the reason.
 
 A kernel with an epilogue (anything done to the tile after the K loop: a bias, an activation, a fused tail) is
-split by :func:`_apply_epilogue`: ``<kernel>_splitk`` runs the slices and stores the raw partial tiles, and
+split by :func:`_apply_epilogue`: ``<kernel>_splitk`` runs the slices and stores the raw partial tiles (int32 for
+an int8 GEMM's integer accumulator), and
 ``<kernel>_epilogue``, the kernel with its K loop replaced by the ordered sum of those tiles, runs the epilogue
 once, on the original grid.
 
@@ -314,7 +315,8 @@ def _function_copy(source: str, kernel: str, name: str) -> cst.FunctionDef:
 
 def _apply_epilogue(source: str, p: SplitPlan, split: int, when: str | None) -> str:
     """Split-K for a kernel that changes its tile after the K loop (a bias, an activation, a scale):
-    ``<kernel>_splitk``, a copy whose slices store their raw fp32 partial tiles where the kernel
+    ``<kernel>_splitk``, a copy whose slices store their raw partial tiles (fp32; int32, exact, for an integer
+    accumulator) where the kernel
     stored its finished one, runs the K slices; ``<kernel>_epilogue``, a copy whose K loop became the sum of those
     partial tiles in slice order, runs the kernel's own epilogue and store on the original grid. The launch becomes
     the two launches, which replace the kernel; with ``when``, under ``if <when>:``, and the kernel and its launch
@@ -345,9 +347,11 @@ def _apply_epilogue(source: str, p: SplitPlan, split: int, when: str | None) -> 
     for st in reversed(prelude):
         ptr_node = _Inline(st.targets[0].id, st.value).visit(ptr_node)
     ptr = ast.unparse(_Rename({p.out: part, **dims}).visit(ptr_node))
-    load = f"tl.load({ptr}{{off}}{mask}{', other=0.0' if ep.mask is not None else ''})"
+    zero = "0" if ep.acc_dtype.startswith("int") else "0.0"
+    load = f"tl.load({ptr}{{off}}{mask}{f', other={zero}' if ep.mask is not None else ''})"
     summed = [*prelude_src,
-              f"# split-K: the {PARAM} fp32 partial tiles of this tile, added in slice order; then the epilogue",
+              f"# split-K: the {PARAM} {ep.acc_dtype} partial tiles of this tile, added in slice order; then the "
+              "epilogue",
               f"{p.acc} = {load.format(off='')}",
               f"for {s_i} in tl.static_range(1, {PARAM}):",
               f"    {p.acc} += {load.format(off=f' + {s_i} * {s_k}')}"]
@@ -386,12 +390,12 @@ def _apply_epilogue(source: str, p: SplitPlan, split: int, when: str | None) -> 
         return set_call_kwargs(c, extra)
 
     code = cst.Module([]).code_for_node
-    block = [f"# split-K: {split_var} programs per output tile, each over one slice of K, write fp32 partial tiles "
-             f"to {parts};",
+    block = [f"# split-K: {split_var} programs per output tile, each over one slice of K, write {ep.acc_dtype} "
+             f"partial tiles to {parts};",
              f"# {p.epilogue_kernel} adds them in slice order and runs {p.kernel}'s epilogue into {p.out_host}",
              f"{split_var} = {split}",
              f"{parts} = torch.empty(({split_var}, *{p.out_host}.shape), device={p.out_host}.device, "
-             "dtype=torch.float32)",
+             f"dtype=torch.{ep.acc_dtype})",
              code(relaunch(p.split_kernel, grid3, True, {stride: f"{parts}.stride(0)", PARAM: split_var})),
              code(relaunch(p.epilogue_kernel, grid_src, False,
                            {part: parts, s_k: f"{parts}.stride(0)", s_m: f"{parts}.stride(1)",

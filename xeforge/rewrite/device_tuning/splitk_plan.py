@@ -58,6 +58,7 @@ class Epilogue:
     prelude_lines: list[int]  # those of them that compute the store's pointer and mask (from nothing the tile is)
     loop_lines: list[int]  # first lines of its K loops (top-level statements)
     strides: dict[str, int]  # output stride parameter -> the dim of the output it strides
+    acc_dtype: str = "float32"  # the accumulator's and the partial tiles' type: float32, or int32 (exact sums)
 
 
 @dataclass
@@ -116,15 +117,29 @@ def _reads(st: ast.stmt) -> set[str]:
 
 
 def _carried(loop: ast.For) -> list[str]:
-    """Names the loop body reads before it assigns them in the same iteration: state carried across steps."""
+    """Names the loop body reads before it assigns them in the same iteration: state carried across steps. An ``if``
+    is followed branch by branch (``if EVEN_K: ... else: k_left = ...; ... k_left ...`` carries nothing); after
+    it, what both branches assign counts as assigned."""
     inside = assigned_names(loop.body)
-    written = _names(loop.target)
     out: list[str] = []
-    for st in loop.body:
-        for n in sorted(_reads(st)):
+
+    def reads(names: set[str], written: set[str]) -> None:
+        for n in sorted(names):
             if n in inside and n not in written and n not in out:
                 out.append(n)
-        written |= assigned_names([st])
+
+    def visit(body: list[ast.stmt], written: set[str]) -> set[str]:
+        written = set(written)
+        for st in body:
+            if isinstance(st, ast.If):
+                reads(_names(st.test), written)
+                written |= visit(st.body, written) & visit(st.orelse, written)
+                continue
+            reads(_reads(st), written)
+            written |= assigned_names([st])
+        return written
+
+    visit(loop.body, _names(loop.target))
     return out
 
 
@@ -301,8 +316,6 @@ def _check_kernel(model: KernelModel, kernel: str) -> list:
     grouped tile order: one program id, the tile's row and column computed from it)."""
     fn = model.functions[kernel]
     node = fn.node
-    if fn.is_autotuned:
-        raise NotApplicable(f"{kernel} is @triton.autotune'd (split K before autotuning)")
     if PARAM in fn.params:
         raise NotApplicable(f"{kernel} already has a {PARAM} parameter")
     if not any(is_tl_call(n, "dot") for n in ast.walk(node)):
@@ -489,8 +502,10 @@ def _epilogue(model: KernelModel, kernel: str, loops: list[ast.For], acc: str, p
              and st.lineno < loops[0].lineno]
     if len(inits) != 1 or not isinstance(inits[0], ast.Assign) or not _zeros(inits[0].value):
         raise refuse(f"{acc} does not start from tl.zeros")
-    if "int" in ast.unparse(inits[0].value):
-        raise refuse(f"{acc} is an integer accumulator (the partial tiles are fp32)")
+    dtype = _kw(inits[0].value, "dtype", 1 if is_tl_call(inits[0].value, "zeros") else 2)
+    acc_dtype = "float32" if dtype is None else ast.unparse(dtype).rsplit(".", 1)[-1]
+    if acc_dtype not in ("float32", "int32"):
+        raise refuse(f"{acc} accumulates in {acc_dtype} (the partial tiles are float32 or int32)")
     an = KernelAnalysis(fn)
     stores = _stores(node, an)
     tail = body[last + 1:]
@@ -534,7 +549,7 @@ def _epilogue(model: KernelModel, kernel: str, loops: list[ast.For], acc: str, p
     if inside & read:
         raise refuse(f"its epilogue reads {', '.join(sorted(inside & read))}, which the K loop assigns")
     return out, Epilogue(call.lineno, ptr, mask, [st.lineno for st in tail], [st.lineno for st in prelude],
-                         [lp.lineno for lp in loops], {})
+                         [lp.lineno for lp in loops], {}, acc_dtype)
 
 
 def _zeros(value: ast.AST) -> bool:
