@@ -111,10 +111,11 @@ def main() -> None:
         ray = [x for x in runs if x["problem"] == problem and x["where"] == "ray"]
         lw, rw = statistics.median(x["wall_s"] for x in local), statistics.median(x["wall_s"] for x in ray)
         trials = max(x["trials"] for x in local + ray) or 1
+        lw, rw = round(lw, 2), round(rw, 2)
         rows.append({"problem": problem, "local_s": lw, "ray_s": rw, "overhead_s": round(rw - lw, 2),
                      "share": round((rw - lw) / lw, 4), "trials": trials,
                      "per_trial_s": round((rw - lw) / trials, 3),
-                     "child_s": statistics.median(x["child_s"] for x in ray if x["child_s"] is not None),
+                     "child_s": round(statistics.median(x["child_s"] for x in ray if x["child_s"] is not None), 2),
                      "spread_local_s": [x["wall_s"] for x in local], "spread_ray_s": [x["wall_s"] for x in ray]})
     import importlib.metadata as md  # the versions the figures hold for
 

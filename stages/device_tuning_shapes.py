@@ -30,7 +30,8 @@ whose shape argument differs from the primary's by :data:`CLASS_RATIO` or more:
    with its branch launching a swap-AB copy of the kernel (``<kernel>_swapab``, the tile computed transposed:
    :func:`xeforge.rewrite.device_tuning.swap_ab.swapped_branch`), the other shapes keeping the kernel as it is;
 8. **split-K for few tiles**: for a class of smaller shapes whose output tiles leave the device's cores idle,
-   split-K only in that class (``split_k = 4 if M <= 128 else 1``; SPLIT_K = 1 elsewhere is the incumbent's work),
+   split-K only in that class (``if M <= 128:`` the split copy of the kernel and its summing or epilogue kernel;
+   ``else:`` the incumbent's launch),
    sized as the split-k tactic sizes it, at the class's first timed shape.
 
 Where it does not apply, it says why: on the interpreter (nothing to rank), with one timed shape, at an
@@ -409,9 +410,9 @@ class PerShapeConfig(Tactic):
 
     def _split(self, ctx: StageContext, kernel: str, cls: ShapeClass) -> list[Candidate]:
         """For a class of smaller shapes whose output tiles leave the device's cores idle (M = 16 at a 128-row
-        tile: one row of tiles): split-K only there (``split_k = 4 if M <= 128 else 1``,
-        :func:`xeforge.rewrite.device_tuning.splitk.apply` with ``when``); the other shapes keep the incumbent's
-        work, SPLIT_K = 1. Sized like the split-k tactic, at the class's first timed shape."""
+        tile: one row of tiles): split-K only there (:func:`xeforge.rewrite.device_tuning.splitk.apply` with
+        ``when``: ``if M <= 128:`` the split copy and its second kernel, ``else:`` the incumbent's launch). Sized
+        like the split-k tactic, at the class's first timed shape."""
         if cls.op != "<=":
             return []
         cores, where = core_count(ctx)
@@ -437,7 +438,7 @@ class PerShapeConfig(Tactic):
                 continue
             desc = (f"{kernel}: if {cls.test} ({', '.join(cls.serves)}): split-K, {s} programs per output tile "
                     f"({tiles} tiles at {variant.name} for {cores} cores, {where}), fp32 partials summed in order; "
-                    "else the incumbent's launch (SPLIT_K=1)")
+                    "else the incumbent's launch")
             out.append(Candidate(src, self.name, desc, kind="search", params={splitk.PARAM: s, "when": cls.test},
                                  time_all_shapes=True))
         return out

@@ -27,14 +27,13 @@ their per-step increment; anything else the loop carries, an accumulator that do
 persistent or already 3D grid, or a kernel that reads its output is left alone, with the reason.
 
 A kernel with an epilogue (anything done to the tile after the K loop: a bias, an activation, a fused tail) is
-split by :func:`_apply_epilogue`: ``<kernel>_splitk`` runs the slices and stores the raw partial tiles (int32 for
+split by :func:`_apply_copies`: ``<kernel>_splitk`` runs the slices and stores the raw partial tiles (int32 for
 an int8 GEMM's integer accumulator), and
 ``<kernel>_epilogue``, the kernel with its K loop replaced by the ordered sum of those tiles, runs the epilogue
 once, on the original grid.
 
 With ``when`` (a host test, ``M <= 128``: the per-shape-config tactic's class of few rows) the split runs only at
-the shapes it holds for; elsewhere ``SPLIT_K`` is 1, the output is its own one-slice workspace, and no summing
-kernel runs.
+the shapes it holds for, by copies of the kernel (:func:`_apply_copies`); the kernel as written runs at the others.
 """
 
 from __future__ import annotations
@@ -202,12 +201,10 @@ def _kernel_edits(source: str, model, parsed: Parsed, p: SplitPlan) -> tuple[Edi
 
 def apply(source: str, p: SplitPlan, split: int, when: str | None = None) -> str:
     """``source`` with ``p`` applied: SPLIT_K ``split``; with ``when`` (a host test such as ``M <= 128``) only at
-    the shapes it holds for. Elsewhere SPLIT_K is 1: the kernel runs its whole K loop and stores into the output
-    itself (``tl.store`` casts to the output's type, as the cast it had did), slice 0 of a one-slice view of the
-    output, and no summing kernel runs — the incumbent's work, one more specialization of the same kernel. A plan
-    with an epilogue goes to :func:`_apply_epilogue`."""
-    if p.epilogue is not None:
-        return _apply_epilogue(source, p, split, when)
+    the shapes it holds for, the kernel as written launched at the others. A plan with an epilogue, or a ``when``,
+    goes to :func:`_apply_copies`."""
+    if p.epilogue is not None or when is not None:
+        return _apply_copies(source, p, split, when)
     model = parse_kernel(source)
     parsed = Parsed.of(source)
     edits, stride = _kernel_edits(source, model, parsed, p)
@@ -229,10 +226,9 @@ def apply(source: str, p: SplitPlan, split: int, when: str | None = None) -> str
     if grid.kind == "lambda":
         new_grid = f"lambda {grid.meta}: {new_grid}"
     choose = [f"# split-K: {split_var} programs per output tile, each over one slice of K; their fp32 partial tiles",
-              f"# go to {parts} and {SUM_KERNEL} adds them into {p.out_host}",
-              f"{split_var} = {split}" if when is None else f"{split_var} = {split} if {when} else 1"]
+              f"# go to {parts} and {SUM_KERNEL} adds them into {p.out_host}", f"{split_var} = {split}"]
     alloc = [f"{parts} = torch.empty(({split_var}, *{p.out_host}.shape), device={p.out_host}.device, "
-             "dtype=torch.float32)" + ("" if when is None else f" if {split_var} > 1 else {p.out_host}.unsqueeze(0)")]
+             "dtype=torch.float32)"]
     grid_var = grid.variable and grid.assign is not None and grid.assign in host.body and \
         sum(1 for n in ast.walk(host) if isinstance(n, ast.Name) and n.id == grid.variable
             and isinstance(n.ctx, ast.Load)) == 1
@@ -257,18 +253,21 @@ def apply(source: str, p: SplitPlan, split: int, when: str | None = None) -> str
 
     edits.calls[site.line] = launch
     c = p.out_host
-    reduce = (f"{SUM_KERNEL}[(triton.cdiv({c}.shape[0], {SUM_BLOCK}), triton.cdiv({c}.shape[1], {SUM_BLOCK}))](\n"
-              f"    {parts}, {c}, {c}.shape[0], {c}.shape[1], {parts}.stride(0), {parts}.stride(1), "
-              f"{parts}.stride(2),\n    {c}.stride(0), {c}.stride(1), {PARAM}={split_var}, BLOCK_M={SUM_BLOCK}, "
-              f"BLOCK_N={SUM_BLOCK}, num_warps=4)")
-    if when is not None:
-        reduce = f"if {split_var} > 1:\n" + "\n".join("    " + ln for ln in reduce.splitlines())
+    reduce = _sum_launch(c, parts, split_var)
     edits.insert_after[launch_line] = edits.insert_after.get(launch_line, []) + statements(reduce)
     try:
         source = apply_edits(source, edits, parsed)
     except LookupError as exc:
         raise NotApplicable(f"the split-K edit could not be placed ({exc})") from None
     return _add_sum_kernel(source, p.cast)
+
+
+def _sum_launch(c: str, parts: str, split_var: str) -> str:
+    """The summing kernel's launch: ``parts`` (SPLIT_K slices) added into ``c``."""
+    return (f"{SUM_KERNEL}[(triton.cdiv({c}.shape[0], {SUM_BLOCK}), triton.cdiv({c}.shape[1], {SUM_BLOCK}))](\n"
+            f"    {parts}, {c}, {c}.shape[0], {c}.shape[1], {parts}.stride(0), {parts}.stride(1), "
+            f"{parts}.stride(2),\n    {c}.stride(0), {c}.stride(1), {PARAM}={split_var}, BLOCK_M={SUM_BLOCK}, "
+            f"BLOCK_N={SUM_BLOCK}, num_warps=4)")
 
 
 def _add_sum_kernel(source: str, cast: str) -> str:
@@ -313,26 +312,32 @@ def _function_copy(source: str, kernel: str, name: str) -> cst.FunctionDef:
     return fn.with_changes(name=cst.Name(name), leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
 
 
-def _apply_epilogue(source: str, p: SplitPlan, split: int, when: str | None) -> str:
-    """Split-K for a kernel that changes its tile after the K loop (a bias, an activation, a scale):
-    ``<kernel>_splitk``, a copy whose slices store their raw partial tiles (fp32; int32, exact, for an integer
-    accumulator) where the kernel
-    stored its finished one, runs the K slices; ``<kernel>_epilogue``, a copy whose K loop became the sum of those
-    partial tiles in slice order, runs the kernel's own epilogue and store on the original grid. The launch becomes
-    the two launches, which replace the kernel; with ``when``, under ``if <when>:``, and the kernel and its launch
-    stay in the ``else``."""
+def _apply_copies(source: str, p: SplitPlan, split: int, when: str | None) -> str:
+    """Split-K by copies of the kernel. ``<kernel>_splitk``, a copy whose slices store their raw partial tiles
+    (fp32; int32, exact, for an integer accumulator) where the kernel stored its finished one, runs the K slices.
+    For a kernel that changes its tile after the K loop (a bias, an activation, a scale), ``<kernel>_epilogue``, a
+    copy whose K loop became the sum of those partial tiles in slice order, then runs the kernel's own epilogue and
+    store on the original grid; for one without, the summing kernel adds the slices into the output. The launch
+    becomes the two launches, which replace the kernel; with ``when``, under ``if <when>:``, and the kernel and its
+    launch stay in the ``else`` (on the H100 a SPLIT_K=1 specialization of the split kernel ran gemm_square's 4096^3
+    5-8% slower than the kernel as written: docs/measurements/splitk-h100-2026-12-05/)."""
     ep = p.epilogue
     model = parse_kernel(source)
     fn = model.functions[p.kernel].node
     parsed = Parsed.of(source)
     taken = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)} | set(model.functions[p.kernel].params)
 
-    # the statements after the K loop that compute the store's pointer and mask, as written
+    # the slices' kernel: the split as for a plain GEMM, its store of the raw tile (with an epilogue: everything
+    # after the K loop one store, behind the statements that compute its pointer and mask, as written)
+    edits, stride = _kernel_edits(source, model, parsed, p)
+    if ep is None:
+        for line in sorted(set(p.value_lines)):
+            st = _node_at(parsed, cst.SimpleStatementLine, line)
+            edits.replace[line] = [st.visit(_Uncast(p.acc)).with_changes(leading_lines=[])]
+        split_fn = _function_copy(apply_edits(source, edits, parsed), p.kernel, p.split_kernel)
+        return _launch_copies(source, p, model, parsed, split, when, split_fn, None, stride, {})
     prelude = [next(st for st in fn.body if st.lineno == line) for line in ep.prelude_lines]
     prelude_src = [ast.get_source_segment(source, st) or ast.unparse(st) for st in prelude]
-
-    # the slices' kernel: the split as for a plain GEMM, everything after the K loop one store of the raw tile
-    edits, stride = _kernel_edits(source, model, parsed, p)
     mask = f", mask={ast.unparse(ep.mask)}" if ep.mask is not None else ""
     raw = statements("\n".join([*prelude_src, f"tl.store({ast.unparse(ep.ptr)}, {p.acc}{mask})"]))
     for i, line in enumerate(ep.tail_lines):
@@ -362,8 +367,16 @@ def _apply_epilogue(source: str, p: SplitPlan, split: int, when: str | None) -> 
     for line in ep.prelude_lines:
         epi.replace[line] = []
     epilogue_fn = _function_copy(apply_edits(source, epi, parsed), p.kernel, p.epilogue_kernel)
+    return _launch_copies(source, p, model, parsed, split, when, split_fn, epilogue_fn, stride,
+                          {"part": part, "s_k": s_k, "s_m": s_m, "s_n": s_n})
 
-    # the host: the launch becomes the two launches
+
+def _launch_copies(source: str, p: SplitPlan, model, parsed: Parsed, split: int, when: str | None,
+                   split_fn: cst.FunctionDef, epilogue_fn: cst.FunctionDef | None, stride: str,
+                   names: dict[str, str]) -> str:
+    """The host's side of :func:`_apply_copies`: the launch becomes the split kernel's and then the epilogue
+    kernel's (or the summing kernel's), and the copies go right after the kernel."""
+    acc_dtype = p.epilogue.acc_dtype if p.epilogue else "float32"
     site = single_launch(model, p.kernel)
     host = enclosing_function(model, site)
     hnames = {n.id for n in ast.walk(host) if isinstance(n, ast.Name)} | {a.arg for a in host.args.args}
@@ -390,16 +403,21 @@ def _apply_epilogue(source: str, p: SplitPlan, split: int, when: str | None) -> 
         return set_call_kwargs(c, extra)
 
     code = cst.Module([]).code_for_node
-    block = [f"# split-K: {split_var} programs per output tile, each over one slice of K, write {ep.acc_dtype} "
-             f"partial tiles to {parts};",
-             f"# {p.epilogue_kernel} adds them in slice order and runs {p.kernel}'s epilogue into {p.out_host}",
+    if epilogue_fn is not None:
+        second = code(relaunch(p.epilogue_kernel, grid_src, False, {
+            names["part"]: parts, names["s_k"]: f"{parts}.stride(0)", names["s_m"]: f"{parts}.stride(1)",
+            names["s_n"]: f"{parts}.stride(2)", PARAM: split_var}))
+        then = f"{p.epilogue_kernel} adds them in slice order and runs {p.kernel}'s epilogue into {p.out_host}"
+    else:
+        second = _sum_launch(p.out_host, parts, split_var)
+        then = f"{SUM_KERNEL} adds them in slice order into {p.out_host}"
+    block = [f"# split-K: {split_var} programs per output tile, each over one slice of K, write {acc_dtype} "
+             f"partial tiles to {parts};", f"# {then}",
              f"{split_var} = {split}",
              f"{parts} = torch.empty(({split_var}, *{p.out_host}.shape), device={p.out_host}.device, "
-             f"dtype=torch.{ep.acc_dtype})",
+             f"dtype=torch.{acc_dtype})",
              code(relaunch(p.split_kernel, grid3, True, {stride: f"{parts}.stride(0)", PARAM: split_var})),
-             code(relaunch(p.epilogue_kernel, grid_src, False,
-                           {part: parts, s_k: f"{parts}.stride(0)", s_m: f"{parts}.stride(1)",
-                            s_n: f"{parts}.stride(2)", PARAM: split_var}))]
+             second]
     if when is not None:
         original = code(launch)
         block = [f"if {when}:", *("    " + ln for b in block for ln in b.splitlines()), "else:",
@@ -416,7 +434,9 @@ def _apply_epilogue(source: str, p: SplitPlan, split: int, when: str | None) -> 
     at = next(i for i, st in enumerate(body) if isinstance(st, cst.FunctionDef) and st.name.value == p.kernel)
     if any(isinstance(st, cst.FunctionDef) and st.name.value in (p.split_kernel, p.epilogue_kernel) for st in body):
         raise NotApplicable(f"the file already defines {p.split_kernel} or {p.epilogue_kernel}")
-    # without ``when`` nothing launches the kernel any more: its two copies take its place
-    body[at:at + 1] = [body[at], split_fn, epilogue_fn] if when is not None else [
-        split_fn.with_changes(leading_lines=body[at].leading_lines), epilogue_fn]
-    return module.with_changes(body=body).code
+    # without ``when`` nothing launches the kernel any more: its copies take its place
+    copies = [split_fn] + ([epilogue_fn] if epilogue_fn is not None else [])
+    body[at:at + 1] = [body[at], *copies] if when is not None else [
+        copies[0].with_changes(leading_lines=body[at].leading_lines), *copies[1:]]
+    out = module.with_changes(body=body).code
+    return out if epilogue_fn is not None else _add_sum_kernel(out, p.cast)

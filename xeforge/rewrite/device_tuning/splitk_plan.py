@@ -85,8 +85,8 @@ class SplitPlan:
 
     @property
     def split_kernel(self) -> str:
-        """The kernel the slices run: the kernel itself, or a copy without its epilogue (``<kernel>_splitk``)."""
-        return f"{self.kernel}_splitk" if self.epilogue else self.kernel
+        """The copy of the kernel the slices run where the kernel itself stays (an epilogue, a shape class)."""
+        return f"{self.kernel}_splitk"
 
     def describe(self, split: int | None = None) -> str:
         loops = f"{len(self.loops)} K loops" if len(self.loops) > 1 else "the K loop"
