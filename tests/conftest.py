@@ -68,18 +68,26 @@ def tactic_context(p, source=None, kind="cpu", target=None, cores=20, triton=Non
                         run_dir=run_dir)
 
 
-@pytest.fixture(scope="module")
+#: verifiers the ``verify`` fixture keeps open at once (each holds a candidate and an oracle worker process)
+KEPT_VERIFIERS = 4
+
+
+@pytest.fixture(scope="session")
 def verify(tmp_path_factory):
-    """verify(problem, source) -> Verdict through the real cascade (KB constraints at gate 1), one verifier
-    (worker process) per problem for the module. One round per correctness shape (ci and the ragged ones, normal
-    inputs, run twice for stability): a rewrite is checked at every shape it must serve; the rounds over the other
-    input distributions are the verifier's own tests' (tests/test_verifier*.py)."""
+    """verify(problem, source) -> Verdict through the real cascade (KB constraints at gate 1). One verifier per
+    starting file, kept for the test process (each xdist worker its own) while it is one of the
+    :data:`KEPT_VERIFIERS` used last: the tests of several modules on one problem share its workers and its oracle.
+    One round per correctness shape (ci and the ragged ones, normal inputs, run twice for stability): a rewrite is
+    checked at every shape it must serve; the rounds over the other input distributions are the verifier's own
+    tests' (tests/test_verifier*.py)."""
+    from collections import OrderedDict
+
     from xeforge.devices import describe
     from xeforge.pipeline import constraint_hook, kb_context
     from xeforge.settings import Settings
     from xeforge.verifier import Verifier
 
-    made = {}
+    made: OrderedDict = OrderedDict()
     kbc = kb_context(describe("cpu"))
     hooks = [h for h in [constraint_hook(kbc)] if h]
     settings = Settings(compile_timeout_s=60.0, run_timeout_s=30.0, correctness_rounds=1)
@@ -88,6 +96,9 @@ def verify(tmp_path_factory):
         key = str(p.kernel_path)  # one verifier per start: a style of the corpus is judged against its own file
         if key not in made:
             made[key] = Verifier(p, describe("cpu"), settings, tmp_path_factory.mktemp(p.name), hooks, kbc.entry)
+            while len(made) > KEPT_VERIFIERS:
+                made.popitem(last=False)[1].close()
+        made.move_to_end(key)
         path = tmp_path_factory.mktemp("cand") / "kernel.py"
         path.write_text(source)
         return made[key].verify(path, p.kernel_path)
