@@ -57,13 +57,18 @@ def start_head(device: str, log: Path) -> tuple[subprocess.Popen, dict[str, str]
     return proc, {**env, "RAY_ADDRESS": f"127.0.0.1:{port}"}
 
 
-def stop_head(proc: subprocess.Popen) -> None:
+def stop_head(proc: subprocess.Popen, port: str) -> None:
     os.killpg(proc.pid, signal.SIGTERM)
     try:
         proc.wait(10)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
+    # `ray start` records its address for a later ray.init() to find; ended by a signal, the head leaves it behind,
+    # and a later `--cluster ray` without an address would be refused for a cluster that is gone
+    record = Path("/tmp/ray/ray_current_cluster")
+    if record.is_file() and record.read_text().strip().endswith(f":{port}"):
+        record.unlink()
 
 
 def port(problem: str, run_dir: Path, flags: list[str], env: dict[str, str], cluster: bool) -> dict:
@@ -104,7 +109,7 @@ def main() -> None:
                     runs.append({"problem": name, "where": where, "repeat": r, **res})
                     print(f"{name} {where} #{r}: {res['wall_s']} s, {res['trials']} trial(s)", file=sys.stderr)
     finally:
-        stop_head(head)
+        stop_head(head, ray_env["RAY_ADDRESS"].rsplit(":", 1)[1])
     rows = []
     for problem in dict.fromkeys(x["problem"] for x in runs):
         local = [x for x in runs if x["problem"] == problem and x["where"] == "local"]

@@ -31,8 +31,7 @@ whose shape argument differs from the primary's by :data:`CLASS_RATIO` or more:
    :func:`xeforge.rewrite.device_tuning.swap_ab.swapped_branch`), the other shapes keeping the kernel as it is;
 8. **split-K for few tiles**: for a class of smaller shapes whose output tiles leave the device's cores idle,
    split-K only in that class (``if M <= 128:`` the split copy of the kernel and its summing or epilogue kernel;
-   ``else:`` the incumbent's launch),
-   sized as the split-k tactic sizes it, at the class's first timed shape.
+   ``else:`` the incumbent's launch), sized as the split-k tactic sizes it, at the class's first timed shape.
 
 Where it does not apply, it says why: on the interpreter (nothing to rank), with one timed shape, at an
 ``@triton.autotune``'d kernel (its key already picks a configuration per shape), at a kernel launched from several
@@ -437,8 +436,8 @@ class PerShapeConfig(Tactic):
             if kb_errors(ctx, src):
                 continue
             desc = (f"{kernel}: if {cls.test} ({', '.join(cls.serves)}): split-K, {s} programs per output tile "
-                    f"({tiles} tiles at {variant.name} for {cores} cores, {where}), fp32 partials summed in order; "
-                    "else the incumbent's launch")
+                    f"({tiles} tiles at {variant.name} for {cores} cores, {where}), partial tiles summed in order"
+                    f"{' by the epilogue kernel' if plan.epilogue else ''}; else the incumbent's launch")
             out.append(Candidate(src, self.name, desc, kind="search", params={splitk.PARAM: s, "when": cls.test},
                                  time_all_shapes=True))
         return out

@@ -5,11 +5,12 @@ tactic ``persistent-loop`` (KB ``persistent-grid-from-cores``), which rewrites a
 over tiles with :mod:`xeforge.rewrite.persistent`: ``min(#tiles, cores)`` programs, the core count read from the
 device at run time (SMs on NVIDIA, Xe-cores on Intel). Where the launch already starts no more programs than the
 device has cores (each would walk one tile) it is proposed unless half the cores or more would idle and split-K
-applies (split-K fills idle cores and needs the one-tile grid): the tile-loop form alone compiled 1.27x faster than the one-tile-per-program kernel on
-the H200 (Triton 3.6, 1024 x 4096 x 4096 bf16, 128 tiles; docs/measurements/HISTORY.md), so it is timed, not ruled
-out. On a GPU the rewrite is also proposed with the top KB tile configurations (and, on NVIDIA, with the tile loop
-flattened into the K loop as upstream's persistent matmul does), and over the block_io stage's rewrite where that
-stage did not adopt it (descriptors that lost alone; the two compose); the verifier times each one.
+applies (split-K fills idle cores and needs the one-tile grid): the tile-loop form alone compiled 1.27x faster than
+the one-tile-per-program kernel on the H200 (Triton 3.6, 1024 x 4096 x 4096 bf16, 128 tiles;
+docs/measurements/HISTORY.md), so it is timed, not ruled out. On a GPU the rewrite is also proposed with the top
+KB tile configurations (and, on NVIDIA, with the tile loop flattened into the K loop as upstream's persistent matmul
+does), and over the block_io stage's rewrite where that stage did not adopt it (descriptors that lost alone; the two
+compose); the verifier times each one.
 """
 
 from __future__ import annotations

@@ -337,9 +337,8 @@ def ray_head(tmp_path_factory):
             current.unlink()
 
 
-def _children_of_session(session: int, problem: str) -> list[tuple[int, int]]:
-    """(pid, parent pid) of the bench children for ``problem`` in the Ray head's session."""
-    found = []
+def _session_processes(session: int):
+    """(pid, argv, parent pid) of each process in the Ray head's session."""
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
@@ -350,9 +349,13 @@ def _children_of_session(session: int, problem: str) -> list[tuple[int, int]]:
             stat = (d / "stat").read_text()
         except (OSError, ProcessLookupError):
             continue
-        if b"xeforge" in argv and b"--json" in argv and any(a.endswith(b"/" + problem.encode()) for a in argv):
-            found.append((int(d.name), int(stat.rsplit(")", 1)[1].split()[1])))
-    return found
+        yield int(d.name), argv, int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _children_of_session(session: int, problem: str) -> list[tuple[int, int]]:
+    """(pid, parent pid) of the bench children for ``problem`` in the Ray head's session."""
+    return [(pid, parent) for pid, argv, parent in _session_processes(session)
+            if b"xeforge" in argv and b"--json" in argv and any(a.endswith(b"/" + problem.encode()) for a in argv)]
 
 
 def _verdicts(rep: dict) -> list[tuple]:
@@ -423,18 +426,8 @@ def test_a_port_through_ray_client(ray_head, tmp_path):
 
 def _port_child(session: int, run_dir: Path) -> int | None:
     """The pid of the ``xeforge port`` child for ``run_dir`` in the Ray head's session."""
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-            if os.getsid(int(d.name)) != session:
-                continue
-        except (OSError, ProcessLookupError):
-            continue
-        if b"port" in argv and str(run_dir).encode() in argv:
-            return int(d.name)
-    return None
+    return next((pid for pid, argv, _ in _session_processes(session)
+                 if b"port" in argv and str(run_dir).encode() in argv), None)
 
 
 @pytest.mark.slow  # a local port and one on the cluster whose child is killed once (about 90 s on 2 cores)

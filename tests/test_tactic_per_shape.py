@@ -151,7 +151,8 @@ def test_a_class_of_few_tiles_gets_split_k_in_its_branch_only(verify):
     src = splitk.apply(p.kernel_source, splitk.find(p.kernel_source, p), 4, when="M <= 31")
     assert [s.kernel for s in parse_kernel(src).launches] == ["matmul_kernel_splitk", splitk.SUM_KERNEL,
                                                              "matmul_kernel"]
-    original = p.kernel_source[p.kernel_source.index("def matmul_kernel("):p.kernel_source.index("\n\n\n", p.kernel_source.index("def matmul_kernel("))]
+    at = p.kernel_source.index("def matmul_kernel(")
+    original = p.kernel_source[at:p.kernel_source.index("\n\n\n", at)]
     assert original in src  # the kernel as written, for the other shapes
     verdict = verify(p, src)
     assert verdict.correct, verdict.feedback()

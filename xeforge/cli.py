@@ -63,8 +63,7 @@ def cmd_port(args: argparse.Namespace) -> int:
 def _port_on_cluster(args: argparse.Namespace, problem) -> int:
     from xeforge.port_cluster import port_on_cluster  # lazy: Ray only for --cluster
 
-    report, _ = port_on_cluster(args, problem, lambda msg: print(msg, file=sys.stderr, flush=True))
-    return _print_port(report, args)
+    return _print_port(port_on_cluster(args, problem, lambda msg: print(msg, file=sys.stderr, flush=True)), args)
 
 
 def _print_port(report: dict, args: argparse.Namespace) -> int:

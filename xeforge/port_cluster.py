@@ -12,8 +12,8 @@ bubblewrap'd workers on the node.
 The device kind is the one ``--device`` names, not what this host has: a laptop drives a GPU cluster with
 ``--device cuda``; ``--device auto`` is resolved here, and said so.
 
-Not done: one port's candidates spread over several GPUs (one port is one task on one GPU); ``--dry-run`` runs
-nothing, so it runs here.
+``--dry-run`` with ``--cluster`` is refused: a dry run uses no device, so it runs without one. Not done: one port's
+candidates spread over several GPUs (one port is one task on one GPU).
 """
 
 from __future__ import annotations
@@ -72,9 +72,10 @@ def child_argv(args: argparse.Namespace, kind: str, run_dir: Path) -> list[str]:
     return argv
 
 
-def port_on_cluster(args: argparse.Namespace, problem: Problem, say: Callable[[str], None]) -> tuple[dict, Outcome]:
-    """Run the port as one task on the cluster ``--cluster`` names; (the child's report, the outcome). A
-    ClusterError when the task did not run to an end or wrote no report (its log's end in the message)."""
+def port_on_cluster(args: argparse.Namespace, problem: Problem, say: Callable[[str], None]) -> dict:
+    """Run the port as one task on the cluster ``--cluster`` names; the child's report, with the task's record
+    under ``cluster``. A ClusterError when the task did not run to an end or wrote no report (its log's end in the
+    message)."""
     if args.dry_run:
         raise UsageError("--cluster", "--dry-run runs nothing on a device", "drop --cluster (the plan is made here)")
     address = parse_cluster(args.cluster)
@@ -107,7 +108,7 @@ def port_on_cluster(args: argparse.Namespace, problem: Problem, say: Callable[[s
                            "--resume") from None
     report["cluster"] = {**(cluster.describe() or {}), **where, "attempts": outcome.attempts, "lost": outcome.lost,
                          "elapsed_s": outcome.elapsed_s}  # the child's own time inside the task that finished
-    return report, outcome
+    return report
 
 
 def _first_json(paths: list[Path]) -> dict:
