@@ -117,6 +117,11 @@ def test_cluster_flag_parsing_and_its_refusals(tmp_path):
                                            cluster=f"ray://127.0.0.1:{port}", out=tmp_path / "o"))
     assert time.monotonic() - t0 < 30 and err.value.fix
     assert not (tmp_path / "o").exists()  # refused before anything was written
+    # a driver without a GPU names the cluster's kind: refused for the cluster, not for this host's missing CUDA
+    with pytest.raises((ClusterError, UsageError)) as err:
+        bench.run_bench(bench.BenchOptions(problems=[str(ROOT / PROBLEMS[0])], device="cuda",
+                                           cluster=f"ray://127.0.0.1:{port}", out=tmp_path / "o"))
+    assert "nothing answers" in str(err.value) or "Ray is not installed" in str(err.value)
 
 
 def _port_args(*extra: str):
