@@ -155,9 +155,9 @@ class _Uncast(cst.CSTTransformer):
         return updated
 
 
-def _kernel_edits(source: str, model, parsed: Parsed, p: SplitPlan) -> tuple[Edits, str]:
+def _kernel_edits(model, parsed: Parsed, p: SplitPlan) -> tuple[Edits, str]:
     """The kernel's side of the split (its slice's program id, output slice, K range and advanced pointers), as
-    edits of ``source``; and the name of the slice-stride parameter it gets."""
+    edits of the source ``parsed`` holds; and the name of the slice-stride parameter it gets."""
     fn = model.functions[p.kernel].node
     taken = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)} | set(model.functions[p.kernel].params)
     fresh = {}
@@ -207,16 +207,12 @@ def apply(source: str, p: SplitPlan, split: int, when: str | None = None) -> str
         return _apply_copies(source, p, split, when)
     model = parse_kernel(source)
     parsed = Parsed.of(source)
-    edits, stride = _kernel_edits(source, model, parsed, p)
+    edits, stride = _kernel_edits(model, parsed, p)
     for line in sorted(set(p.value_lines)):
         st = _node_at(parsed, cst.SimpleStatementLine, line)
         edits.replace[line] = [st.visit(_Uncast(p.acc)).with_changes(leading_lines=[])]
 
-    site = single_launch(model, p.kernel)
-    host = enclosing_function(model, site)
-    hnames = {n.id for n in ast.walk(host) if isinstance(n, ast.Name)} | {a.arg for a in host.args.args}
-    split_var = fresh_name(hnames, "split_k")
-    parts = fresh_name(hnames | {split_var}, f"{p.out_host}_partials")
+    site, host, split_var, parts = _host_names(model, p)
     launch_idx = next(i for i, st in enumerate(host.body) if isinstance(st, ast.Expr) and st.value is site.node)
     launch_line = host.body[launch_idx].lineno
     prev_line = host.body[launch_idx - 1].lineno
@@ -260,6 +256,15 @@ def apply(source: str, p: SplitPlan, split: int, when: str | None = None) -> str
     except LookupError as exc:
         raise NotApplicable(f"the split-K edit could not be placed ({exc})") from None
     return _add_sum_kernel(source, p.cast)
+
+
+def _host_names(model, p: SplitPlan) -> tuple:
+    """(the launch site, the host function holding it, fresh names there for SPLIT_K and the partial tiles)."""
+    site = single_launch(model, p.kernel)
+    host = enclosing_function(model, site)
+    names = {n.id for n in ast.walk(host) if isinstance(n, ast.Name)} | {a.arg for a in host.args.args}
+    split_var = fresh_name(names, "split_k")
+    return site, host, split_var, fresh_name(names | {split_var}, f"{p.out_host}_partials")
 
 
 def _sum_launch(c: str, parts: str, split_var: str) -> str:
@@ -325,11 +330,10 @@ def _apply_copies(source: str, p: SplitPlan, split: int, when: str | None) -> st
     model = parse_kernel(source)
     fn = model.functions[p.kernel].node
     parsed = Parsed.of(source)
-    taken = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)} | set(model.functions[p.kernel].params)
 
     # the slices' kernel: the split as for a plain GEMM, its store of the raw tile (with an epilogue: everything
     # after the K loop one store, behind the statements that compute its pointer and mask, as written)
-    edits, stride = _kernel_edits(source, model, parsed, p)
+    edits, stride = _kernel_edits(model, parsed, p)
     if ep is None:
         for line in sorted(set(p.value_lines)):
             st = _node_at(parsed, cst.SimpleStatementLine, line)
@@ -346,6 +350,7 @@ def _apply_copies(source: str, p: SplitPlan, split: int, when: str | None) -> st
 
     # the epilogue's kernel: the K loop replaced by the sum of the partial tiles, read where the tile is stored (the
     # store's pointer with the pointer statements it reads spelled out, the output and its strides the partials')
+    taken = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)} | set(model.functions[p.kernel].params)
     part, s_k, s_m, s_n, s_i = (fresh_name(taken, n) for n in ("part_ptr", "stride_pk", "stride_pm", "stride_pn", "s"))
     dims = {param: (s_m, s_n)[dim] for param, dim in ep.strides.items()}
     ptr_node = parse_python(ast.unparse(ep.ptr), mode="eval").body
@@ -377,11 +382,7 @@ def _launch_copies(source: str, p: SplitPlan, model, parsed: Parsed, split: int,
     """The host's side of :func:`_apply_copies`: the launch becomes the split kernel's and then the epilogue
     kernel's (or the summing kernel's), and the copies go right after the kernel."""
     acc_dtype = p.epilogue.acc_dtype if p.epilogue else "float32"
-    site = single_launch(model, p.kernel)
-    host = enclosing_function(model, site)
-    hnames = {n.id for n in ast.walk(host) if isinstance(n, ast.Name)} | {a.arg for a in host.args.args}
-    split_var = fresh_name(hnames, "split_k")
-    parts = fresh_name(hnames | {split_var}, f"{p.out_host}_partials")
+    site, host, split_var, parts = _host_names(model, p)
     grid = launch_grid(model, site)
     launch = next(n for n in walk(parsed.module) if isinstance(n, cst.Call) and parsed.line(n) == site.line
                   and isinstance(n.func, cst.Subscript))

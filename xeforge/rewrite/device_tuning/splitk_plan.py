@@ -51,7 +51,6 @@ class Epilogue:
     summed slices: the store's pointer and mask, the top-level statements after the last K loop (and those of them
     the pointer and mask need), and the output's stride parameters."""
 
-    store_line: int
     ptr: ast.expr
     mask: ast.expr | None
     tail_lines: list[int]  # first lines of the kernel's top-level statements after its last K loop
@@ -548,7 +547,7 @@ def _epilogue(model: KernelModel, kernel: str, loops: list[ast.For], acc: str, p
     read = set().union(*(_names(st) for st in tail)) if tail else set()
     if inside & read:
         raise refuse(f"its epilogue reads {', '.join(sorted(inside & read))}, which the K loop assigns")
-    return out, Epilogue(call.lineno, ptr, mask, [st.lineno for st in tail], [st.lineno for st in prelude],
+    return out, Epilogue(ptr, mask, [st.lineno for st in tail], [st.lineno for st in prelude],
                          [lp.lineno for lp in loops], {}, acc_dtype)
 
 
