@@ -180,6 +180,56 @@ def test_a_gone_cluster_recorded_on_this_host_is_refused_at_once(tmp_path, monke
     assert not (tmp_path / "o").exists()
 
 
+class _FlakyRay:
+    """Stands for the ``ray`` module: ``init`` fails as ``failures`` says, then connects."""
+    __version__ = "fake"
+
+    def __init__(self, failures: list[Exception]):
+        self.failures, self.calls, self.up = list(failures), 0, False
+
+    def is_initialized(self):
+        return self.up
+
+    def init(self, **kw):
+        self.calls += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        self.up = True
+
+    def cluster_resources(self):
+        return {"CPU": 2.0}
+
+    def nodes(self):
+        return [{"Alive": True}]
+
+
+SERVER_START_FAILED = ConnectionAbortedError(
+    "Initialization failure from server:\nTraceback (most recent call last): RuntimeError: Starting Ray client "
+    "server failed. See ray_client_server_23000.err for detailed logs.")
+
+
+@pytest.mark.parametrize("failures, connects, calls", [
+    ([SERVER_START_FAILED], True, 2),  # the proxy's server died at its start once: connected on the second try
+    ([SERVER_START_FAILED] * 3, False, 3),  # it keeps failing: refused after CONNECT_ATTEMPTS, saying so
+    ([ConnectionError("UNAUTHENTICATED: invalid token")], False, 1),  # anything else is not tried again
+])
+def test_a_ray_client_server_that_failed_to_start_is_tried_again(monkeypatch, failures, connects, calls):
+    fake, said = _FlakyRay(failures), []
+    monkeypatch.setattr(ray_cluster, "import_ray", lambda: fake)
+    monkeypatch.setattr(ray_cluster, "_check_reachable", lambda *a: None)
+    monkeypatch.setattr(ray_cluster, "CONNECT_PAUSE_S", 0.0)
+    sched = ray_cluster.RayScheduler("ray://127.0.0.1:1", "cpu", say=said.append)
+    if connects:
+        assert sched.connect() is fake and sched.connected_here
+    else:
+        with pytest.raises(ClusterError) as err:
+            sched.connect()
+        assert type(failures[0]).__name__ in str(err.value)
+        assert (f"({calls} attempts)" in str(err.value)) == (calls > 1)
+    assert fake.calls == calls
+    assert sum("connecting again" in line for line in said) == calls - 1  # one line per retry
+
+
 def test_missing_ray_is_refused_with_the_install_command(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
     with pytest.raises(UsageError) as err:

@@ -51,6 +51,11 @@ RETURN_CAP_BYTES = 64 << 20  # a task returns at most this much of its part fold
 FORWARD_ENV_PREFIXES = ("XEFORGE_",)
 FORWARD_ENV = ("TORCHINDUCTOR_COMPILE_THREADS",)
 PLAIN = (str, bytes, int, float, bool, type(None))
+# Ray Client: the cluster's proxy starts a server process per client; that start can fail transiently (seen on a
+# loaded 2-core host: the new process died in gRPC's fork handling). A connection that fails so is tried again.
+CONNECT_ATTEMPTS = 3
+CONNECT_PAUSE_S = 2.0
+TRANSIENT_CLIENT_FAILURES = ("Starting Ray client server failed", "Proxy failed to Connect to backend")
 
 
 def parse_cluster(flag: str, env: dict[str, str] | None = None) -> str | None:
@@ -261,17 +266,7 @@ class RayScheduler:
             _check_reachable(found, f"the cluster `ray start` recorded on this host ({found}) is gone: `ray stop` "
                                     "clears the record; or name a cluster with RAY_ADDRESS or --cluster ray://")
         if not ray.is_initialized():
-            try:
-                # worker logs stay out of this process's stdout (data goes there): each child's log is its own file
-                with _ray_prints_to_stderr():
-                    ray.init(address=self.address, log_to_driver=False, namespace="xeforge")
-            except Exception as exc:  # noqa: BLE001 — Ray raises several types here (connection, auth, client)
-                why = " ".join(str(exc).split())[:400]
-                raise ClusterError("--cluster", f"could not connect to the Ray cluster at {where}: "
-                                   f"{type(exc).__name__}: {why}",
-                                   "start it (ray start --head) and pass its address; for a cluster with token "
-                                   "authentication set RAY_AUTH_MODE=token and its token (~/.ray/auth_token or "
-                                   "RAY_AUTH_TOKEN) here") from None
+            self._init(ray, where)
             self.connected_here = True  # disconnected after the run (a Ray instance started here ends with it)
         res = ray.cluster_resources()
         self.info.update(ray=ray.__version__, nodes=len([n for n in ray.nodes() if n.get("Alive")]),
@@ -283,6 +278,30 @@ class RayScheduler:
                  f"at {where}; {self.num_gpus:g} GPU per problem")
         self.ray = ray
         return ray
+
+    def _init(self, ray, where: str) -> None:
+        """``ray.init`` to the cluster; a Ray Client server that failed to start is tried again (see
+        ``TRANSIENT_CLIENT_FAILURES``); any other failure, or the last one, is a ClusterError."""
+        for attempt in range(1, CONNECT_ATTEMPTS + 1):
+            try:
+                # worker logs stay out of this process's stdout (data goes there): each child's log is its own file
+                with _ray_prints_to_stderr():
+                    ray.init(address=self.address, log_to_driver=False, namespace="xeforge")
+                return
+            except Exception as exc:  # noqa: BLE001 — Ray raises several types here (connection, auth, client)
+                why = " ".join(str(exc).split())[:400]
+                transient = any(t in str(exc) for t in TRANSIENT_CLIENT_FAILURES)
+                if transient and attempt < CONNECT_ATTEMPTS:
+                    self.say(f"ray: the cluster at {where} failed to start a Ray Client server for this driver "
+                             f"(attempt {attempt} of {CONNECT_ATTEMPTS}); connecting again in {CONNECT_PAUSE_S:g} s")
+                    time.sleep(CONNECT_PAUSE_S)
+                    continue
+                tries = f" ({attempt} attempts)" if attempt > 1 else ""
+                raise ClusterError("--cluster", f"could not connect to the Ray cluster at {where}{tries}: "
+                                   f"{type(exc).__name__}: {why}",
+                                   "start it (ray start --head) and pass its address; for a cluster with token "
+                                   "authentication set RAY_AUTH_MODE=token and its token (~/.ray/auth_token or "
+                                   "RAY_AUTH_TOKEN) here") from None
 
     def run(self, jobs: list[Job], done: Done, deadline: float | None) -> None:
         with _ray_prints_to_stderr():
