@@ -44,6 +44,8 @@ def cmd_port(args: argparse.Namespace) -> int:
         settings = settings.replace(tuning_budget=args.budget, cpu_tuning_budget=min(args.budget, settings.cpu_tuning_budget))
     if args.time_budget is not None:
         settings = settings.replace(port_minutes=args.time_budget)
+    if args.check_lanes is not None:
+        settings = settings.replace(check_lanes=args.check_lanes)
     opts = PortOptions(device=args.device, stages=_split(args.stages), engine=args.engine, dry_run=args.dry_run,
                        resume=args.resume, run_dir=Path(args.run_dir) if args.run_dir else None,
                        runs_dir=Path(args.runs_dir), target=args.target, triton=args.triton, settings=settings,
@@ -273,6 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-dir", default=os.environ.get("XEFORGE_RUNS_DIR", "runs"))
     p.add_argument("--budget", type=positive_int, default=None, help="hardware evaluations per search tactic")
     add_time_budget(p)
+    p.add_argument("--check-lanes", type=positive_int, default=None, metavar="K",
+                   help="check a tactic's candidates (gates 1, 0, 2) with K verifiers side by side, on this host's "
+                        "GPUs in turn (the CPU interpreter: K processes); gate 3 still times them one by one "
+                        "(default: $XEFORGE_CHECK_LANES, else 1)")
     p.add_argument("--json", action="store_true", help="print the report (or plan) as JSON on stdout")
     p.add_argument("--patch", action="store_true", help="write final/upstream.patch: the result as a diff that "
                    "`git apply` takes (against the original file for a problem made by `xeforge new`)")

@@ -44,6 +44,7 @@ from xeforge.settings import Settings
 from xeforge.static_checks import Finding
 from xeforge.store import RunStore, atomic_write, make_run_folder, read_json, write_json
 from xeforge.upstream import UPSTREAM_FILE, write_patch
+from xeforge.check_lanes import CheckLanes
 from xeforge.verifier import Verdict, Verifier
 
 
@@ -142,6 +143,8 @@ class Pipeline:
         self.say = progress
         self.settings = options.settings
         self.fallback: str | None = None
+        self.lanes: CheckLanes | None = None  # --check-lanes K > 1: the lanes of the running port
+        self._checked: dict[str, Verdict] = {}  # source hash -> its verdict from a check lane, until gate 3 takes it
 
     # ------------------------------------------------------------------------------------------------ plan
     def resolve_engine(self) -> tuple[str, str]:
@@ -270,8 +273,16 @@ class Pipeline:
             run_meta["resumed_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
         store.write_run(run_meta)
         hooks = [h for h in [constraint_hook(kbc)] if h]
+
+        def lane_verifier(folder: Path, env: dict[str, str]) -> Verifier:
+            return Verifier(self.problem, device, self.settings, folder, hooks, kbc.entry, diagnoser(kbc, device),
+                            cache=store.root / "triton-cache", hide=store.root, env=env)
+
         with Verifier(self.problem, device, self.settings, store.root, hooks, kbc.entry,
-                      diagnoser(kbc, device)) as verifier:
+                      diagnoser(kbc, device)) as verifier, \
+                CheckLanes(self.settings.check_lanes, store.root / "lanes", device.kind, verifier, lane_verifier,
+                           self.say) as lanes:
+            self.lanes = lanes if lanes.n > 1 else None
             try:
                 report = self._run(store, verifier, device, kbc, engine_name)
             except BaseException as exc:
@@ -310,6 +321,8 @@ class Pipeline:
             self.fallback = f"the llm engine could not start: {exc.what}; rules engine used"
             engine_name, engine = "rules", make_engine("rules", self.opt)
         llm_engine = make_engine("llm", self.opt) if engine_name == "both" else None
+        if self.lanes is not None:
+            self.lanes.start()  # their workers load while the start is verified
         baseline = self._baseline(store, verifier, start_path)
         incumbent_path, incumbent_src = start_path, self.problem.kernel_source
         incumbent_diagnosis = baseline.get("diagnosis")
@@ -364,8 +377,14 @@ class Pipeline:
                 return self._evaluate(store, verifier, stage, cand, inc_holder["path"], inc_holder["src"])
 
             def prepare(cands: list[Candidate]) -> None:
-                todo = [c.source for c in cands if store.recorded(store.key(
+                todo = [c.source for c in cands if c.source != inc_holder["src"] and store.recorded(store.key(
                     stage.name, c.tactic, source_hash(inc_holder["src"]), source_hash(c.source))) is None]
+                if self.lanes is not None and len(todo) > 1:
+                    checked = self.lanes.check(todo)
+                    self._checked.update(checked)
+                    self.say(f"  checked {len(checked)} candidate(s) in {self.lanes.n} check lanes: "
+                             f"{sum(v.correct for v in checked.values())} correct")
+                    todo = [src for src in todo if (v := checked.get(source_hash(src))) is None or v.correct]
                 n = verifier.prewarm(todo)
                 if n:
                     self.say(f"  compiled {n} candidate(s) in parallel on the host")
@@ -480,7 +499,7 @@ class Pipeline:
         if cand.source == inc_src:
             verdict = Verdict(h, note="identical to the incumbent")
         else:
-            verdict = verifier.verify(folder / "candidate.py", inc_path, source_hash=h,
+            verdict = verifier.verify(folder / "candidate.py", inc_path, source_hash=h, checked=self._checked.pop(h, None),
                                       **({"all_shapes": True} if cand.time_all_shapes else {}))
         store.finish_trial(folder, key, verdict.as_dict())
         self.say(f"    {verdict.feedback()[:400]}")
@@ -574,6 +593,7 @@ class Pipeline:
             "timing_method": None if device.interpreter else
             "device events, full sync, L2 flush (repeated to hide host launch overhead), rotated inputs, interleaved A/B, median + IQR, A/A margin",
             "oracle": "float64 PyTorch reference" if self.problem.has_reference else "starting kernel (no reference.py)",
+            "check_lanes": self.lanes.describe() if self.lanes is not None else None,
             "notes": self.problem.notes,
             "baseline": baseline, "baseline_compiler": describe_diagnosis(baseline.get("diagnosis")),
             "stages": stages,

@@ -33,8 +33,8 @@ from xeforge.store import RunStore
 
 #: the port's flags the child gets as they were given (flag, attribute of the parsed arguments)
 FORWARDED = (("--stages", "stages"), ("--engine", "engine"), ("--budget", "budget"), ("--time-budget", "time_budget"),
-             ("--target", "target"), ("--triton", "triton"), ("--model", "model"), ("--api-base", "api_base"),
-             ("--max-iters", "max_iters"), ("--best-k", "best_k"))
+             ("--check-lanes", "check_lanes"), ("--target", "target"), ("--triton", "triton"), ("--model", "model"),
+             ("--api-base", "api_base"), ("--max-iters", "max_iters"), ("--best-k", "best_k"))
 
 
 def device_kind(flag: str, say: Callable[[str], None]) -> str:

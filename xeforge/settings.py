@@ -49,6 +49,9 @@ class Settings:
     # a port's wall-clock budget in minutes, checked before each stage: the stages it leaves are skipped (saying
     # so) and the final gate runs on the best kernel so far; --resume with a larger budget continues. 0: no limit
     port_minutes: float = field(default=0.0, metadata={"env": "XEFORGE_PORT_MINUTES", "zero_ok": True})
+    # verifiers that check a stage's candidates (gates 1, 0, 2) side by side before gate 3 times them one by one:
+    # the port's own and check_lanes - 1 more (xeforge.check_lanes); 1: the port's verifier alone
+    check_lanes: int = field(default=1, metadata={"env": "XEFORGE_CHECK_LANES"})
     # diagnosis — keep each verified source's compiled kernels (IRs, metadata) in the run: worker/compiled/<hash>/
     keep_compiled: bool = field(default=False, metadata={"env": "XEFORGE_KEEP_COMPILED"})
 

@@ -127,7 +127,11 @@ class Verifier:
 
     def __init__(self, problem: Problem, device: DeviceInfo, settings: Settings, workdir: Path,
                  constraint_hooks: list[ConstraintHook] | None = None, device_entry: Any = None,
-                 diagnoser: Diagnoser | None = None) -> None:
+                 diagnoser: Diagnoser | None = None, *, cache: Path | None = None, hide: Path | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        """``cache``: the candidates' Triton cache (default: in ``workdir``); ``hide``: the folder the sandbox hides
+        around the workers (default: ``workdir``); ``env``: added to both workers' environment (the GPU they see).
+        A check lane (:mod:`xeforge.check_lanes`) passes all three: the port's cache and run folder, its GPU."""
         self.problem = problem
         self.diagnoser = diagnoser  # None: no compiler facts are collected
         self.device = device
@@ -141,11 +145,13 @@ class Verifier:
         # files go; the oracle's holds the weights every candidate is loaded with
         # the candidates' compiled kernels are cached in the run (prewarm fills it for the cascade); the oracle
         # keeps a cache of its own, which no candidate can write
-        self._cache = self.workdir / "triton-cache"
+        self._cache = Path(cache).resolve() if cache else self.workdir / "triton-cache"
+        self._hide = Path(hide).resolve() if hide else self.workdir
+        self._env = dict(env or {})
         self.worker = self._candidate_worker(self.workdir / "worker", self.workdir / "worker.log")
         self.oracle_worker = Worker(device.kind, self.workdir / "oracle", self.workdir / "oracle.log", settings=settings,
-                                    writable=(self.workdir / "oracle-triton-cache",), hidden=(self.workdir,),
-                                    env={"TRITON_CACHE_DIR": str(self.workdir / "oracle-triton-cache")})
+                                    writable=(self.workdir / "oracle-triton-cache",), hidden=(self._hide,),
+                                    env={**self._env, "TRITON_CACHE_DIR": str(self.workdir / "oracle-triton-cache")})
         self.weight_seed = secrets.randbits(31)
         self._slots: dict[tuple, int] = {}  # (source hash, variant, mode[, alias]) -> worker generation
         self._slot_names: dict[tuple, str] = {}  # the same keys -> the slot name the source was loaded under
@@ -171,7 +177,7 @@ class Verifier:
         weights = self.workdir / "oracle" / "weights"
         weights.mkdir(parents=True, exist_ok=True)
         return Worker(self.device.kind, folder, log, settings=self.settings, writable=(self._cache,),
-                      readable=(weights,), hidden=(self.workdir,), env={"TRITON_CACHE_DIR": str(self._cache)},
+                      readable=(weights,), hidden=(self._hide,), env={**self._env, "TRITON_CACHE_DIR": str(self._cache)},
                       prefix=prefix)
 
     def __enter__(self) -> "Verifier":
@@ -186,13 +192,35 @@ class Verifier:
 
     # ------------------------------------------------------------------------------------------ gates
     def verify(self, cand_path: Path, incumbent_path: Path | None = None, *, time_it: bool = True,
-               source_hash: str = "", all_shapes: bool = False) -> Verdict:
+               source_hash: str = "", all_shapes: bool = False, checked: Verdict | None = None) -> Verdict:
         """Run the cascade. ``incumbent_path`` is what gate 3 times against (None: no gate 3); ``all_shapes``: gate 3
-        times every timed shape even when the primary does not improve (see :meth:`performance`)."""
+        times every timed shape even when the primary does not improve (see :meth:`performance`); ``checked``:
+        this source's verdict from :meth:`check` on another verifier of the problem (a check lane), which gate 3
+        continues instead of checking it again here."""
         cand = self.code(cand_path)  # read once: what gate 1 checks is what the worker runs
+        if checked is not None and checked.source_hash != source_hash:
+            raise ValueError(f"a checked verdict of {checked.source_hash} given for {source_hash}")
+        verdict = checked if checked is not None else self.check(cand, str(cand_path), source_hash)
+        if not verdict.correct or incumbent_path is None or not time_it:
+            return verdict
+        t0 = time.monotonic()
+        g3 = self.performance(self.code(incumbent_path), cand, all_shapes=all_shapes)
+        g3.details["seconds"] = round(time.monotonic() - t0, 3)
+        verdict.gates.append(g3)
+        if g3.status == "fail" and g3.details.get("phase") == "isolation":
+            verdict.gates[0] = GateResult(GATES[0], "fail", g3.summary, g3.details)
+        verdict.timed = g3.status != "skipped"
+        verdict.speedup = g3.details.get("speedup")
+        verdict.margin = g3.details.get("margin")
+        verdict.accepted = g3.status == "pass"
+        return verdict
+
+    def check(self, cand: Code, where: str = "candidate.py", source_hash: str = "") -> Verdict:
+        """Gates 1, 0 and 2 and the diagnosis: the verdict before any timing (``where``: the name gate 1's findings
+        give the file)."""
         verdict = Verdict(source_hash=source_hash)
         t0 = time.monotonic()
-        g1 = self.static(cand.text, str(cand_path))
+        g1 = self.static(cand.text, where)
         g1.details["seconds"] = round(time.monotonic() - t0, 3)  # where a port's time goes, per gate
         # gate 0 runs around everything below; gate 1 is purely static and reported first in order
         if not g1.passed:
@@ -209,18 +237,6 @@ class Verifier:
             return verdict
         verdict.correct = True
         verdict.diagnosis = self.diagnose(cand)
-        if incumbent_path is None or not time_it:
-            return verdict
-        t0 = time.monotonic()
-        g3 = self.performance(self.code(incumbent_path), cand, all_shapes=all_shapes)
-        g3.details["seconds"] = round(time.monotonic() - t0, 3)
-        verdict.gates.append(g3)
-        if g3.status == "fail" and g3.details.get("phase") == "isolation":
-            verdict.gates[0] = GateResult(GATES[0], "fail", g3.summary, g3.details)
-        verdict.timed = g3.status != "skipped"
-        verdict.speedup = g3.details.get("speedup")
-        verdict.margin = g3.details.get("margin")
-        verdict.accepted = g3.status == "pass"
         return verdict
 
     def code(self, path: Path | Code) -> Code:
