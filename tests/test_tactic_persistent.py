@@ -146,11 +146,13 @@ INLINE_PID = EARLY_RETURN.replace("    pid = tl.program_id(0)\n    if pid * BLOC
 
 
 @pytest.mark.parametrize("source,reason", [
-    (EARLY_RETURN.replace("    if pid * BLOCK >= n:\n        return\n", "").replace("](x, y, n,", "](x, y, n + 0,"),
-     "grid size n is not passed to k"),
-    (EARLY_RETURN, "returns early"),
+    (EARLY_RETURN.replace("    if pid * BLOCK >= n:\n        return\n", "").replace(
+        "k[(triton.cdiv(n, 64),)](x, y, n,", "k[(triton.cdiv(int(n), 64),)](x, y, n + 0,"),
+     "grid size int(n) is not passed to k"),
+    (EARLY_RETURN.replace("    if pid * BLOCK >= n:\n        return\n",
+                          "    if pid >= 0:\n        if pid * BLOCK >= n:\n            return\n"), "returns early (line 12)"),
     (INLINE_PID, "calls tl.program_id inline"),
-], ids=["a-tile-count-of-a-host-value", "early-return", "inline-program-id"])
+], ids=["a-tile-count-of-a-host-call", "a-nested-early-return", "inline-program-id"])
 def test_unsupported_kernels_are_left_alone_with_a_reason(source, reason):
     p = load_problem(KERNELS / "softmax")
     ctx = context(p, source)
@@ -244,10 +246,62 @@ def test_a_return_that_ends_the_kernel_and_a_unit_grid_axis_do_not_block_the_til
     assert "return\n" not in src[src.index("def add_kernel"):src.index("class Model")]
     verdict = verify(p, src)
     assert verdict.correct, verdict.feedback()
-    early = VADD_WITH_TRAILING_RETURN.replace("    pid = tl.program_id(0)\n",
-                                              "    pid = tl.program_id(0)\n    if pid > 1000:\n        return\n")
-    with pytest.raises(persistent.NotApplicable, match=r"returns early \(line 10\)"):
-        persistent.rewrite(early)
+
+
+def test_an_early_exit_becomes_a_guard_and_a_size_the_kernel_is_not_given_comes_in_as_an_argument(verify):
+    """``if c: return`` at the top of a kernel would end a tile loop, skipping the program's other tiles: it
+    becomes ``if not (c): <the rest>`` (``if c: A; return`` becomes ``if c: A else: <the rest>``). A grid counted
+    from a size the wrapper computes and the kernel is not given (``cdiv(total, 64)``, the varlen attention's
+    ``max_seqlen``) passes that size in: the kernel divides it by its block, so the count follows a new block."""
+    p = load_problem(FIXTURES / "problems" / "vadd")
+    early = VADD_WITH_TRAILING_RETURN.replace(
+        "    pid = tl.program_id(0)\n", "    pid = tl.program_id(0)\n    if pid * BLOCK >= n:\n        return\n").replace(
+        "        add_kernel[(triton.cdiv(n, 64), 1)](x, y, out, n, BLOCK=64)",
+        "        total = n + 64  # one block more than needed: its programs exit early\n"
+        "        add_kernel[(triton.cdiv(total, 64), 1)](x, y, out, n, BLOCK=64)")
+    src, plan = persistent.rewrite(early)
+    kernel = src[src.index("def add_kernel"):src.index("class Model")]
+    assert "if not (pid * BLOCK >= n):" in kernel and "return" not in kernel, kernel
+    assert "tl.cdiv(GRID_SIZE_0, BLOCK)" in kernel and "GRID_SIZE_0=total" in src, src
+    verdict = verify(p, src)
+    assert verdict.correct, verdict.feedback()
+    # an exit that does something first keeps it, and the rest runs in its else branch
+    stores_first = early.replace("    if pid * BLOCK >= n:\n        return\n",
+                                 "    if pid * BLOCK >= n:\n        tl.debug_barrier()\n        return\n")
+    src, _ = persistent.rewrite(stores_first)
+    fn = parse_kernel(src).functions["add_kernel"].node
+    guard = next(n for n in ast.walk(fn) if isinstance(n, ast.If))
+    assert ast.unparse(guard.test) == "pid * BLOCK >= n" and len(guard.body) == 1 and guard.orelse
+    assert not any(isinstance(n, ast.Return) for n in ast.walk(fn))
+
+
+TWO_KINDS_OF_TILE = VADD_WITH_TRAILING_RETURN.replace(
+    "def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):\n"
+    "    pid = tl.program_id(0)\n"
+    "    offs = pid * BLOCK + tl.arange(0, BLOCK)\n"
+    "    mask = offs < n\n",
+    "def add_kernel(x_ptr, y_ptr, out_ptr, n, half, n_first, BLOCK: tl.constexpr):\n"
+    "    pid = tl.program_id(0)\n"
+    "    if pid < n_first:\n"
+    "        offs = pid * BLOCK + tl.arange(0, BLOCK)\n"
+    "        mask = offs < half\n"
+    "    else:\n"
+    "        offs = half + (pid - n_first) * BLOCK + tl.arange(0, BLOCK)\n"
+    "        mask = offs < n\n").replace(
+    "        add_kernel[(triton.cdiv(n, 64), 1)](x, y, out, n, BLOCK=64)",
+    "        half = n // 2\n"
+    "        n_first = triton.cdiv(half, 64)\n"
+    "        add_kernel[(n_first + triton.cdiv(n - half, 64),)](x, y, out, n, half, n_first, BLOCK=64)")
+
+
+def test_an_axis_of_two_kinds_of_tile_is_counted_in_the_kernel(verify):
+    """One grid axis holding two kinds of tile, ``n_first + cdiv(n - half, 64)`` (the RoPE kernel's query and key
+    head blocks): the kernel counts both, the first from its argument, the second from a size it is now given."""
+    assert "n_first + triton.cdiv(n - half, 64)" in TWO_KINDS_OF_TILE
+    src, plan = persistent.rewrite(TWO_KINDS_OF_TILE)
+    assert "(n_first + tl.cdiv(GRID_SIZE_0, BLOCK))" in src and "GRID_SIZE_0=n - half" in src, src
+    verdict = verify(load_problem(FIXTURES / "problems" / "vadd"), src)
+    assert verdict.correct, verdict.feedback()
 
 
 SLOW_ROWS = ["online_softmax", "cross_entropy_fwd", "fused_add_rmsnorm", "log_softmax_rows", "rmsnorm", "rotary"]

@@ -19,9 +19,11 @@ module-level helper. Block sizes stay tunable: the grid follows ``META``. A grid
 no block divides (a row count the wrapper reads off a shape, ``(x2d.shape[0],)``; a batch size) is passed in as a
 new argument ``NUM_PID_<axis>``; a pointer parameter each tile advances in place (``X += row * stride``, the row
 kernels' form) becomes a per-tile local (``X_tile = X + (row * stride)``), so every tile starts from the pointer the
-kernel was given. A kernel with an early ``return``, inline ``tl.program_id`` uses, a grid axis the kernel cannot
-recompute (a tile count over a size that is not a kernel argument), or another name carried from before the loop
-and reassigned inside it is left alone, with the reason.
+kernel was given. A kernel's early exits at its top level become guards of the tile's work (``if c: return`` and the rest become
+``if not (c): <the rest>``), and a grid counted from a size the wrapper computes (``cdiv(max_seqlen, BLOCK_M)``)
+passes that size in as ``GRID_SIZE_<axis>`` for the kernel to divide by its block. A kernel with a ``return``
+inside a block, inline ``tl.program_id`` uses, a grid axis the kernel cannot recompute (a size made by a call),
+or another name carried from before the loop and reassigned inside it is left alone, with the reason.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from xeforge.rewrite.memory import launch_facts
 from xeforge.rewrite.tiling import KernelAnalysis, NotApplicable, _assign_counts, is_tl_call, names_in
 from xeforge.rewrite.tiling.grid import (GridTranslator, enclosing_function, fresh_name, launch_bindings, launch_grid,
                                          launched_kernels_gemm_first, program_id_vars, single_launch)
-from xeforge.rewrite.cst_tools import code, statements
+from xeforge.rewrite.cst_tools import code, expr, statements, walk
 from xeforge.rewrite.tiling.edit import FunctionEdit, LaunchEdit, add_module_function, edit_function, edit_launch
 
 HELPER = "_device_core_count"
@@ -96,8 +98,8 @@ def is_persistent(fn_node: ast.FunctionDef) -> bool:
 
 
 def _base_params(fn_node: ast.FunctionDef) -> set[str]:
-    """Parameters a descriptor or block pointer of the kernel is based on (``base=Q + off``, through the names
-    that make it)."""
+    """Parameters a descriptor or block pointer of the kernel is based on (``base=Q + off``), or a pointer it loads
+    or stores through (``tl.load(q_ptrs)``), through the names that make them."""
     params = {a.arg for a in fn_node.args.args}
     made: dict[str, set[str]] = {}
     for st in ast.walk(fn_node):
@@ -108,8 +110,9 @@ def _base_params(fn_node: ast.FunctionDef) -> set[str]:
     todo: set[str] = set()
     for n in ast.walk(fn_node):
         name = (dotted_name(n.func) or "") if isinstance(n, ast.Call) else ""
-        if name.endswith(("make_tensor_descriptor", "make_block_ptr")):
-            base = n.args[0] if n.args else next((k.value for k in n.keywords if k.arg == "base"), None)
+        if name.endswith(("make_tensor_descriptor", "make_block_ptr")) or name in ("tl.load", "tl.store"):
+            key = "base" if name.endswith(("make_tensor_descriptor", "make_block_ptr")) else "pointer"
+            base = n.args[0] if n.args else next((k.value for k in n.keywords if k.arg == key), None)
             todo |= names_in(base) if base is not None else set()
     seen: set[str] = set()
     while todo:
@@ -186,8 +189,9 @@ def plan_persistent(model: KernelModel, kernel: str) -> PersistentPlan:
         raise NotApplicable(f"{kernel} uses grid axes {axes}; the rewrite handles grids of axes 0, 0-1 or 0-2")
     early = early_returns(fn.node)
     if early:
-        raise NotApplicable(f"{kernel} returns early (line {early[0].lineno}); a persistent loop would skip the "
-                            "remaining tiles")
+        raise NotApplicable(f"{kernel} returns early (line {early[0].lineno}), inside a block: in a tile loop it "
+                            "would skip the program's remaining tiles (an `if ...: return` at the kernel's top level "
+                            "becomes a guard of the tile's work)")
     counts = _assign_counts(fn.node)
     for p in pids:
         if counts.get(p.name, 0) != 1:
@@ -204,8 +208,15 @@ def plan_persistent(model: KernelModel, kernel: str) -> PersistentPlan:
     kcounts, passed = [], {}
     taken = {n.id for n in ast.walk(fn.node) if isinstance(n, ast.Name)} | set(fn.params)
     for ax, el in enumerate(grid.elements):
+
+        def pass_size(src: str, ax=ax) -> str:  # a size the wrapper computes, divided by the block in the kernel
+            name = next((n for n, v in passed.items() if v == src), None) or fresh_name(taken, f"GRID_SIZE_{ax}")
+            taken.add(name)
+            passed[name] = src
+            return name
+
         try:
-            kcounts.append(tr.kernel_expr(el))
+            kcounts.append(tr.kernel_expr(el, pass_size))
         except NotApplicable:
             # a count the kernel is not given (a batch size or a row count the wrapper reads off a shape): passed in
             # as an argument, where no block size divides it (a tile count would go stale when a later stage
@@ -248,8 +259,8 @@ def plan_persistent(model: KernelModel, kernel: str) -> PersistentPlan:
     bind = launch_bindings(site, fn, model.source)
     tensors = [bind[p].strip() for p in fn.params if p in bind and _PLAIN.match(bind[p].strip())
                and any(getattr(a.ptr, "base", None) == p for a in an.accesses)]
-    if not tensors:  # a kernel that reads its tensors through descriptors or block pointers: their base pointers;
-        # or one that advances its pointers in place (``X += row * stride``)
+    if not tensors:  # a kernel that reads its tensors through descriptors, block pointers or pointers it builds
+        # (their base parameters); or one that advances its pointers in place (``X += row * stride``)
         tensors = [bind[p].strip() for p in fn.params if (p in _base_params(fn.node) or p in advanced) and p in bind
                    and _PLAIN.match(bind[p].strip())]
     host = enclosing_function(model, site)
@@ -344,16 +355,62 @@ def apply_persistent(source: str, plan: PersistentPlan, flatten: bool = False) -
     return edit_launch(source, edit)
 
 
-def _drop_trailing_returns(source: str, model: KernelModel, kernels: list[str]) -> str:
-    """``source`` without the bare ``return`` that ends any of ``kernels`` (the same kernel: it falls off its end)."""
-    lines = source.splitlines(keepends=True)
-    drop = set()
-    for name in kernels:
-        fn = model.functions.get(name)
-        last = fn.node.body[-1] if fn is not None and len(fn.node.body) > 1 else None
-        if isinstance(last, ast.Return) and last.value is None and lines[last.lineno - 1].strip() == "return":
-            drop.add(last.lineno - 1)
-    return "".join(line for i, line in enumerate(lines) if i not in drop)
+def _bare_return(stmt: cst.BaseStatement) -> bool:
+    return (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Return)
+            and stmt.body[0].value is None)
+
+
+def _returns_in(node: cst.CSTNode) -> bool:
+    return any(isinstance(n, cst.Return) for n in walk(node))
+
+
+def _guarded(body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    """A kernel body's statements with its top-level early exits made guards: ``if c: return`` followed by ``rest``
+    becomes ``if not (c): rest``, and ``if c: A; return`` becomes ``if c: A else: rest``; a bare ``return`` at the
+    end goes (the body falls off its end). A ``return`` anywhere else is left as it is (the plan refuses it)."""
+    out: list[cst.BaseStatement] = []
+    for i, st in enumerate(body):
+        if _bare_return(st) and i == len(body) - 1:
+            break
+        guard = (isinstance(st, cst.If) and st.orelse is None and isinstance(st.body, cst.IndentedBlock)
+                 and st.body.body and _bare_return(st.body.body[-1])
+                 and not any(_returns_in(b) for b in st.body.body[:-1]))
+        if not guard:
+            out.append(st)
+            continue
+        rest, kept = _guarded(list(body[i + 1:])), list(st.body.body[:-1])
+        if rest:  # the block opens on its first statement, not on the blank line that followed the return
+            rest[0] = rest[0].with_changes(leading_lines=[ln for ln in rest[0].leading_lines if ln.comment])
+        if not kept and not rest:
+            break  # `if c: return` as the last statement: nothing is left to skip
+        if not kept:
+            out.append(st.with_changes(test=expr(f"not ({code(st.test)})"), body=st.body.with_changes(body=rest)))
+        else:
+            orelse = cst.Else(body=cst.IndentedBlock(body=rest)) if rest else None
+            out.append(st.with_changes(body=st.body.with_changes(body=kept), orelse=orelse))
+        return out
+    return out
+
+
+class _Guard(cst.CSTTransformer):
+    def __init__(self, kernels: list[str]) -> None:
+        self.kernels = set(kernels)
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        if updated.name.value not in self.kernels or not isinstance(updated.body, cst.IndentedBlock):
+            return updated
+        body = _guarded(list(updated.body.body))
+        return updated.with_changes(body=updated.body.with_changes(body=body)) if body else updated
+
+
+def _guard_returns(source: str, model: KernelModel, kernels: list[str]) -> str:
+    """``source`` with ``kernels``' top-level early exits made guards (:func:`_guarded`): inside a tile loop a
+    ``return`` would end the loop, skipping the program's remaining tiles; a guard skips only this tile's work."""
+    names = [k for k in kernels if (fn := model.functions.get(k)) is not None
+             and any(isinstance(n, ast.Return) for n in ast.walk(fn.node))]
+    if not names:
+        return source
+    return cst.parse_module(source).visit(_Guard(names)).code
 
 
 def _grid_var_used_once(model: KernelModel, site, var: str) -> bool:
@@ -367,7 +424,7 @@ def _grid_var_used_once(model: KernelModel, site, var: str) -> bool:
 def rewrite(source: str, kernel: str | None = None, flatten: bool = False) -> tuple[str, PersistentPlan]:
     model = parse_kernel(source)
     names = [kernel] if kernel else launched_kernels_gemm_first(model)
-    source = _drop_trailing_returns(source, model, names)  # inside a tile loop it would end the loop
+    source = _guard_returns(source, model, names)  # inside a tile loop a return would end the loop
     model = parse_kernel(source)
     errors = []
     for name in names:

@@ -85,13 +85,11 @@ def product_blocks(model: KernelModel, site: LaunchSite, grid: GridInfo | None) 
         unread = []
         for ax, el in enumerate(grid.elements):
             if isinstance(el, ast.BinOp) and isinstance(el.op, ast.Mult):
-                for blk in tr.blocks_in(el):
-                    out[blk] = ax
-                for node in ast.walk(el):
-                    cd = _cdiv_args(node)
-                    num = (ast.get_source_segment(model.source, cd[0]) or "").strip() if cd else ""
-                    if cd and num not in tr.host_to_param:
-                        unread.append(f"grid size {num} is not an argument of {site.kernel}")
+                for node in (n for n in ast.walk(el) if _cdiv_args(n) is not None):
+                    try:  # a size the kernel is not given too (``cdiv(total, 64)``): its block is the launch's
+                        out[tr.cdiv_parts(node, need_param=False)[2]] = ax
+                    except NotApplicable as exc:
+                        unread.append(str(exc))
         return out, "; ".join(unread)
     except NotApplicable as exc:
         return {}, str(exc)
@@ -120,7 +118,10 @@ def _product_text(source: str, model: KernelModel, site: LaunchSite, grid: GridI
         if cd is None or (grid.kind == "lambda" and isinstance(cd[1], ast.Subscript)):
             continue
         param = tr.host_to_param.get((ast.get_source_segment(source, cd[0]) or "").strip())
-        blk = tr.block_of(param, cd[1]) if param else None
+        try:  # a size the kernel is not given (``cdiv(total, 64)``) too: its block is the one the launch passes
+            blk = tr.block_of(param, cd[1])
+        except NotApplicable:
+            blk = None
         if blk in new:
             div = cd[1]
             repl.append((offset(div.lineno, div.col_offset) - base, offset(div.end_lineno, div.end_col_offset) - base,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 from xeforge.analysis.launches import bindings, live_launches, unpacked_dict
 from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, dotted_name, is_literal, literal
@@ -242,8 +242,10 @@ class GridTranslator:
     def _src(self, node: ast.AST) -> str:
         return ast.get_source_segment(self.model.source, node) or ast.unparse(node)
 
-    def block_of(self, bound_param: str, divisor: ast.AST) -> str:
-        cands = sorted(self.bound_blocks.get(bound_param, set()))
+    def block_of(self, bound_param: str | None, divisor: ast.AST) -> str:
+        """The block constexpr ``divisor`` stands for in a ``cdiv(<bound_param's value>, divisor)`` grid element
+        (``bound_param`` None: a size the kernel is not given; any block constexpr of the launch then)."""
+        cands = sorted(self.bound_blocks.get(bound_param, set()) if bound_param else self.an.constexprs)
         if self.grid.kind == "lambda" and isinstance(divisor, ast.Subscript) and \
                 isinstance(divisor.value, ast.Name) and divisor.value.id == self.grid.meta:
             key = literal(divisor.slice)
@@ -268,25 +270,39 @@ class GridTranslator:
                                 f"(candidates for {bound_param}: {', '.join(cands) or 'none'})")
         return match[0]
 
-    def _cdiv(self, node: ast.AST) -> tuple[str, str, str] | None:
-        """(host numerator, kernel parameter, block constexpr) of a ``cdiv(num, BLOCK)`` grid element, else None."""
+    def cdiv_parts(self, node: ast.AST, pass_size: Callable[[str], str] | None = None,
+              need_param: bool = True) -> tuple[str, str | None, str] | None:
+        """(host numerator, kernel parameter, block constexpr) of a ``cdiv(num, BLOCK)`` grid element, else None.
+        A numerator the kernel is not given is refused, unless ``pass_size`` names a new kernel argument for it (a
+        size the wrapper computes, ``max_seqlen``: the kernel divides it by its block, so the tile count follows a
+        later change of the block) or ``need_param`` is off (host terms only)."""
         cd = _cdiv_args(node)
         if cd is None:
             return None
         num, div = cd
-        param = self.host_to_param.get(self._src(num).strip())
-        if param is None:
+        src = self._src(num).strip()
+        param = self.host_to_param.get(src)
+        if param is not None:
+            return src, param, self.block_of(param, div)
+        if pass_size is not None and not any(isinstance(n, ast.Call) and not (
+                isinstance(n.func, ast.Attribute) and n.func.attr in ("size", "numel")) for n in ast.walk(num)):
+            blk = self.block_of(None, div)
+            return src, pass_size(src), blk
+        if need_param:
             raise NotApplicable(f"grid size {self._src(num)} is not passed to {self.site.kernel}")
-        return self._src(num), param, self.block_of(param, div)
+        return src, None, self.block_of(None, div)
 
-    def kernel_expr(self, node: ast.AST) -> str:
-        """The grid element in kernel terms, e.g. ``tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)``."""
-        cd = self._cdiv(node)
+    def kernel_expr(self, node: ast.AST, pass_size: Callable[[str], str] | None = None) -> str:
+        """The grid element in kernel terms, e.g. ``tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)``; ``pass_size``: see
+        :meth:`cdiv_parts`."""
+        cd = self.cdiv_parts(node, pass_size)
         if cd is not None:
             _, param, blk = cd
             return f"tl.cdiv({param}, {blk})"
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
-            return f"{self.kernel_expr(node.left)} * {self.kernel_expr(node.right)}"
+            return f"{self.kernel_expr(node.left, pass_size)} * {self.kernel_expr(node.right, pass_size)}"
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):  # two kinds of tile on one axis
+            return f"({self.kernel_expr(node.left, pass_size)} + {self.kernel_expr(node.right, pass_size)})"
         src = self._src(node).strip()
         if src in self.host_to_param:
             return self.host_to_param[src]
@@ -294,7 +310,7 @@ class GridTranslator:
 
     def meta_expr(self, node: ast.AST, meta: str = "META") -> str:
         """The grid element with literal block sizes replaced by ``META["BLOCK"]`` (host code)."""
-        cd = self._cdiv(node)
+        cd = self.cdiv_parts(node, need_param=False)
         if cd is not None:
             num, _, blk = cd
             return f"triton.cdiv({num}, {meta}[{blk!r}])"
@@ -308,10 +324,12 @@ class GridTranslator:
 
     def blocks_in(self, node: ast.AST) -> list[str]:
         """The block constexprs a grid element divides by."""
-        cd = _cdiv_args(node)
+        try:
+            cd = self.cdiv_parts(node, need_param=False)
+        except NotApplicable:  # a size the kernel is not given, over a divisor no block constexpr stands for
+            return []
         if cd is not None:
-            param = self.host_to_param.get(self._src(cd[0]).strip())
-            return [self.block_of(param, cd[1])] if param else []
+            return [cd[2]]
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
             return self.blocks_in(node.left) + self.blocks_in(node.right)
         return []
