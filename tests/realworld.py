@@ -40,8 +40,6 @@ NOT_STRUCTURAL = TUNING | {"per-shape-config"}
 #: name (the construct and what stops it). Each is a gap of the tool, listed in the issue's closing note.
 KNOWN_GAPS = {
     ("rope_cache", "rows-per-program"): "calls _rotate_head_block (line",
-    # a 2D descriptor cannot start at a batch's base pointer (a 3D descriptor over [batch, rows, cols] would)
-    ("batched_matmul_3d", "tensor-descriptor"): "the base pointer a_ptr is offset by bid * stride_ab",
     # the tutorial's row/column offsets wrapped with `% M` (no masks on the K loop's loads): a descriptor would
     # read them unwrapped, zero-padded, which the analysis of the pointers does not prove yet
     ("persistent_matmul", "tensor-descriptor"): "wrapped with %",

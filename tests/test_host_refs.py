@@ -84,6 +84,23 @@ def test_torch_inside_a_kernel_body_counts_and_tl_methods_do_not():
                                                                "tl.load(x_ptr + offs, mask=offs < n).sum(0)")))
 
 
+
+def test_a_kernel_own_name_is_not_the_host_value_of_the_same_name():
+    """``acc`` bound to a torch dtype on the host and to a tl tile in the kernel: the kernel's ``acc.to(...)`` is the
+    tile's method (a rewrite that adds one more is no torch compute); ``torch`` bound to a kernel name still is."""
+    host = START.replace("        y = torch.empty_like(x)", "        acc = torch.float32\n        y = torch.empty_like(x)")
+    kernel = host.replace("    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)",
+                          "    acc = tl.load(x_ptr + offs, mask=offs < n)\n"
+                          "    tl.store(y_ptr + offs, acc.to(tl.float32).to(y_ptr.dtype.element_ty), mask=offs < n)")
+    assert "acc.to(" in kernel and "acc = torch.float32" in kernel
+    assert not any("to" in k for _, k in refs(kernel))
+    aliased = kernel.replace("    acc = tl.load(x_ptr", "    mm = torch.mm\n    acc = tl.load(x_ptr")
+    assert ("compute", "torch.mm") in refs(aliased)
+    # a kernel name bound to torch itself: what it names is torch's, called or not
+    module = kernel.replace("    acc = tl.load(x_ptr + offs, mask=offs < n)",
+                            "    T = torch\n    acc = T.relu(tl.load(x_ptr + offs, mask=offs < n))")
+    assert ("compute", "torch.relu") in refs(module)
+
 def test_class_attributes_are_followed_through_self():
     src = KERNEL + '''
 

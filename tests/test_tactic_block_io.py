@@ -88,6 +88,32 @@ def test_ci_shapes_take_the_descriptor_path_and_ragged_shapes_the_fallback(verif
     assert not v.correct and "ragged" in v.failed_gate.details.get("variant", ""), v.feedback()
 
 
+@pytest.mark.parametrize("where,fast_load,broken", [
+    ("flash_attn_fwd", "v_desc.load([start_n, 0])", "v_desc.load([0, 0])"),
+    # its ci shapes are one tile: the bug is a descriptor made at the first batch's matrix for every batch
+    ("batched_matmul_3d", "tl.make_tensor_descriptor(b_ptr + bid * stride_bb, ", "tl.make_tensor_descriptor(b_ptr, "),
+])
+def test_a_batch_or_head_offset_base_and_a_whole_head_dim_take_descriptors(where, fast_load, broken, verify):
+    """A tile whose matrix starts at a batch's or head's offset (``k_ptr + off_b * stride_kb + off_h * stride_kh``)
+    gets its descriptor made at that start, and the guard checks that the batch strides keep it 16-byte aligned;
+    an attention head's dimension read whole and unmasked (``tl.arange(0, HEAD_DIM)``) is the descriptor's
+    extent there. The ci shapes take the descriptor path: a bug in it alone fails at ci."""
+    from tests.realworld import problem_dir
+
+    p = load_problem(KERNELS / where if (KERNELS / where).is_dir() else problem_dir(where))
+    src = rewritten(p)
+    base = {"flash_attn_fwd": "v_ptr + off_b * stride_vb + off_h * stride_vh", "batched_matmul_3d": "b_ptr + bid * stride_bb"}
+    assert f"tl.make_tensor_descriptor({base[where]}, " in src, src
+    stride0 = {"flash_attn_fwd": "v.stride(0)", "batched_matmul_3d": "b.stride(0)"}[where]
+    assert f"({stride0} * " in src  # the batch stride's alignment is part of the run-time guard
+    if where == "flash_attn_fwd":
+        assert "shape=[S, HEAD_DIM]" in src and "block_shape=[BLOCK_N, HEAD_DIM]" in src
+    verdict = verify(p, src)
+    assert verdict.correct, verdict.feedback()
+    v = verify(p, _mutate(src, fast_load, broken))
+    assert not v.correct and v.failed_gate.details.get("variant") == "ci", v.feedback()
+
+
 def test_block_pointers_when_the_kb_rejects_descriptors_for_the_triton(verify):
     p = load_problem(KERNELS / "gemm_relu")
     ctx = context(p, kind="cuda", target="h200", triton="3.3.0")  # tl.make_tensor_descriptor is 3.4+
@@ -121,9 +147,8 @@ def test_allocator_is_set_for_cuda_only():
 
 @pytest.mark.parametrize("folder,reason", [
     (KERNELS / "softmax", "no launched kernel calls tl.dot"),
-    (KERNELS / "flash_attn_fwd", "base pointer k_ptr is offset by off_b * stride_kb"),
     (HERE / "wrapped_offsets", "not base + start + tl.arange(0, BLOCK) tiles"),
-], ids=["no-dot", "batched-base", "wrapped-offsets"])
+], ids=["no-dot", "wrapped-offsets"])
 def test_unsupported_shapes_are_left_alone_with_a_reason(folder, reason):
     p = load_problem(folder)
     ctx = context(p)

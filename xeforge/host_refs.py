@@ -89,6 +89,15 @@ VENDOR_KERNEL = re.compile(r"^(nvjet|cublas|cutlass|cudnn|xmma|sm\d+_|ampere_|vo
 
 
 KERNEL_BODY = "kernel body"  # where a @triton.jit function's own statements stand
+
+
+def _root_name(node: ast.AST) -> str | None:
+    """``a`` of ``a.b.c``; None when the chain starts at something else (a call, an operation)."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
 BACKWARD_BODY = "backward body"  # an autograd.Function's backward: never run by the no-grad call a verdict judges
 
 
@@ -264,6 +273,29 @@ class HostRefs:
                         grew |= self._alias(name, path)
         return grew
 
+    def _kernel_scopes(self) -> dict[int, tuple[frozenset[str], dict[str, set[str]]]]:
+        """Each node of a ``@triton.jit`` function -> (the names that function binds to its own values: parameters,
+        assignments, loop targets; the names it binds to something that names torch, with those paths:
+        ``T = torch`` or ``mm = torch.mm`` in a kernel body stays torch)."""
+        out: dict[int, tuple[frozenset[str], dict[str, set[str]]]] = {}
+        for fn in self.model.functions.values():
+            names = {a.arg for a in fn.node.args.args + fn.node.args.kwonlyargs}
+            names |= {n.id for n in ast.walk(fn.node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            torchy: dict[str, set[str]] = {}
+            for n in ast.walk(fn.node):
+                if not isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)) or n.value is None:
+                    continue
+                paths = {p for p in (self.resolve(n.value) if _root_name(n.value) not in names else ())
+                         if p == "torch" or p.startswith("torch.")}
+                if paths:
+                    targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+                    for t in (t for tt in targets for t in ast.walk(tt) if isinstance(t, ast.Name)):
+                        torchy.setdefault(t.id, set()).update(paths)
+            scope = (frozenset(names - set(torchy)), torchy)
+            for n in ast.walk(fn.node):
+                out[id(n)] = scope
+        return out
+
     # -- references ---------------------------------------------------------------------------------
     def _collect(self) -> None:
         parents: dict[int, ast.AST] = {}
@@ -271,14 +303,22 @@ class HostRefs:
             for child in ast.iter_child_nodes(node):
                 parents[id(child)] = node
         submodules = _submodules(self.model)
+        scopes = self._kernel_scopes()
         for node in ast.walk(self.model.tree):
             parent = parents.get(id(node))
             if not self._host(node):
                 # a kernel body: tl code has methods of the same names, so only what names torch counts there (the
-                # interpreter would run a torch.mm written inside a @triton.jit body)
+                # interpreter would run a torch.mm written inside a @triton.jit body); a name the kernel binds
+                # itself (``acc.to(...)``) is its own tl value, whatever host code binds to the same name
                 if self.where.get(id(node)) == KERNEL_BODY and isinstance(node, (ast.Attribute, ast.Name)) \
                         and not isinstance(parent, ast.Attribute) and isinstance(node.ctx, ast.Load):
-                    for path in self.resolve(node):
+                    own, torchy = scopes.get(id(node), (frozenset(), {}))
+                    root, dotted = _root_name(node), dotted_name(node) or ""
+                    if root in torchy:
+                        paths = {p + dotted[len(root):] for p in torchy[root]}
+                    else:
+                        paths = set() if root in own else self.resolve(node)
+                    for path in paths:
                         if path.startswith("torch."):
                             self._classify(path, node.lineno, "in a kernel body", False, node)
                 continue

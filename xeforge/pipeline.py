@@ -499,8 +499,10 @@ class Pipeline:
         if cand.source == inc_src:
             verdict = Verdict(h, note="identical to the incumbent")
         else:
-            verdict = verifier.verify(folder / "candidate.py", inc_path, source_hash=h, checked=self._checked.pop(h, None),
-                                      **({"all_shapes": True} if cand.time_all_shapes else {}))
+            checked = self._checked.pop(h, None)  # a check lane's verdict: gate 3 continues it
+            verdict = verifier.verify(folder / "candidate.py", inc_path, source_hash=h,
+                                      **({"all_shapes": True} if cand.time_all_shapes else {}),
+                                      **({"checked": checked} if checked is not None else {}))
         store.finish_trial(folder, key, verdict.as_dict())
         self.say(f"    {verdict.feedback()[:400]}")
         return TrialOutcome(folder.name, cand, verdict)

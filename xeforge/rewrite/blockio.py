@@ -2,7 +2,10 @@
 
 Owns: planning and applying the block_io stage's codemod. Recognised accesses (see
 :mod:`xeforge.rewrite.tiling`): a rank-2 pointer tile ``base + rows[:, None] * s0 + cols[None, :] * s1`` with a
-bounds mask on both dimensions and ``other`` absent or zero, or a block pointer; loads inside a loop that calls
+bounds mask on each dimension (or none on a dimension read whole from 0, ``tl.arange(0, HEAD_DIM)``: its block
+is then its extent) and ``other`` absent or zero, whose matrix may start at an offset of the base made of
+arguments and program ids (a batch's or head's: ``k_ptr + off_b * stride_kb``, where the descriptor is made),
+or a block pointer; loads inside a loop that calls
 ``tl.dot``, rank-2 loads after it (an epilogue's residual or scale tile), and rank-2 stores of the result. Each
 becomes
 
@@ -13,7 +16,7 @@ becomes
   Triton has no descriptors but still has block pointers.
 
 Descriptors need the contiguous dimension last with a literal stride of 1, 16-byte aligned bases and
-16-byte multiples for the other strides. When the contiguous dimension of an operand is its first (a weight
+16-byte multiples for the other strides (and for the strides of a start offset, so every batch's start is aligned). When the contiguous dimension of an operand is its first (a weight
 used as ``W^T``), the descriptor describes the transposed view and the loaded tile is transposed back with
 ``.T``. The conditions are checked at run time in ``forward``: the kernel gets a ``USE_BLOCK_IO`` constexpr and
 keeps its original loop for inputs that do not qualify (ragged, unaligned or non-contiguous strides), so
@@ -58,9 +61,14 @@ class DescSpec:
     base: str
     dims: list[TileDim]  # in descriptor order: the contiguous dimension last
     transposed: bool  # descriptor order is the tile's order reversed
+    offset: Poly | None = None  # where the tile's matrix starts in ``base`` (a batch's: ``bid * stride_ab``)
 
     def key(self) -> tuple:
-        return (self.base, self.transposed, tuple((d.shape, d.stride, d.block) for d in self.dims))
+        return (self.base, self.offset, self.transposed, tuple((d.shape, d.stride, d.block) for d in self.dims))
+
+    def start(self) -> str:
+        """The pointer the descriptor is made at."""
+        return f"{self.base} + {self.offset.code()}" if self.offset is not None else self.base
 
 
 @dataclass
@@ -128,15 +136,21 @@ def _tile_dims(an: KernelAnalysis, acc: Access, loop_names: set[str]) -> list[Ti
     elif isinstance(ptr, Ptr):
         if not _pointer_tile_of_rank_2(ptr):
             raise NotApplicable("not a rank-2 tile of pointers")
-        if not ptr.offs.scalar.is_zero:
-            raise NotApplicable(f"the base pointer {ptr.base} is offset by {ptr.offs.scalar.code()}")
         if acc.has_other and acc.other not in (0, 0.0):
             raise NotApplicable(f"other={acc.other!r} (descriptors pad out-of-bounds reads with zeros)")
-        if not isinstance(acc.mask, Mask):
-            raise NotApplicable("no bounds mask on both dimensions (descriptors need the tensor's shape)")
+        if acc.mask is not None and not isinstance(acc.mask, Mask):
+            raise NotApplicable("the mask is not a bound on each dimension (descriptors need the tensor's shape)")
+        all_bounds = acc.mask.bounds if isinstance(acc.mask, Mask) else ()
+        used = 0
         for d in (0, 1):
             term = ptr.term(d)
-            bounds = [b for b in acc.mask.bounds if b.dim == d]
+            bounds = [b for b in all_bounds if b.dim == d]
+            if term is not None and not bounds and term.vec.start.is_zero and \
+                    (term.vec.size.is_const or term.vec.size.single_symbol() in an.constexprs):
+                # no bound, from 0: the tile covers the whole dimension (an attention head's HEAD_DIM), which is
+                # then the descriptor's extent
+                dims.append(TileDim(term.vec.size, term.stride, term.vec.size, term.vec.start))
+                continue
             if term is None or len(bounds) != 1:
                 raise NotApplicable(f"dimension {d} has {len(bounds)} bound(s) in the mask (one expected)")
             b = bounds[0]
@@ -144,7 +158,8 @@ def _tile_dims(an: KernelAnalysis, acc: Access, loop_names: set[str]) -> list[Ti
                 raise NotApplicable(f"dimension {d}'s mask uses a different arange than its pointers")
             shape = b.limit - b.vec.start + term.vec.start
             dims.append(TileDim(shape, term.stride, term.vec.size, term.vec.start))
-        if len(acc.mask.bounds) != 2:
+            used += 1
+        if len(all_bounds) != used:
             raise NotApplicable("the mask has conditions beyond the two bounds")
     else:
         raise NotApplicable("the pointers are not base + start + tl.arange(0, BLOCK) tiles (wrapped with %, "
@@ -158,6 +173,24 @@ def _tile_dims(an: KernelAnalysis, acc: Access, loop_names: set[str]) -> list[Ti
         if not (td.block.is_const or (blk and blk in an.constexprs)):
             raise NotApplicable(f"dimension {d}'s block {td.block.code()} is not a constexpr")
     return dims
+
+
+def _offset_of(an: KernelAnalysis, acc: Access, loop_names: set[str], per_program: set[str]) -> Poly | None:
+    """Where a pointer tile's matrix starts in its base (``a_ptr + bid * stride_ab``: a batch's matrix), None for the
+    base itself; NotApplicable where the start moves in the K loop or is not made of the kernel's arguments and
+    program ids (the descriptor is made once, before the loop)."""
+    ptr = acc.ptr
+    if not isinstance(ptr, Ptr) or ptr.offs.scalar.is_zero:
+        return None
+    off = ptr.offs.scalar
+    if off.symbols() & loop_names or off.symbols() - set(an.params) - per_program:
+        raise NotApplicable(f"the base pointer {ptr.base} is offset by {off.code()}, which is not made of the "
+                            "kernel's arguments and program ids")
+    for mono, _ in off.terms:
+        if not set(mono) & set(an.params):
+            raise NotApplicable(f"the base pointer {ptr.base} is offset by {off.code()}: its term "
+                                f"{' * '.join(mono) or 'constant'} has no stride argument to check for alignment")
+    return off
 
 
 def _base_of(acc: Access, params: list[str] | None = None) -> str:
@@ -204,6 +237,7 @@ def plan_block_io(model: KernelModel, kernel: str, mode: str = DESCRIPTOR, epilo
     plans: list[AccessPlan] = []
     skipped: list[str] = []
     taken = {n.id for n in ast.walk(fn.node) if isinstance(n, ast.Name)} | set(fn.params)
+    per_program = pid_derived_names(fn.node)
     for acc in candidates:
         if acc.kind == "load" and not acc.loops and isinstance(acc.ptr, Ptr) and not _pointer_tile_of_rank_2(acc.ptr):
             continue  # an epilogue's bias vector or scalar: nothing for a 2D descriptor to move
@@ -220,8 +254,9 @@ def plan_block_io(model: KernelModel, kernel: str, mode: str = DESCRIPTOR, epilo
             for td in ddims[:-1]:
                 if not (td.stride.single_symbol() or td.stride.is_const):
                     raise NotApplicable(f"stride {td.stride.code()} is not one argument")
-            _check_host_args(acc, ddims, bind)
-            spec = DescSpec("", _base_of(acc), ddims, transposed)
+            offset = _offset_of(an, acc, loop_names if acc.kind == "load" else set(), per_program)
+            _check_host_args(acc, ddims, bind, offset)
+            spec = DescSpec("", _base_of(acc), ddims, transposed, offset)
             if spec.key() not in descs:
                 stem = re.sub(r"_ptrs?$", "", spec.base) or spec.base
                 spec.name = fresh_name(taken, f"{stem}_desc" if mode == DESCRIPTOR else f"{stem}_bp")
@@ -246,12 +281,12 @@ def plan_block_io(model: KernelModel, kernel: str, mode: str = DESCRIPTOR, epilo
                        skipped, guards, remove, int64_names)
 
 
-def _check_host_args(acc: Access, ddims: list[TileDim], bind: dict[str, str]) -> None:
+def _check_host_args(acc: Access, ddims: list[TileDim], bind: dict[str, str], offset: Poly | None = None) -> None:
     base = _base_of(acc)
     if not _PLAIN_TENSOR.match(bind.get(base, "").strip()):
         raise NotApplicable(f"the launch passes {bind.get(base, '?')!r} for {base}, not a plain tensor expression")
-    for td in ddims:
-        s = td.stride.single_symbol()
+    strides = [td.stride.single_symbol() for td in ddims] + sorted(_offset_strides(offset, bind))
+    for s in strides:
         if s is None:
             continue
         arg = bind.get(s, "").replace(" ", "")
@@ -298,6 +333,11 @@ def _dead_increments(an: KernelAnalysis, plans: list[AccessPlan]) -> set[int]:
     return out
 
 
+def _offset_strides(offset: Poly | None, bind: dict[str, str]) -> set[str]:
+    """The kernel arguments of a descriptor's start offset that the launch passes (its batch strides)."""
+    return {sym for mono, _ in (offset.terms if offset is not None else ()) for sym in mono if sym in bind}
+
+
 def _guards(descs: list[DescSpec], bind: dict[str, str], plans: list[AccessPlan], mode: str) -> list[str]:
     """Host conditions for the fast path: the contiguous stride is 1 (both forms); descriptors also need a
     16-byte aligned base and 16-byte multiples for the other strides."""
@@ -314,6 +354,8 @@ def _guards(descs: list[DescSpec], bind: dict[str, str], plans: list[AccessPlan]
             s = td.stride.single_symbol()
             arg = bind[s].strip() if s else td.stride.code()
             conds.append(f"({arg} * {t}.element_size()) % 16 == 0")
+        for s in sorted(_offset_strides(d.offset, bind)) if mode == DESCRIPTOR else []:
+            conds.append(f"({bind[s].strip()} * {t}.element_size()) % 16 == 0")  # each batch's start stays aligned
         for c in conds:
             if c not in out:
                 out.append(c)
@@ -334,10 +376,10 @@ def _creation(d: DescSpec, mode: str) -> str:
     strides = ", ".join(td.stride.code() for td in d.dims[:-1]) + ", 1"
     block = ", ".join(td.block.code() for td in d.dims)
     if mode == DESCRIPTOR:
-        return (f"{d.name} = tl.make_tensor_descriptor({d.base}, shape=[{shape}], strides=[{strides}], "
+        return (f"{d.name} = tl.make_tensor_descriptor({d.start()}, shape=[{shape}], strides=[{strides}], "
                 f"block_shape=[{block}])")
     zeros = ", ".join("0" for _ in d.dims)
-    return (f"{d.name} = tl.make_block_ptr({d.base}, shape=({shape}), strides=({strides}), offsets=({zeros}), "
+    return (f"{d.name} = tl.make_block_ptr({d.start()}, shape=({shape}), strides=({strides}), offsets=({zeros}), "
             f"block_shape=({block}), order=(1, 0))")
 
 

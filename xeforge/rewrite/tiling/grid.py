@@ -267,7 +267,8 @@ class GridTranslator:
         match = [b for b in cands if values.get(b) == val]
         if len(match) != 1:
             raise NotApplicable(f"cannot tell which block constexpr the grid's cdiv(..., {val}) stands for "
-                                f"(candidates for {bound_param}: {', '.join(cands) or 'none'})")
+                                + (f"(candidates for {bound_param}: {', '.join(cands) or 'none'})" if bound_param else
+                                   f"(blocks of that value: {', '.join(match) or 'none'})"))
         return match[0]
 
     def cdiv_parts(self, node: ast.AST, pass_size: Callable[[str], str] | None = None,
@@ -284,13 +285,15 @@ class GridTranslator:
         param = self.host_to_param.get(src)
         if param is not None:
             return src, param, self.block_of(param, div)
-        if pass_size is not None and not any(isinstance(n, ast.Call) and not (
-                isinstance(n.func, ast.Attribute) and n.func.attr in ("size", "numel")) for n in ast.walk(num)):
+        plain = not any(isinstance(n, ast.Call) and not (
+            isinstance(n.func, ast.Attribute) and n.func.attr in ("size", "numel")) for n in ast.walk(num))
+        if need_param and not (pass_size is not None and plain):
+            raise NotApplicable(f"grid size {src} is not passed to {self.site.kernel}")
+        try:
             blk = self.block_of(None, div)
-            return src, pass_size(src), blk
-        if need_param:
-            raise NotApplicable(f"grid size {self._src(num)} is not passed to {self.site.kernel}")
-        return src, None, self.block_of(None, div)
+        except NotApplicable as exc:
+            raise NotApplicable(f"grid size {src} is not an argument of {self.site.kernel}, and {exc}") from None
+        return src, (pass_size(src) if need_param else None), blk
 
     def kernel_expr(self, node: ast.AST, pass_size: Callable[[str], str] | None = None) -> str:
         """The grid element in kernel terms, e.g. ``tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)``; ``pass_size``: see
