@@ -40,9 +40,6 @@ NOT_STRUCTURAL = TUNING | {"per-shape-config"}
 #: name (the construct and what stops it). Each is a gap of the tool, listed in the issue's closing note.
 KNOWN_GAPS = {
     ("rope_cache", "rows-per-program"): "calls _rotate_head_block (line",
-    # the tutorial's row/column offsets wrapped with `% M` (no masks on the K loop's loads): a descriptor would
-    # read them unwrapped, zero-padded, which the analysis of the pointers does not prove yet
-    ("persistent_matmul", "tensor-descriptor"): "wrapped with %",
 }
 
 _TMP = Path(tempfile.mkdtemp(prefix="xeforge-realworld-"))

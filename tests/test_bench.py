@@ -624,18 +624,20 @@ def test_final_given_on_the_command_line_is_verified_and_timed_as_the_port_resul
     assert proc.returncode == 2 and "not allowed with argument" in proc.stderr
 
 
-def test_a_ports_time_budget_reaches_every_port_of_the_bench(tmp_path):
-    """--time-budget with --port goes to each port: in-process through the settings, and to the children of
-    --workers / --lanes-per-gpu on their command line."""
+def test_a_ports_time_budget_and_check_lanes_reach_every_port_of_the_bench(tmp_path):
+    """--time-budget and --check-lanes with --port go to each port: in-process through the settings, and to the
+    children of --workers / --lanes-per-gpu on their command line."""
     opt = bench.BenchOptions(problems=[str(ROOT / "kernels" / "gemm_relu")], device="cuda", port=True,
-                             time_budget=2.5, runs_dir=tmp_path / "runs", argv=["bench"])
+                             time_budget=2.5, check_lanes=2, runs_dir=tmp_path / "runs", argv=["bench"])
     argv = bench.child_argv(opt, ROOT / "kernels" / "gemm_relu", "cuda", tmp_path / "o")
-    assert argv[argv.index("--time-budget") + 1] == "2.5"
+    assert argv[argv.index("--time-budget") + 1] == "2.5" and argv[argv.index("--check-lanes") + 1] == "2"
     opt.port = False
-    assert "--time-budget" not in bench.child_argv(opt, ROOT / "kernels" / "gemm_relu", "cuda", tmp_path / "o")
+    argv = bench.child_argv(opt, ROOT / "kernels" / "gemm_relu", "cuda", tmp_path / "o")
+    assert "--time-budget" not in argv and "--check-lanes" not in argv
     from xeforge.cli import build_parser
 
-    assert build_parser().parse_args(["bench", "kernels/", "--port", "--time-budget", "3"]).time_budget == 3.0
+    args = build_parser().parse_args(["bench", "kernels/", "--port", "--time-budget", "3", "--check-lanes", "2"])
+    assert args.time_budget == 3.0 and args.check_lanes == 2
 
 
 def test_an_out_of_memory_row_with_lanes_sharing_a_gpu_names_the_lanes_and_the_fix():

@@ -134,7 +134,8 @@ def test_a_port_on_a_cluster_gets_its_flags_and_always_continues_its_run_folder(
     """The child of ``xeforge port --cluster`` gets the port's own flags, the kind --device names (not what this
     host has), and --run-dir ... --resume: a retried attempt replays what the lost one recorded."""
     args = _port_args("--device", "cuda", "--stages", "persistent", "--engine", "rules", "--budget", "3",
-                      "--target", "arc-b580", "--patch", "--cluster", "ray", "--runs-dir", str(tmp_path / "runs"))
+                      "--target", "arc-b580", "--patch", "--check-lanes", "2", "--cluster", "ray", "--runs-dir",
+                      str(tmp_path / "runs"))
     assert port_cluster.device_kind(args.device, print) == "cuda"  # no CUDA here: the cluster's nodes have it
     run_dir = port_cluster.run_folder(args, load_problem(ROOT / PROBLEMS[0]))
     assert run_dir.parent == (tmp_path / "runs" / "vector_add").resolve() and run_dir.is_dir()
@@ -142,7 +143,7 @@ def test_a_port_on_a_cluster_gets_its_flags_and_always_continues_its_run_folder(
     assert argv[1:5] == ["-m", "xeforge", "port", str((ROOT / PROBLEMS[0]).resolve())]
     text = " ".join(argv)
     for part in ("--device cuda", f"--run-dir {run_dir} --resume --json", "--stages persistent", "--engine rules",
-                 "--budget 3", "--target arc-b580", "--patch"):
+                 "--budget 3", "--target arc-b580", "--patch", "--check-lanes 2"):
         assert part in text, part
     assert "--cluster" not in argv
     (run_dir / "run.json").write_text("{}")

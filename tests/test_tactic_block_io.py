@@ -102,7 +102,8 @@ def test_a_batch_or_head_offset_base_and_a_whole_head_dim_take_descriptors(where
 
     p = load_problem(KERNELS / where if (KERNELS / where).is_dir() else problem_dir(where))
     src = rewritten(p)
-    base = {"flash_attn_fwd": "v_ptr + off_b * stride_vb + off_h * stride_vh", "batched_matmul_3d": "b_ptr + bid * stride_bb"}
+    base = {"flash_attn_fwd": "v_ptr + off_b * stride_vb + off_h * stride_vh",
+            "batched_matmul_3d": "b_ptr + bid * stride_bb"}
     assert f"tl.make_tensor_descriptor({base[where]}, " in src, src
     stride0 = {"flash_attn_fwd": "v.stride(0)", "batched_matmul_3d": "b.stride(0)"}[where]
     assert f"({stride0} * " in src  # the batch stride's alignment is part of the run-time guard
@@ -112,6 +113,29 @@ def test_a_batch_or_head_offset_base_and_a_whole_head_dim_take_descriptors(where
     assert verdict.correct, verdict.feedback()
     v = verify(p, _mutate(src, fast_load, broken))
     assert not v.correct and v.failed_gate.details.get("variant") == "ci", v.feedback()
+
+
+def test_tile_coordinates_a_scalar_helper_computes_are_read_through_it(verify):
+    """``pid_m, pid_n = _tile_coords(tile_id, ...)`` (a grouped order in a jit helper of scalar arithmetic): each
+    name is a scalar of its own, so the K loop's tiles are recognised and read through descriptors made once per
+    program, before its tile loop. A helper that makes tensors is not read so."""
+    from tests.realworld import problem_dir
+    from xeforge.rewrite.tiling import _scalar_only
+
+    p = load_problem(problem_dir("persistent_matmul"))
+    src = rewritten(p)
+    assert "a = a_desc.load([pid_m * BLOCK_M, ks * BLOCK_K])" in src, src
+    fn = parse_kernel(src).functions["_persistent_matmul_kernel"].node
+    loop = next(st for st in ast.walk(fn) if isinstance(st, ast.If) and isinstance(st.body[0], ast.Assign))
+    assert "make_tensor_descriptor" in ast.unparse(loop.body[0])  # made before the tile loop, once per program
+    verdict = verify(p, src)
+    assert verdict.correct, verdict.feedback()
+    v = verify(p, _mutate(src, "a_desc.load([pid_m * BLOCK_M, ks * BLOCK_K])", "a_desc.load([pid_m * BLOCK_M, 0])"))
+    assert not v.correct and v.failed_gate.details.get("variant") == "ci", v.feedback()
+    helpers = parse_kernel(p.kernel_source).functions
+    assert _scalar_only(helpers["_tile_coords"].node)
+    tensor_helper = ast.parse("def offsets(pid, BLOCK: tl.constexpr):\n    return pid * BLOCK + tl.arange(0, BLOCK)\n")
+    assert not _scalar_only(tensor_helper.body[0])
 
 
 def test_block_pointers_when_the_kb_rejects_descriptors_for_the_triton(verify):

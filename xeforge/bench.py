@@ -51,7 +51,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from tabulate import tabulate
 
 from xeforge import devices
-from xeforge.cli_args import add_llm_args, add_time_budget
+from xeforge.cli_args import add_check_lanes, add_llm_args, add_time_budget
 from xeforge.diagnosis.deep import describe as describe_deep
 from xeforge.diagnosis.profile import describe as describe_profile
 from xeforge.diagnosis.rules import describe as describe_diagnosis
@@ -114,6 +114,7 @@ class BenchOptions:
     stages: list[str] | None = None
     budget: int | None = None
     time_budget: float | None = None  # minutes per port's stages (--port)
+    check_lanes: int | None = None  # verifiers per port that check candidates side by side (--port)
     resume: bool = False
     redo: bool = False  # with resume: bench the named problems again even where the folder has their rows
     stop_after: float | None = None  # minutes: start no new problem after this
@@ -221,6 +222,8 @@ def _run_port(problem, opt: BenchOptions, device_kind: str) -> dict:
                                     cpu_tuning_budget=min(opt.budget, settings.cpu_tuning_budget))
     if opt.time_budget is not None:
         settings = settings.replace(port_minutes=opt.time_budget)
+    if opt.check_lanes is not None:
+        settings = settings.replace(check_lanes=opt.check_lanes)
     popt = PortOptions(device=device_kind, stages=opt.stages, engine=opt.engine, runs_dir=Path(opt.runs_dir),
                        target=opt.target, triton=opt.triton, settings=settings, llm=opt.llm,
                        argv=["port", str(problem.root), "--device", device_kind, "(from xeforge bench --port)"])
@@ -1002,6 +1005,7 @@ def child_argv(opt: BenchOptions, problem: Path, device_kind: str, out: Path) ->
     for flag, val in (("--variant", opt.variant), ("--rounds", opt.rounds), ("--pairs", opt.pairs),
                       ("--engine", opt.engine if opt.port else None), ("--budget", opt.budget),
                       ("--time-budget", opt.time_budget if opt.port else None),
+                      ("--check-lanes", opt.check_lanes if opt.port else None),
                       ("--stages", ",".join(opt.stages) if opt.stages else None), ("--target", opt.target),
                       ("--triton", opt.triton)):
         if val is not None:
@@ -1101,7 +1105,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                        workers=args.workers, lanes_per_gpu=args.lanes_per_gpu, out=Path(args.out) if args.out else None, variant=args.variant,
                        runs_dir=Path(args.runs_dir), rounds=args.rounds, pairs=args.pairs, engine=args.engine,
                        stages=[s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None,
-                       budget=args.budget, time_budget=args.time_budget, resume=args.resume, redo=args.redo,
+                       budget=args.budget, time_budget=args.time_budget, check_lanes=args.check_lanes,
+                       resume=args.resume, redo=args.redo,
                        stop_after=args.stop_after,
                        target=args.target, triton=args.triton, llm=llm, llm_argv=llm_argv,
                        json=args.json, argv=sys.argv[1:], final=args.final,
@@ -1138,6 +1143,7 @@ def register(subparsers) -> None:
     p.add_argument("--stages", default=None, help="comma-separated stages for --port")
     p.add_argument("--budget", type=int, default=None, help="hardware evaluations per search tactic, for --port")
     add_time_budget(p, "each port's stages, for --port")
+    add_check_lanes(p, "each port's candidates (--port)")
     p.add_argument("--compile-mode", default="default",
                    help="torch.compile mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs")
     p.add_argument("--variant", default=None, help="variant to time on a GPU (default: bench-gpu, else the first bench-* variant)")

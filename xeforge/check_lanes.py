@@ -2,10 +2,9 @@
 
 Owns: :class:`CheckLanes`. ``xeforge port --check-lanes K`` (``XEFORGE_CHECK_LANES``) checks with K verifiers
 of its problem: the port's own and K - 1 more. When a tactic proposes several candidates, each lane takes them off
-one queue and
-runs gates 1, 0 and 2 and the diagnosis (:meth:`xeforge.verifier.Verifier.check`); the port's own verifier then
-times the correct ones, one after another, as before (:meth:`~xeforge.verifier.Verifier.verify` with
-``checked=``). What that keeps:
+one queue and runs gates 1, 0 and 2 and the diagnosis (:meth:`xeforge.verifier.Verifier.check`); the port's own
+verifier then times the correct ones, one after another, as before (:meth:`~xeforge.verifier.Verifier.verify`
+with ``checked=``). What that keeps:
 
 - **One timing at a time on a GPU.** :meth:`CheckLanes.check` returns once every lane is idle, and gate 3 runs
   after it on the port's verifier: no correctness run shares a GPU with a timing.

@@ -15,7 +15,7 @@ from typing import Any
 
 from xeforge import __version__, devices, sandbox
 from xeforge.bench import register as register_bench
-from xeforge.cli_args import add_llm_args, add_time_budget, positive_int
+from xeforge.cli_args import add_check_lanes, add_llm_args, add_time_budget, positive_int
 from xeforge.errors import DeviceError, UsageError, XeforgeError
 from xeforge.kb.cli import register as register_kb
 from xeforge.newproblem import register as register_new
@@ -275,10 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-dir", default=os.environ.get("XEFORGE_RUNS_DIR", "runs"))
     p.add_argument("--budget", type=positive_int, default=None, help="hardware evaluations per search tactic")
     add_time_budget(p)
-    p.add_argument("--check-lanes", type=positive_int, default=None, metavar="K",
-                   help="check a tactic's candidates (gates 1, 0, 2) with K verifiers side by side, on this host's "
-                        "GPUs in turn (the CPU interpreter: K processes); gate 3 still times them one by one "
-                        "(default: $XEFORGE_CHECK_LANES, else 1)")
+    add_check_lanes(p)
     p.add_argument("--json", action="store_true", help="print the report (or plan) as JSON on stdout")
     p.add_argument("--patch", action="store_true", help="write final/upstream.patch: the result as a diff that "
                    "`git apply` takes (against the original file for a problem made by `xeforge new`)")

@@ -4,8 +4,8 @@ Owns: the llm engine's flags (:func:`add_llm_args`: ``--model``, ``--api-base``,
 back by :func:`xeforge.engines.llm_config`), which ``xeforge port`` and ``xeforge env`` (:mod:`xeforge.cli`) and
 ``xeforge bench --port`` (:mod:`xeforge.bench`) share, the whole-number-at-least-one argument type
 (:func:`positive_int`), the positive-number one (:func:`positive_float`) and the port's time budget
-(:func:`add_time_budget`, ``port`` and ``bench --port`` both take it). It imports nothing of xeforge, so both
-command modules import it at module level.
+(:func:`add_time_budget`) and check lanes (:func:`add_check_lanes`), which ``port`` and ``bench --port`` both
+take. It imports nothing of xeforge, so both command modules import it at module level.
 """
 
 from __future__ import annotations
@@ -38,6 +38,13 @@ def add_time_budget(p: argparse.ArgumentParser, what: str = "the stages") -> Non
                    help=f"wall-clock minutes for {what} (checked before each stage): the rest are skipped and the "
                         "final gate runs on the best kernel so far; --resume with a larger budget continues "
                         "(default: $XEFORGE_PORT_MINUTES, else no limit)")
+
+
+def add_check_lanes(p: argparse.ArgumentParser, what: str = "a tactic's candidates") -> None:
+    p.add_argument("--check-lanes", type=positive_int, default=None, metavar="K",
+                   help=f"check {what} through gates 1, 0 and 2 with K verifiers side by side, on this host's "
+                        "GPUs in turn (the CPU interpreter: K processes); gate 3 still times them one by one "
+                        "(default: $XEFORGE_CHECK_LANES, else 1)")
 
 
 def add_llm_args(p: argparse.ArgumentParser) -> None:

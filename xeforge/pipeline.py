@@ -31,6 +31,7 @@ from stages.base import Candidate, Stage, StageContext, TacticRecord, TrialOutco
 from xeforge import devices
 from xeforge.analysis.observe import traces
 from xeforge.analysis.trace import Trace
+from xeforge.check_lanes import CheckLanes
 from xeforge.diagnosis.rules import Diagnoser, findings_of
 from xeforge.diagnosis.rules import describe as describe_diagnosis
 from xeforge.engines import llm_prompt, make_engine
@@ -44,7 +45,6 @@ from xeforge.settings import Settings
 from xeforge.static_checks import Finding
 from xeforge.store import RunStore, atomic_write, make_run_folder, read_json, write_json
 from xeforge.upstream import UPSTREAM_FILE, write_patch
-from xeforge.check_lanes import CheckLanes
 from xeforge.verifier import Verdict, Verifier
 
 

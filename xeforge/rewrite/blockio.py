@@ -15,14 +15,15 @@ becomes
 - the block-pointer spelling (``tl.make_block_ptr`` + ``tl.advance`` + ``boundary_check``) where the target
   Triton has no descriptors but still has block pointers.
 
-Descriptors need the contiguous dimension last with a literal stride of 1, 16-byte aligned bases and
-16-byte multiples for the other strides (and for the strides of a start offset, so every batch's start is aligned). When the contiguous dimension of an operand is its first (a weight
-used as ``W^T``), the descriptor describes the transposed view and the loaded tile is transposed back with
-``.T``. The conditions are checked at run time in ``forward``: the kernel gets a ``USE_BLOCK_IO`` constexpr and
-keeps its original loop for inputs that do not qualify (ragged, unaligned or non-contiguous strides), so
-every shape stays correct. On CUDA, device-side descriptors need a scratch allocator, set in ``forward``
-(``triton.set_allocator``); Intel GPUs and the interpreter do not. Descriptor coordinates are int32: those
-computed from program ids that the memory_access stage made int64 are narrowed with ``.to(tl.int32)``.
+Descriptors need the contiguous dimension last with a literal stride of 1, 16-byte aligned bases and 16-byte
+multiples for the other strides (and for the strides of a start offset, so every batch's start is aligned). When the
+contiguous dimension of an operand is its first (a weight used as ``W^T``), the descriptor describes the transposed
+view and the loaded tile is transposed back with ``.T``. The conditions are checked at run time in ``forward``: the
+kernel gets a ``USE_BLOCK_IO`` constexpr and keeps its original loop for inputs that do not qualify (ragged,
+unaligned or non-contiguous strides), so every shape stays correct. On CUDA, device-side descriptors need a scratch
+allocator, set in ``forward`` (``triton.set_allocator``); Intel GPUs and the interpreter do not. Descriptor
+coordinates are int32: those computed from program ids that the memory_access stage made int64 are narrowed with
+``.to(tl.int32)``.
 """
 
 from __future__ import annotations
@@ -211,7 +212,7 @@ def plan_block_io(model: KernelModel, kernel: str, mode: str = DESCRIPTOR, epilo
     fn = model.functions[kernel]
     if FLAG in fn.params:
         raise NotApplicable(f"{kernel} already has structured loads ({FLAG})")
-    an = KernelAnalysis(fn)
+    an = KernelAnalysis(fn, model.functions)
     if an.has_call("make_tensor_descriptor") or an.has_call("_experimental_make_tensor_descriptor"):
         raise NotApplicable(f"{kernel} already uses tensor descriptors")
     if mode == BLOCK_PTR and an.has_call("make_block_ptr"):

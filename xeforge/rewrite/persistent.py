@@ -19,11 +19,12 @@ module-level helper. Block sizes stay tunable: the grid follows ``META``. A grid
 no block divides (a row count the wrapper reads off a shape, ``(x2d.shape[0],)``; a batch size) is passed in as a
 new argument ``NUM_PID_<axis>``; a pointer parameter each tile advances in place (``X += row * stride``, the row
 kernels' form) becomes a per-tile local (``X_tile = X + (row * stride)``), so every tile starts from the pointer the
-kernel was given. A kernel's early exits at its top level become guards of the tile's work (``if c: return`` and the rest become
-``if not (c): <the rest>``), and a grid counted from a size the wrapper computes (``cdiv(max_seqlen, BLOCK_M)``)
-passes that size in as ``GRID_SIZE_<axis>`` for the kernel to divide by its block. A kernel with a ``return``
-inside a block, inline ``tl.program_id`` uses, a grid axis the kernel cannot recompute (a size made by a call),
-or another name carried from before the loop and reassigned inside it is left alone, with the reason.
+kernel was given. A kernel's early exits at its top level become guards of the tile's work (``if c: return``
+and the rest become ``if not (c): <the rest>``), and a grid counted from a size the wrapper computes
+(``cdiv(max_seqlen, BLOCK_M)``) passes that size in as ``GRID_SIZE_<axis>`` for the kernel to divide by its block.
+A kernel with a ``return`` inside a block, inline ``tl.program_id`` uses, a grid axis the kernel cannot recompute
+(a size made by a call), or another name carried from before the loop and reassigned inside it is left alone, with
+the reason.
 """
 
 from __future__ import annotations

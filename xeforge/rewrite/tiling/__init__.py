@@ -359,12 +359,32 @@ def _kw(call: ast.Call, name: str, pos: int | None = None) -> ast.AST | None:
     return None
 
 
+#: tl calls that keep a helper's results scalars (the rest make or read tensors)
+_SCALAR_TL = ("cdiv", "minimum", "maximum", "program_id", "num_programs", "multiple_of", "max_contiguous")
+
+
+def _scalar_only(node: ast.FunctionDef) -> bool:
+    """Whether a jit helper computes from its arguments with scalar arithmetic only: no tl call that makes or reads
+    a tensor (arange, load, zeros, dot, ...), no call of anything but Python's min / max and tl's scalar ones."""
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call):
+            name = dotted_name(n.func) or ""
+            if name in ("min", "max") or any(is_tl_call(n, a) for a in _SCALAR_TL):
+                continue
+            return False
+    return True
+
+
 class KernelAnalysis:
     """The symbolic reading of one jit function (see the module docstring)."""
 
-    def __init__(self, fn: JitFunction) -> None:
+    def __init__(self, fn: JitFunction, helpers: dict[str, JitFunction] | None = None) -> None:
+        """``helpers``: the file's other jit functions; a call of one that only computes scalars from scalar
+        arguments (``pid_m, pid_n = _tile_coords(tile_id, ...)``) then gives a fixed scalar per name, not an
+        unknown."""
         self.fn = fn
         self.node = fn.node
+        self.helpers = {name: h for name, h in (helpers or {}).items() if name != fn.name and _scalar_only(h.node)}
         self.params = list(fn.params)
         self.constexprs = set(fn.constexpr_params)
         self.counts = _assign_counts(fn.node)
@@ -411,7 +431,15 @@ class KernelAnalysis:
         self.env[name] = value
 
     def _stmt(self, st: ast.stmt) -> None:
-        if isinstance(st, ast.Assign):
+        if isinstance(st, ast.Assign) and self._scalar_helper_call(st.value):
+            for t in st.targets:  # each name a scalar the helper computed: a symbol of its own
+                for n in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                    if isinstance(n, ast.Name):
+                        self._bind(n.id, OPAQUE)
+                    else:
+                        for x in names_in(n):
+                            self.env[x] = UNKNOWN
+        elif isinstance(st, ast.Assign):
             value = self.eval(st.value)
             for t in st.targets:
                 if isinstance(t, ast.Name):
@@ -441,6 +469,13 @@ class KernelAnalysis:
                 self.env[n] = UNKNOWN
         elif isinstance(st, ast.Return) and st.value is not None:
             self.eval(st.value)
+
+    def _scalar_helper_call(self, value: ast.AST) -> bool:
+        """A call of a helper of ``helpers`` whose arguments are all scalars here."""
+        if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in self.helpers):
+            return False
+        args = [self.eval(a) for a in [*value.args, *(k.value for k in value.keywords)]]
+        return all(isinstance(a, Poly) or a is OPAQUE for a in args)
 
     def _range_args(self, it: ast.AST) -> tuple[Poly | None, Poly | None, Poly | None]:
         """(start, step, stop) of ``range``/``tl.range`` as polynomials (None where not one)."""
