@@ -105,6 +105,10 @@ def _print_plan(plan: dict) -> None:
         print(f"\ntrace of forward at {variant} (the meta device, in a worker; launches recorded, not run):")
         for line in lines:
             print(f"  {line}")
+    if plan.get("alignment"):
+        print("\nalignment by shape (integer arguments that lose Triton's divisibility-by-16 hint at some shapes):")
+        for line in plan["alignment"]:
+            print(f"  {line}")
     for st in plan["stages"]:
         print(f"\n== stage {st['order']}/9 {st['name']}: {st['goal']}")
         for i in st["issues"]:

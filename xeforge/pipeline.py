@@ -29,6 +29,8 @@ from typing import Any, Callable
 import stages as stage_registry
 from stages.base import Candidate, Stage, StageContext, TacticRecord, TrialOutcome, propose_safely
 from xeforge import devices
+from xeforge.analysis.alignment import BOUND_ROLE, STRIDE_ROLE, alignment_by_shape
+from xeforge.analysis.alignment import describe as describe_alignment
 from xeforge.analysis.observe import traces
 from xeforge.analysis.trace import Trace
 from xeforge.check_lanes import CheckLanes
@@ -37,10 +39,12 @@ from xeforge.diagnosis.rules import describe as describe_diagnosis
 from xeforge.engines import llm_prompt, make_engine
 from xeforge.errors import EngineError, RunError, UsageError
 from xeforge.kb import TritonInfo, installed_triton, load_kb
+from xeforge.kernel_model import parse_kernel
 from xeforge.outcome import EXIT_CODES, outcome, why_nothing_adopted
 from xeforge.isolation import facts_worker
 from xeforge.problem import Problem, source_hash
 from xeforge.report import write_reports
+from xeforge.rewrite.tiling import KernelAnalysis, Mask, Ptr
 from xeforge.settings import Settings
 from xeforge.static_checks import Finding
 from xeforge.store import RunStore, atomic_write, make_run_folder, read_json, write_json
@@ -185,7 +189,8 @@ class Pipeline:
         ctx = self.context(device, kbc, self.problem.kernel_source)
         plan = {"problem": self.problem.name, "device": device.as_dict(), "kb_device": kbc.device_id,
                 "triton": getattr(kbc.triton, "text", None), "engine": engine, "engine_reason": why,
-                "trace": trace_summary(self.problem), "stages": []}
+                "trace": trace_summary(self.problem),
+                "alignment": self._alignment(), "stages": []}
         folder = self._dry_run_folder()
         upstream = self.opt.patch or (self.problem.root / UPSTREAM_FILE).is_file()
         for stage in self.selected_stages():
@@ -573,6 +578,14 @@ class Pipeline:
                                        store.root / "final", self.problem.kernel_path.name)
         return out
 
+    def _alignment(self) -> list[str]:
+        """The report's alignment lines; a failure to read them is said, never the end of a finished port."""
+        try:
+            return [describe_alignment(f) for f in alignment_findings(self.problem)]
+        except Exception as exc:  # noqa: BLE001 — advisory, like the compiler facts
+            self.say(f"alignment by shape: not read ({type(exc).__name__}: {exc})")
+            return []
+
     def _report(self, store, device, kbc, engine_name, baseline, records, final) -> dict[str, Any]:
         stages = [_stage_dict(r) for r in records]
         result = outcome(stages, final, self.fallback)
@@ -596,6 +609,7 @@ class Pipeline:
             "device events, full sync, L2 flush (repeated to hide host launch overhead), rotated inputs, interleaved A/B, median + IQR, A/A margin",
             "oracle": "float64 PyTorch reference" if self.problem.has_reference else "starting kernel (no reference.py)",
             "check_lanes": self.lanes.describe() if self.lanes is not None else None,
+            "alignment": self._alignment(),
             "notes": self.problem.notes,
             "baseline": baseline, "baseline_compiler": describe_diagnosis(baseline.get("diagnosis")),
             "stages": stages,
@@ -710,6 +724,34 @@ def _stage_dict(r: StageRecord) -> dict[str, Any]:
             } for o in t.outcomes],
         } for t in r.tactics],
     }
+
+
+def alignment_findings(problem, source: str | None = None) -> list[dict[str, Any]]:
+    """The integer arguments of ``source`` (default: the start) that lose Triton's divisibility-by-16 hint at some
+    timed shapes (:mod:`xeforge.analysis.alignment`), each with its role in the kernel where the analysis of its
+    accesses tells (a stride of a tensor, a bound of a mask)."""
+    source = problem.kernel_source if source is None else source
+    names = sorted(n for n in problem.spec.variants if n.startswith("bench-"))
+    if len(names) < 2:
+        return []
+    primary = problem.timing_variant("cuda").name
+    shapes = [primary, *(n for n in names if n != primary)]
+    roles: dict[tuple[str, str], str] = {}
+    try:
+        model = parse_kernel(source)
+        for name, fn in model.functions.items():
+            for acc in KernelAnalysis(fn, model.functions).accesses:
+                if isinstance(acc.ptr, Ptr):
+                    for t in acc.ptr.offs.terms:
+                        if (sym := t.stride.single_symbol()) is not None:
+                            roles.setdefault((name, sym), f"{STRIDE_ROLE}{acc.ptr.base}")
+                if isinstance(acc.mask, Mask):
+                    for b in acc.mask.bounds:
+                        if (sym := b.limit.single_symbol()) is not None:
+                            roles.setdefault((name, sym), BOUND_ROLE)
+    except Exception:  # noqa: BLE001 — code the analysis does not read: the findings come without roles
+        pass
+    return alignment_by_shape(traces(problem, source), shapes, roles)
 
 
 def trace_summary(problem) -> dict[str, list[str]]:

@@ -1,0 +1,72 @@
+"""Alignment by shape: the integer arguments of a launch that are multiples of 16 at some timed shapes and not others.
+
+Owns: :func:`alignment_by_shape` and :func:`describe`. Triton specializes a compiled kernel on each integer
+argument being a multiple of 16 (``tt.divisibility = 16``). At a shape where a row stride or an extent is not (a
+hidden size of 3000, a vocabulary of 32003, a token count of 17), the kernel is compiled without that hint: the
+compiler can no longer prove that rows start 16-byte aligned, so pointer loads and stores along them fall from
+128-bit vectors to narrower ones (tensor descriptors, whose strides are checked when they are made, do not need the
+hint). That is why one shape can lose while the others do not; this module names the shape, the kernel, the
+argument, its value and its role, read from the traces of the timed shapes (meta device: launches recorded, nothing
+compiled or run). What the compiler then made of it (no ``ld.global.v4``) is the compiler facts' to say, on a GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xeforge.analysis.trace import Trace
+
+DIVISIBILITY = 16  # Triton's integer specialization: multiples of 16 (and the value 1)
+
+
+def _ints(trace: Trace) -> dict[tuple[str, str], int]:
+    """(kernel, argument) -> its integer value at the first launch of that kernel (constexprs left out)."""
+    out: dict[tuple[str, str], int] = {}
+    for la in trace.launches:
+        for name, arg in la.args.items():
+            v = arg.value
+            if arg.kind == "scalar" and isinstance(v, int) and not isinstance(v, bool) and name not in la.constexprs:
+                out.setdefault((la.kernel, name), v)
+    return out
+
+
+def alignment_by_shape(traces: dict[str, Trace | str], shapes: list[str],
+                       roles: dict[tuple[str, str], str] | None = None) -> list[dict[str, Any]]:
+    """One finding per (shape, kernel, argument) whose value is not a multiple of 16 at ``shape`` while it is at
+    another of ``shapes`` (an argument that is never one, a head count of 12, is how the kernel always runs and is
+    left out). ``roles``: (kernel, argument) -> what the argument is ("row stride of a", "extent"), where known."""
+    values = {s: _ints(t) for s in shapes if isinstance((t := traces.get(s)), Trace)}
+    out = []
+    for shape, got in values.items():
+        for key, v in sorted(got.items()):
+            if v % DIVISIBILITY == 0 or v == 1:
+                continue
+            aligned = {s: o[key] for s, o in values.items() if key in o and o[key] % DIVISIBILITY == 0}
+            if not aligned:
+                continue
+            kernel, arg = key
+            out.append({"shape": shape, "kernel": kernel, "arg": arg, "value": v,
+                        "role": (roles or {}).get(key, ""), "aligned_at": aligned})
+    return out
+
+
+STRIDE_ROLE = "a stride of "  # the roles a caller gives (``role`` of a finding) start so ...
+BOUND_ROLE = "a bound of its masks"  # ... or are this
+_CONSEQUENCE = {
+    "stride": "the rows it strides cannot be proven to start 16-byte aligned: pointer loads and stores along them "
+              "use narrower vectors (tensor descriptors, whose strides are checked when they are made, do not "
+              "need the hint)",
+    "bound": "its masks cannot be proven constant over groups of 16 elements: where it bounds a contiguous "
+             "dimension, masked loads and stores along it are split into narrower ones",
+    "": "the compiler's alignment and mask proofs that used it do not hold there",
+}
+
+
+def describe(finding: dict[str, Any]) -> str:
+    """The line a user reads for one finding."""
+    at = ", ".join(f"{v} at {s}" for s, v in sorted(finding["aligned_at"].items()))
+    role = finding.get("role") or ""
+    kind = "stride" if role.startswith(STRIDE_ROLE) else "bound" if role == BOUND_ROLE else ""
+    return (f"{finding['shape']}: {finding['kernel']}'s {finding['arg']}{f' ({role})' if role else ''} = "
+            f"{finding['value']} is not a multiple of {DIVISIBILITY} ({at}): Triton compiles this shape without the "
+            f"divisibility hint, so {_CONSEQUENCE[kind]}")
