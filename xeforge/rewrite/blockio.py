@@ -34,9 +34,12 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from xeforge.analysis.launches import live_launches
 from xeforge.kernel_model import KernelModel, LaunchSite, dotted_name, parse_kernel
-from xeforge.rewrite.tiling import Access, BlockPtr, KernelAnalysis, LoopInfo, Mask, NotApplicable, Poly, Ptr
-from xeforge.rewrite.tiling.grid import fresh_name, gemm_kernels, launch_bindings, pid_derived_names, single_launch
+from xeforge.rewrite.tiling import (Access, BlockPtr, KernelAnalysis, LoopInfo, Mask, NotApplicable, Poly, Ptr,
+                                   is_tl_call)
+from xeforge.rewrite.tiling.grid import (fresh_name, gemm_kernels, launch_bindings, pid_derived_names,
+                                         single_launch)
 from xeforge.rewrite.cst_tools import expr, statements
 from xeforge.rewrite.tiling.edit import FunctionEdit, LaunchEdit, edit_function, edit_launch, if_else
 
@@ -163,6 +166,10 @@ def _tile_dims(an: KernelAnalysis, acc: Access, loop_names: set[str]) -> list[Ti
         if len(all_bounds) != used:
             raise NotApplicable("the mask has conditions beyond the two bounds")
     else:
+        loaded = _loaded_names(an, acc)
+        if loaded:
+            raise NotApplicable(f"its tile starts at {loaded[0]}, a value the kernel loads from memory (line "
+                                f"{loaded[1]}): the analysis reads tile starts made of arguments and program ids")
         raise NotApplicable("the pointers are not base + start + tl.arange(0, BLOCK) tiles (wrapped with %, "
                             "gathered or computed another way)")
     for d, td in enumerate(dims):
@@ -194,11 +201,36 @@ def _offset_of(an: KernelAnalysis, acc: Access, loop_names: set[str], per_progra
     return off
 
 
+def _loaded_names(an: KernelAnalysis, acc: Access) -> tuple[str, int] | None:
+    """(name, line) of a value loaded from memory that an access's pointer is made from (``seq_start =
+    tl.load(Cu_seqlens + b)`` for a packed sequence's start), through the names that make it; None if none."""
+    made: dict[str, ast.AST] = {}
+    for st in ast.walk(an.node):
+        if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name):
+            made.setdefault(st.targets[0].id, st.value)
+    todo = [n.id for n in ast.walk(acc.call.args[0]) if isinstance(n, ast.Name)] if acc.call.args else []
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop(0)
+        if name in seen or name not in made:
+            continue
+        seen.add(name)
+        if any(is_tl_call(n, "load") for n in ast.walk(made[name])):
+            return name, made[name].lineno
+        todo += [n.id for n in ast.walk(made[name]) if isinstance(n, ast.Name)]
+    return None
+
+
 def _base_of(acc: Access, params: list[str] | None = None) -> str:
     if isinstance(acc.ptr, (Ptr, BlockPtr)):
         return acc.ptr.base
-    if acc.call.args and params:
-        names = [n.id for n in ast.walk(acc.call.args[0]) if isinstance(n, ast.Name) and n.id in params]
+    if acc.call.args:  # the leftmost operand of the pointer sum (``k_base + rows * s``): its base, as written
+        node = acc.call.args[0]
+        while isinstance(node, ast.BinOp):
+            node = node.left
+        if isinstance(node, ast.Name):
+            return node.id
+        names = [n.id for n in ast.walk(acc.call.args[0]) if isinstance(n, ast.Name) and n.id in (params or ())]
         if names:
             return names[0]
     return "?"
@@ -467,10 +499,22 @@ def apply_block_io(source: str, plan: BlockIOPlan, allocator: bool) -> str:
     return edit_launch(source, LaunchEdit(plan.kernel, site.line, set_kwargs={FLAG: var}, before=before))
 
 
+def _no_gemm_reason(model: KernelModel) -> str:
+    """Why no launched kernel is a GEMM to rewrite: none calls tl.dot, or one does only inside a jit helper."""
+    for site in live_launches(model):
+        called = {dotted_name(n.func) for n in ast.walk(model.functions[site.kernel].node) if isinstance(n, ast.Call)}
+        for name in sorted(c for c in called if c in model.functions):
+            helper = model.functions[name]
+            if any(is_tl_call(n, "dot") for n in ast.walk(helper.node)):
+                return (f"{site.kernel}'s tl.dot is in the jit helper {name} (line {helper.line}), which holds its K "
+                        "loop; the rewrite reads the tile loads in a kernel's own body")
+    return "no launched kernel calls tl.dot (block_io rewrites the tile loops of GEMM-like kernels)"
+
+
 def choose_kernel(model: KernelModel) -> str:
     kernels = gemm_kernels(model)
     if not kernels:
-        raise NotApplicable("no launched kernel calls tl.dot (block_io rewrites the tile loops of GEMM-like kernels)")
+        raise NotApplicable(_no_gemm_reason(model))
     return kernels[0]
 
 
@@ -486,7 +530,7 @@ def rewrite(source: str, mode: str = DESCRIPTOR, allocator: bool = True, kernel:
             continue
         return apply_block_io(source, plan, allocator), plan
     if not errors:
-        raise NotApplicable("no launched kernel calls tl.dot (block_io rewrites the tile loops of GEMM-like kernels)")
+        raise NotApplicable(_no_gemm_reason(model))
     raise NotApplicable("; ".join(errors))
 
 
