@@ -5,9 +5,9 @@ Owns: planning and applying the block_io stage's codemod. Recognised accesses (s
 bounds mask on each dimension (or none on a dimension read whole from 0, ``tl.arange(0, HEAD_DIM)``: its block
 is then its extent) and ``other`` absent or zero, whose matrix may start at an offset of the base made of
 arguments and program ids (a batch's or head's: ``k_ptr + off_b * stride_kb``, where the descriptor is made),
-or a block pointer; loads inside a loop that calls
-``tl.dot``, rank-2 loads after it (an epilogue's residual or scale tile), and rank-2 stores of the result. Each
-becomes
+or a block pointer; loads inside a loop that calls ``tl.dot``, rank-2 loads after it (an epilogue's residual or
+scale tile), and rank-2 stores of the result. Tile coordinates a scalar-only jit helper computes are read through
+it (:class:`~xeforge.rewrite.tiling.KernelAnalysis` with the file's helpers). Each becomes
 
 - ``desc = tl.make_tensor_descriptor(base, shape=[R, C], strides=[s0, 1], block_shape=[BR, BC])`` and
   ``desc.load([r0, c0])`` / ``desc.store([r0, c0], value)`` (out-of-bounds reads are zero, writes are

@@ -431,10 +431,13 @@ class KernelAnalysis:
         self.env[name] = value
 
     def _stmt(self, st: ast.stmt) -> None:
-        if isinstance(st, ast.Assign) and self._scalar_helper_call(st.value):
-            for t in st.targets:  # each name a scalar the helper computed: a symbol of its own
+        if isinstance(st, ast.Assign) and isinstance(st.value, ast.Call) and isinstance(st.value.func, ast.Name) \
+                and st.value.func.id in self.helpers:
+            # each name a scalar the helper computed from scalars: a symbol of its own (else unknown)
+            scalar = self._scalar_args(st.value)
+            for t in st.targets:
                 for n in (t.elts if isinstance(t, ast.Tuple) else [t]):
-                    if isinstance(n, ast.Name):
+                    if isinstance(n, ast.Name) and scalar:
                         self._bind(n.id, OPAQUE)
                     else:
                         for x in names_in(n):
@@ -470,11 +473,9 @@ class KernelAnalysis:
         elif isinstance(st, ast.Return) and st.value is not None:
             self.eval(st.value)
 
-    def _scalar_helper_call(self, value: ast.AST) -> bool:
-        """A call of a helper of ``helpers`` whose arguments are all scalars here."""
-        if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in self.helpers):
-            return False
-        args = [self.eval(a) for a in [*value.args, *(k.value for k in value.keywords)]]
+    def _scalar_args(self, call: ast.Call) -> bool:
+        """Whether every argument of ``call`` is a scalar here (each is read once, as any call's are)."""
+        args = [self.eval(a) for a in [*call.args, *(k.value for k in call.keywords)]]
         return all(isinstance(a, Poly) or a is OPAQUE for a in args)
 
     def _range_args(self, it: ast.AST) -> tuple[Poly | None, Poly | None, Poly | None]:
