@@ -43,8 +43,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow" $(ARGS)
 
 # the tests marked slow: the style corpus's chained ports, its starts that need their own verifier, the real-world
-# corpus's plans and verifications, and the few single tests of about 10-30 s (13:27 for 141 tests on 2 cores,
-# before 59 more were marked slow: 3:14 on their own); CI runs them after `make test`
+# corpus's plans and verifications, the Ray cluster tests, and the few single tests of about 10-30 s (19:51 for 239
+# tests on 2 cores, 2026-12-05); CI runs them after `make test`
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m slow $(ARGS)
 

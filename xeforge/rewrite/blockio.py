@@ -4,7 +4,8 @@ Owns: planning and applying the block_io stage's codemod. Recognised accesses (s
 :mod:`xeforge.rewrite.tiling`): a rank-2 pointer tile ``base + rows[:, None] * s0 + cols[None, :] * s1`` with a
 bounds mask on each dimension (or none on a dimension read whole from 0, ``tl.arange(0, HEAD_DIM)``: its block
 is then its extent) and ``other`` absent or zero, whose matrix may start at an offset of the base made of
-arguments and program ids (a batch's or head's: ``k_ptr + off_b * stride_kb``, where the descriptor is made),
+arguments, program ids and scalars it loads first (a batch's or head's: ``k_ptr + off_b * stride_kb``; a packed
+sequence's, ``seq_start = tl.load(Cu_seqlens + b)``: where the descriptor is made),
 or a block pointer; loads inside a loop that calls ``tl.dot``, rank-2 loads after it (an epilogue's residual or
 scale tile), and rank-2 stores of the result. Tile coordinates a scalar-only jit helper computes are read through
 it (:class:`~xeforge.rewrite.tiling.KernelAnalysis` with the file's helpers). Each becomes
@@ -125,9 +126,21 @@ def _pointer_tile_of_rank_2(ptr) -> bool:
     return isinstance(ptr, Ptr) and ptr.rank == 2 and len(ptr.offs.terms) == 2
 
 
+def _defined_before(an: KernelAnalysis, stmt: ast.stmt) -> set[str]:
+    """The kernel's parameters and the names its top-level statements before ``stmt`` assign once (a program's
+    fixed scalars, ``seq_start = tl.load(Cu_seqlens + b)``): what a descriptor made before ``stmt`` may read."""
+    out = set(an.params)
+    for st in an.node.body:
+        if st is stmt:
+            break
+        targets = st.targets if isinstance(st, ast.Assign) else [st.target] if isinstance(st, ast.AnnAssign) else []
+        out |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name) and an.single_assignment(n.id)}
+    return out
+
+
 def _tile_dims(an: KernelAnalysis, acc: Access, loop_names: set[str]) -> list[TileDim]:
     """The shape, stride, block and start of each dimension of a recognised rank-2 access, or NotApplicable."""
-    params = set(an.params)
+    params = _defined_before(an, acc.stmt)
     ptr = acc.ptr
     dims: list[TileDim] = []
     if isinstance(ptr, BlockPtr):
@@ -174,8 +187,9 @@ def _tile_dims(an: KernelAnalysis, acc: Access, loop_names: set[str]) -> list[Ti
                             "gathered or computed another way)")
     for d, td in enumerate(dims):
         if td.shape.symbols() - params or td.shape.symbols() & loop_names:
-            raise NotApplicable(f"dimension {d}'s extent {td.shape.code()} is not a kernel argument")
-        if td.stride.symbols() - params:
+            raise NotApplicable(f"dimension {d}'s extent {td.shape.code()} is not a kernel argument or a value "
+                                "fixed before the access")
+        if td.stride.symbols() - set(an.params):
             raise NotApplicable(f"dimension {d}'s stride {td.stride.code()} is not a kernel argument")
         blk = td.block.single_symbol()
         if not (td.block.is_const or (blk and blk in an.constexprs)):
@@ -183,17 +197,18 @@ def _tile_dims(an: KernelAnalysis, acc: Access, loop_names: set[str]) -> list[Ti
     return dims
 
 
-def _offset_of(an: KernelAnalysis, acc: Access, loop_names: set[str], per_program: set[str]) -> Poly | None:
-    """Where a pointer tile's matrix starts in its base (``a_ptr + bid * stride_ab``: a batch's matrix), None for the
-    base itself; NotApplicable where the start moves in the K loop or is not made of the kernel's arguments and
-    program ids (the descriptor is made once, before the loop)."""
+def _offset_of(an: KernelAnalysis, acc: Access, loop_names: set[str]) -> Poly | None:
+    """Where a pointer tile's matrix starts in its base (``a_ptr + bid * stride_ab``: a batch's matrix; ``K +
+    seq_start * stride_kt``: a packed sequence's), None for the base itself; NotApplicable where the start moves in
+    the K loop or is made of anything but the kernel's arguments and the values it fixes before the access (the
+    descriptor is made once, before the loop)."""
     ptr = acc.ptr
     if not isinstance(ptr, Ptr) or ptr.offs.scalar.is_zero:
         return None
     off = ptr.offs.scalar
-    if off.symbols() & loop_names or off.symbols() - set(an.params) - per_program:
+    if off.symbols() & loop_names or off.symbols() - _defined_before(an, acc.stmt):
         raise NotApplicable(f"the base pointer {ptr.base} is offset by {off.code()}, which is not made of the "
-                            "kernel's arguments and program ids")
+                            "kernel's arguments and the values it fixes before the access")
     for mono, _ in off.terms:
         if not set(mono) & set(an.params):
             raise NotApplicable(f"the base pointer {ptr.base} is offset by {off.code()}: its term "
@@ -244,7 +259,7 @@ def plan_block_io(model: KernelModel, kernel: str, mode: str = DESCRIPTOR, epilo
     fn = model.functions[kernel]
     if FLAG in fn.params:
         raise NotApplicable(f"{kernel} already has structured loads ({FLAG})")
-    an = KernelAnalysis(fn, model.functions)
+    an = KernelAnalysis(fn, model.functions, scalar_loads=True)
     if an.has_call("make_tensor_descriptor") or an.has_call("_experimental_make_tensor_descriptor"):
         raise NotApplicable(f"{kernel} already uses tensor descriptors")
     if mode == BLOCK_PTR and an.has_call("make_block_ptr"):
@@ -270,7 +285,6 @@ def plan_block_io(model: KernelModel, kernel: str, mode: str = DESCRIPTOR, epilo
     plans: list[AccessPlan] = []
     skipped: list[str] = []
     taken = {n.id for n in ast.walk(fn.node) if isinstance(n, ast.Name)} | set(fn.params)
-    per_program = pid_derived_names(fn.node)
     for acc in candidates:
         if acc.kind == "load" and not acc.loops and isinstance(acc.ptr, Ptr) and not _pointer_tile_of_rank_2(acc.ptr):
             continue  # an epilogue's bias vector or scalar: nothing for a 2D descriptor to move
@@ -287,7 +301,7 @@ def plan_block_io(model: KernelModel, kernel: str, mode: str = DESCRIPTOR, epilo
             for td in ddims[:-1]:
                 if not (td.stride.single_symbol() or td.stride.is_const):
                     raise NotApplicable(f"stride {td.stride.code()} is not one argument")
-            offset = _offset_of(an, acc, loop_names if acc.kind == "load" else set(), per_program)
+            offset = _offset_of(an, acc, loop_names if acc.kind == "load" else set())
             _check_host_args(acc, ddims, bind, offset)
             spec = DescSpec("", _base_of(acc), ddims, transposed, offset)
             if spec.key() not in descs:

@@ -425,16 +425,15 @@ def _grid_var_used_once(model: KernelModel, site, var: str) -> bool:
 def rewrite(source: str, kernel: str | None = None, flatten: bool = False) -> tuple[str, PersistentPlan]:
     model = parse_kernel(source)
     names = [kernel] if kernel else launched_kernels_gemm_first(model)
-    source = _guard_returns(source, model, names)  # inside a tile loop a return would end the loop
-    model = parse_kernel(source)
     errors = []
     for name in names:
+        guarded = _guard_returns(source, model, [name])  # inside a tile loop a return would end the loop
         try:
-            plan = plan_persistent(model, name)
+            plan = plan_persistent(parse_kernel(guarded) if guarded != source else model, name)
         except NotApplicable as exc:
             errors.append(f"{name}: {exc}")
             continue
-        return apply_persistent(source, plan, flatten), plan
+        return apply_persistent(guarded, plan, flatten), plan
     raise NotApplicable("; ".join(errors) or "no kernel launch found")
 
 

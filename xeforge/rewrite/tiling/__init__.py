@@ -378,10 +378,13 @@ def _scalar_only(node: ast.FunctionDef) -> bool:
 class KernelAnalysis:
     """The symbolic reading of one jit function (see the module docstring)."""
 
-    def __init__(self, fn: JitFunction, helpers: dict[str, JitFunction] | None = None) -> None:
+    def __init__(self, fn: JitFunction, helpers: dict[str, JitFunction] | None = None,
+                 scalar_loads: bool = False) -> None:
         """``helpers``: the file's other jit functions; a call of one that only computes scalars from scalar
         arguments (``pid_m, pid_n = _tile_coords(tile_id, ...)``) then gives a fixed scalar per name, not an
-        unknown."""
+        unknown. ``scalar_loads``: a load through one scalar pointer (``seq_start = tl.load(Cu_seqlens + b)``) is
+        a fixed scalar too."""
+        self.scalar_loads = scalar_loads
         self.fn = fn
         self.node = fn.node
         self.helpers = {name: h for name, h in (helpers or {}).items() if name != fn.name and _scalar_only(h.node)}
@@ -657,6 +660,9 @@ class KernelAnalysis:
         name = dotted_name(node.func) or ""
         if is_tl_call(node, "load"):
             self._record("load", node)
+            if self.scalar_loads and node.args and len(node.args) == 1 and not node.keywords and \
+                    isinstance(self._eval(node.args[0]), Poly):
+                return OPAQUE  # one element through a scalar pointer: a value fixed for the program
             return UNKNOWN
         if is_tl_call(node, "store"):
             self._record("store", node)
