@@ -88,7 +88,8 @@ def test_torch_inside_a_kernel_body_counts_and_tl_methods_do_not():
 def test_a_kernel_own_name_is_not_the_host_value_of_the_same_name():
     """``acc`` bound to a torch dtype on the host and to a tl tile in the kernel: the kernel's ``acc.to(...)`` is the
     tile's method (a rewrite that adds one more is no torch compute); ``torch`` bound to a kernel name still is."""
-    host = START.replace("        y = torch.empty_like(x)", "        acc = torch.float32\n        y = torch.empty_like(x)")
+    host = START.replace("        y = torch.empty_like(x)",
+                         "        acc = torch.float32\n        y = torch.empty_like(x)")
     kernel = host.replace("    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)",
                           "    acc = tl.load(x_ptr + offs, mask=offs < n)\n"
                           "    tl.store(y_ptr + offs, acc.to(tl.float32).to(y_ptr.dtype.element_ty), mask=offs < n)")

@@ -150,7 +150,8 @@ INLINE_PID = EARLY_RETURN.replace("    pid = tl.program_id(0)\n    if pid * BLOC
         "k[(triton.cdiv(n, 64),)](x, y, n,", "k[(triton.cdiv(int(n), 64),)](x, y, n + 0,"),
      "grid size int(n) is not passed to k"),
     (EARLY_RETURN.replace("    if pid * BLOCK >= n:\n        return\n",
-                          "    if pid >= 0:\n        if pid * BLOCK >= n:\n            return\n"), "returns early (line 12)"),
+                          "    if pid >= 0:\n        if pid * BLOCK >= n:\n            return\n"),
+     "returns early (line 12)"),
     (INLINE_PID, "calls tl.program_id inline"),
 ], ids=["a-tile-count-of-a-host-call", "a-nested-early-return", "inline-program-id"])
 def test_unsupported_kernels_are_left_alone_with_a_reason(source, reason):
@@ -255,7 +256,8 @@ def test_an_early_exit_becomes_a_guard_and_a_size_the_kernel_is_not_given_comes_
     ``max_seqlen``) passes that size in: the kernel divides it by its block, so the count follows a new block."""
     p = load_problem(FIXTURES / "problems" / "vadd")
     early = VADD_WITH_TRAILING_RETURN.replace(
-        "    pid = tl.program_id(0)\n", "    pid = tl.program_id(0)\n    if pid * BLOCK >= n:\n        return\n").replace(
+        "    pid = tl.program_id(0)\n",
+        "    pid = tl.program_id(0)\n    if pid * BLOCK >= n:\n        return\n").replace(
         "        add_kernel[(triton.cdiv(n, 64), 1)](x, y, out, n, BLOCK=64)",
         "        total = n + 64  # one block more than needed: its programs exit early\n"
         "        add_kernel[(triton.cdiv(total, 64), 1)](x, y, out, n, BLOCK=64)")

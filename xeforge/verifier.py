@@ -177,8 +177,8 @@ class Verifier:
         weights = self.workdir / "oracle" / "weights"
         weights.mkdir(parents=True, exist_ok=True)
         return Worker(self.device.kind, folder, log, settings=self.settings, writable=(self._cache,),
-                      readable=(weights,), hidden=(self._hide,), env={**self._env, "TRITON_CACHE_DIR": str(self._cache)},
-                      prefix=prefix)
+                      readable=(weights,), hidden=(self._hide,),
+                      env={**self._env, "TRITON_CACHE_DIR": str(self._cache)}, prefix=prefix)
 
     def __enter__(self) -> "Verifier":
         return self
