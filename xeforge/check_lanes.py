@@ -26,12 +26,12 @@ GPU).
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import queue
 from collections.abc import Callable
 from pathlib import Path
 
 from xeforge.problem import Code, source_hash
+from xeforge.schedule import visible_gpus
 from xeforge.verifier import Verdict, Verifier
 
 MakeVerifier = Callable[[Path, dict[str, str]], Verifier]  # (lane folder, its environment) -> a verifier
@@ -40,18 +40,11 @@ MakeVerifier = Callable[[Path, dict[str, str]], Verifier]  # (lane folder, its e
 def lane_envs(kind: str, n: int, env: dict[str, str] | None = None, count: int | None = None) -> list[dict[str, str]]:
     """The environment of each of ``n`` lanes: the GPU it sees (round-robin over the visible ones); nothing on the
     CPU interpreter."""
-    env = os.environ if env is None else env
     if kind == "cpu":
         return [{} for _ in range(n)]
-    var = "CUDA_VISIBLE_DEVICES" if kind == "cuda" else "ZE_AFFINITY_MASK"
-    listed = [s.strip() for s in env.get(var, "").split(",") if s.strip()]
-    if not listed:
-        if count is None:
-            import torch  # lazy: only a GPU port with lanes counts its GPUs
-
-            count = torch.cuda.device_count() if kind == "cuda" else torch.xpu.device_count()
-        listed = [str(i) for i in range(max(1, count))]
-    return [{var: listed[i % len(listed)]} for i in range(n)]
+    var, ids = visible_gpus(kind, env, count)
+    ids = ids or ["0"]
+    return [{var: ids[i % len(ids)]} for i in range(n)]
 
 
 class CheckLanes:
@@ -62,14 +55,14 @@ class CheckLanes:
         self.n, self.folder, self.kind, self.main, self.make = n, Path(folder), kind, main, make
         self.say = say or (lambda msg: None)
         self.verifiers: list[Verifier] = []
+        self.envs: list[dict[str, str]] = []  # each lane's environment, once started
         self.checked = 0  # candidates checked in lanes, over the port
 
     def describe(self) -> dict:
         """What the report says of the lanes: how many, where each ran, how many candidates they checked."""
-        envs = lane_envs(self.kind, self.n)
         return {"lanes": self.n, "checked": self.checked,
                 "where": ["the port's verifier"] + [" ".join(f"{k}={v}" for k, v in e.items()) or self.kind
-                                                   for e in envs[1:]]}
+                                                   for e in self.envs[1:]]}
 
     def start(self) -> None:
         """Make the lanes and start their workers without waiting for them: their interpreters and torch load
@@ -77,8 +70,8 @@ class CheckLanes:
         shapes about one)."""
         if self.verifiers:
             return
-        envs = lane_envs(self.kind, self.n)
-        self.verifiers = [self.main] + [self.make(self.folder / f"lane-{i}", envs[i]) for i in range(1, self.n)]
+        self.envs = lane_envs(self.kind, self.n)
+        self.verifiers = [self.main] + [self.make(self.folder / f"lane-{i}", self.envs[i]) for i in range(1, self.n)]
         for v in self.verifiers[1:]:
             v.worker.spawn()
             v.oracle_worker.spawn()

@@ -76,6 +76,24 @@ class Scheduler(Protocol):
 
 
 # ------------------------------------------------------------------------------------------------ local slots
+def device_count(kind: str) -> int:
+    """The GPUs of ``kind`` this process sees (lazy: torch, seconds to import, only where GPUs are counted)."""
+    import torch
+
+    return torch.cuda.device_count() if kind == "cuda" else torch.xpu.device_count()
+
+
+def visible_gpus(kind: str, env: dict[str, str] | None = None, count: int | None = None) -> tuple[str, list[str]]:
+    """The variable that picks a process's GPUs of ``kind`` (``CUDA_VISIBLE_DEVICES`` / ``ZE_AFFINITY_MASK``) and
+    the ids it can name: those ``env`` lists, else ``0 .. count - 1`` (``count``: :func:`device_count` unless given)."""
+    env = os.environ if env is None else env
+    var = "CUDA_VISIBLE_DEVICES" if kind == "cuda" else "ZE_AFFINITY_MASK"
+    listed = [s.strip() for s in env.get(var, "").split(",") if s.strip()]
+    if listed:
+        return var, listed
+    return var, [str(i) for i in range(device_count(kind) if count is None else count)]
+
+
 def gpu_slots(kind: str, n: int, env: dict[str, str] | None = None, count: int | None = None,
               cpus: int | None = None, lanes: int = 1, lock_dir: Path | None = None) -> list[dict[str, str]]:
     """The environment of each worker subprocess: ``n`` GPUs (``CUDA_VISIBLE_DEVICES`` / ``ZE_AFFINITY_MASK``),
@@ -90,17 +108,12 @@ def gpu_slots(kind: str, n: int, env: dict[str, str] | None = None, count: int |
     env = os.environ if env is None else env
     if kind == "cpu":
         return [{} for _ in range(n)]
-    var = "CUDA_VISIBLE_DEVICES" if kind == "cuda" else "ZE_AFFINITY_MASK"
     if count is None:
-        # lazy: torch (seconds to import) only to count GPUs for --workers; the bench process needs it nowhere else
-        import torch
-
-        count = torch.cuda.device_count() if kind == "cuda" else torch.xpu.device_count()
+        count = device_count(kind)
     if n > count:
         raise UsageError("--workers", f"{n} workers asked for, but {count} {kind} GPU(s) are visible",
                          f"use --workers {count} or fewer")
-    listed = [s.strip() for s in env.get(var, "").split(",") if s.strip()]
-    ids = listed if listed else [str(i) for i in range(count)]
+    var, ids = visible_gpus(kind, env, count)
     slots = [{var: ids[i]} for i in range(n) for _ in range(lanes)]
     if lanes > 1:
         for s in slots:

@@ -659,9 +659,8 @@ class KernelAnalysis:
     def _call(self, node: ast.Call) -> Any:
         name = dotted_name(node.func) or ""
         if is_tl_call(node, "load"):
-            self._record("load", node)
-            if self.scalar_loads and node.args and len(node.args) == 1 and not node.keywords and \
-                    isinstance(self._eval(node.args[0]), Poly):
+            raw = self._record("load", node)
+            if self.scalar_loads and len(node.args) == 1 and not node.keywords and isinstance(raw, Poly):
                 return OPAQUE  # one element through a scalar pointer: a value fixed for the program
             return UNKNOWN
         if is_tl_call(node, "store"):
@@ -738,9 +737,10 @@ class KernelAnalysis:
             return UNKNOWN
         return BlockPtr(base.id, *parts)
 
-    def _record(self, kind: str, node: ast.Call) -> None:
-        ptr = self._pointer(self._eval(node.args[0]) if node.args else UNKNOWN)
-        acc = Access(kind, node, self._top_stmt, tuple(self._loop_stack), ptr)
+    def _record(self, kind: str, node: ast.Call) -> Any:
+        """Record the access ``node`` makes; the value its pointer argument evaluated to."""
+        raw = self._eval(node.args[0]) if node.args else UNKNOWN
+        acc = Access(kind, node, self._top_stmt, tuple(self._loop_stack), self._pointer(raw))
         if kind == "load":
             mask_node, other_node = _kw(node, "mask", 1), _kw(node, "other", 2)
         else:
@@ -763,6 +763,7 @@ class KernelAnalysis:
             val = literal(pad)
             acc.padding = val if is_literal(val) else "?"
         self.accesses.append(acc)
+        return raw
 
 
 def _invariant(delta: Any, inner: set[str]) -> bool:
