@@ -77,8 +77,8 @@ class Scheduler(Protocol):
 
 # ------------------------------------------------------------------------------------------------ local slots
 def device_count(kind: str) -> int:
-    """The GPUs of ``kind`` this process sees (lazy: torch, seconds to import, only where GPUs are counted)."""
-    import torch
+    """The GPUs of ``kind`` this process sees."""
+    import torch  # lazy: torch, seconds to import, only where GPUs are counted
 
     return torch.cuda.device_count() if kind == "cuda" else torch.xpu.device_count()
 
