@@ -36,13 +36,14 @@ def _free_port() -> int:
 
 
 def start_head(device: str, log: Path) -> tuple[subprocess.Popen, dict[str, str]]:
-    exe = Path(sys.executable).with_name("ray")
     port = _free_port()
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
            "RAY_USAGE_STATS_ENABLED": "0"}
     gpus = "0" if device == "cpu" else "1"
-    proc = subprocess.Popen([str(exe), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
-                             f"--num-gpus={gpus}", "--include-dashboard=false"],
+    # `python -m ray.scripts.scripts`, not the `ray` script: wheels installed with `--target` have no script beside
+    # the interpreter
+    proc = subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
+                             f"--port={port}", "--num-cpus=2", f"--num-gpus={gpus}", "--include-dashboard=false"],
                             stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
