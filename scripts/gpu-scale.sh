@@ -5,17 +5,18 @@
 #   bash scripts/gpu-scale.sh OUTDIR
 # Writes OUTDIR/ray-overhead.{json,md}, OUTDIR/check-lanes.jsonl (one line per port: lanes, wall seconds, trials,
 # the port's exit code) and OUTDIR/reports.tgz (each port's report.md). RAY_STAGES (default: all) and RAY_PROBLEMS
-# pick the Ray ports; LANE_PROBLEM and LANE_STAGES the lanes'.
+# pick the Ray ports; LANE_PROBLEM, LANE_STAGES and LANES_LIST (default "1 2") the lanes'; RAY_TIMEOUT (seconds)
+# caps the Ray part.
 set -uo pipefail
 OUT=${1:?usage: bash scripts/gpu-scale.sh OUTDIR}
 mkdir -p "$OUT" /tmp/xeforge-scale
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # shellcheck disable=SC2086
-python3 scripts/ray_overhead.py /tmp/xeforge-scale/ray --device cuda ${RAY_STAGES:+--stages "$RAY_STAGES"} \
+timeout "${RAY_TIMEOUT:-3600}" python3 scripts/ray_overhead.py /tmp/xeforge-scale/ray --device cuda ${RAY_STAGES:+--stages "$RAY_STAGES"} \
   --repeats "${RAY_REPEATS:-1}" ${RAY_PROBLEMS:-kernels/gemm_relu kernels/softmax}
-cp /tmp/xeforge-scale/ray/ray-overhead.* /tmp/xeforge-scale/ray/ray-head.log "$OUT"/ 2>/dev/null
+cp /tmp/xeforge-scale/ray/ray-overhead* /tmp/xeforge-scale/ray/ray-head.log "$OUT"/ 2>/dev/null
 for r in $(seq 1 "${REPEATS:-2}"); do
-  for k in 1 2; do
+  for k in ${LANES_LIST:-1 2}; do
     run=/tmp/xeforge-scale/lanes-$k-$r
     t0=$(date +%s.%N)
     python3 -m xeforge port "${LANE_PROBLEM:-kernels/gemm_relu}" --device cuda --engine rules \

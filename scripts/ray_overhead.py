@@ -108,6 +108,8 @@ def main() -> None:
                 for where, env in (("local", dict(os.environ)), ("ray", ray_env)):
                     res = port(problem, out / "runs" / f"{name}-{where}-{r}", flags, env, where == "ray")
                     runs.append({"problem": name, "where": where, "repeat": r, **res})
+                    with open(out / "ray-overhead-runs.jsonl", "a") as f:  # kept if a later port is cut off
+                        f.write(json.dumps(runs[-1]) + "\n")
                     print(f"{name} {where} #{r}: {res['wall_s']} s, {res['trials']} trial(s)", file=sys.stderr)
     finally:
         stop_head(head, ray_env["RAY_ADDRESS"].rsplit(":", 1)[1])
