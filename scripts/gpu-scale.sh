@@ -12,7 +12,9 @@ OUT=${1:?usage: bash scripts/gpu-scale.sh OUTDIR}
 mkdir -p "$OUT" /tmp/xeforge-scale
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # shellcheck disable=SC2086
-timeout "${RAY_TIMEOUT:-3600}" python3 scripts/ray_overhead.py /tmp/xeforge-scale/ray --device cuda ${RAY_STAGES:+--stages "$RAY_STAGES"} \
+# SIGINT: the script stops its Ray head on the way out
+timeout -s INT "${RAY_TIMEOUT:-3600}" python3 scripts/ray_overhead.py /tmp/xeforge-scale/ray --device cuda \
+  ${RAY_STAGES:+--stages "$RAY_STAGES"} \
   --repeats "${RAY_REPEATS:-1}" ${RAY_PROBLEMS:-kernels/gemm_relu kernels/softmax}
 cp /tmp/xeforge-scale/ray/ray-overhead* /tmp/xeforge-scale/ray/ray-head.log "$OUT"/ 2>/dev/null
 for r in $(seq 1 "${REPEATS:-2}"); do
