@@ -260,6 +260,13 @@ def test_what_a_task_returns_is_plain_data_and_stays_in_its_part_folder(tmp_path
     assert job.log.read_bytes().startswith(b"the whole log")  # not cut down to the tail it came back with
 
 
+def test_a_task_child_gets_the_drivers_thread_limit_not_the_one_ray_set_for_the_task():
+    worker = {"OMP_NUM_THREADS": "1", "PATH": "/bin", "RAY_NODE": "n"}
+    assert ray_cluster.child_env(worker, {}) == {"PATH": "/bin", "RAY_NODE": "n"}
+    assert ray_cluster.child_env(worker, {"OMP_NUM_THREADS": "8", "XEFORGE_X": "y"}) == {
+        "PATH": "/bin", "RAY_NODE": "n", "OMP_NUM_THREADS": "8", "XEFORGE_X": "y"}
+
+
 def test_a_ray_task_sees_the_gpu_ray_gave_it_and_lanes_share_its_lock(tmp_path):
     """The environment a task gives its child, from the GPU ids Ray assigned (no GPU needed to check it)."""
     from xeforge import device_lock
@@ -332,12 +339,14 @@ class TestRayScheduler:
 
     @pytest.mark.slow  # three short jobs
     def test_ray_task_returns_only_plain_data_and_gives_up_after_its_retries(self, ray_here, tmp_path):
-        job = _job(tmp_path, 0, WRITE_ROW)
+        job = _job(tmp_path, 0, WRITE_ROW + 'Path(PART, "threads").write_text(os.environ.get("OMP_NUM_THREADS", "-"))')
         ctx = {"cwd": str(ROOT), "kind": "cpu", "lanes": 1, "env": {}, "not_after": None}
-        result = ray_here.get(ray_here.remote(ray_cluster.run_on_node).remote(
+        result = ray_here.get(ray_here.remote(ray_cluster.run_on_node).options(num_cpus=1).remote(
             {"argv": job.argv, "part": str(job.part)}, ctx))
         assert _plain_types(result) <= {"dict", "str", "bytes", "int", "float", "list", "NoneType", "bool"}
-        assert result["exit_code"] == 0 and set(result["files"]) == {"bench.json", "work/note.txt"}
+        assert result["exit_code"] == 0 and set(result["files"]) == {"bench.json", "work/note.txt", "threads"}
+        # Ray sets OMP_NUM_THREADS=1 in a one-CPU task's worker; the child runs as it would locally
+        assert result["files"]["threads"] == os.environ.get("OMP_NUM_THREADS", "-").encode()
         always = _job(tmp_path, 1, "os.kill(os.getpid(), signal.SIGKILL)\n")
         seen = []
         ray_cluster.RayScheduler(None, "cpu", retries=1, say=lambda m: None).run([always], seen.append, None)

@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from xeforge import device_lock
@@ -49,7 +50,10 @@ RETRIES = 2  # a lost task is submitted again up to this many times
 RETURN_CAP_BYTES = 64 << 20  # a task returns at most this much of its part folder; the rest is named, not sent
 # the driver's environment a task carries to its node: xeforge's own settings; nothing else (no API keys)
 FORWARD_ENV_PREFIXES = ("XEFORGE_",)
-FORWARD_ENV = ("TORCHINDUCTOR_COMPILE_THREADS",)
+FORWARD_ENV = ("TORCHINDUCTOR_COMPILE_THREADS", "OMP_NUM_THREADS")
+# set by Ray in a task's worker (to the task's num_cpus, 1 here) where the node's environment has none; a port's
+# child uses the host's threads as it would locally, so it gets the driver's value (forwarded) or none
+RAY_THREAD_DEFAULTS = ("OMP_NUM_THREADS",)
 PLAIN = (str, bytes, int, float, bool, type(None))
 # Ray Client: the cluster's proxy starts a server process per client; that start can fail transiently (seen on a
 # loaded 2-core host: the new process died in gRPC's fork handling). A connection that fails so is tried again.
@@ -136,6 +140,13 @@ def _gpu_env(kind: str, lanes: int, ids: list[str], env: dict[str, str]) -> dict
     return out
 
 
+def child_env(worker: Mapping[str, str], forwarded: dict[str, str]) -> dict[str, str]:
+    """The environment a task's child starts from: the Ray worker's, less the thread limits Ray set for the task
+    (a port in a one-CPU task would otherwise run torch's host-side work on one thread, where the same port run
+    locally uses every core), then what the driver forwarded."""
+    return {**{k: v for k, v in worker.items() if k not in RAY_THREAD_DEFAULTS}, **forwarded}
+
+
 def run_on_node(job: dict, ctx: dict) -> dict:
     """The Ray task: run one job's child command on this node and return what it wrote, as plain data.
 
@@ -156,7 +167,7 @@ def run_on_node(job: dict, ctx: dict) -> dict:
 
     rt = ray.get_runtime_context()
     ids = [str(i) for i in (rt.get_accelerator_ids() or {}).get("GPU", [])]
-    given = {**os.environ, **ctx["env"]}
+    given = child_env(os.environ, ctx["env"])
     gpu = _gpu_env(ctx["kind"], ctx["lanes"], ids, given)
     part = cwd / job["part"]
     result = job.get("result", "bench.json")
