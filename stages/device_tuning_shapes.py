@@ -24,8 +24,10 @@ whose shape argument differs from the primary's by :data:`CLASS_RATIO` or more:
 5. **the other way round**: the launch search's fastest verified configurations for every shape but the class's,
    whose branch keeps the incumbent's launch — a tile the search rejected because it was slower at the decode-like
    shape alone (:data:`PRIMARY_WINNERS` per class);
-6. **the combination** (:meth:`PerShapeConfig.follow_up`): with winners in two classes or more, one dispatch with
-   every class's winner, judged the same way;
+6. **the combination** (:meth:`PerShapeConfig.follow_up`): with winners for two parts of the shapes or more (two
+   classes, or a class and the other shapes), one dispatch with every part's winner, judged the same way: a class's
+   winner may be a configuration, a swap-AB copy or split-K (on the H100, gemm_relu's M=16 gained 1.65x from
+   split-K and its other shapes 1.42-1.47x from the search's 128 x 256 tile; only one of the two could be adopted);
 7. **swap-AB for few rows**: for a class of the tile's rows (``M <= 128``), the class's first configurations again
    with its branch launching a swap-AB copy of the kernel (``<kernel>_swapab``, the tile computed transposed:
    :func:`xeforge.rewrite.device_tuning.swap_ab.swapped_branch`), the other shapes keeping the kernel as it is;
@@ -102,6 +104,18 @@ class ShapeClass:
         if not isinstance(v, int):
             return False
         return v <= self.threshold if self.op == "<=" else v > self.threshold
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """What one candidate of the tactic changes, so its verdict can be combined with another's: ``kind`` "config"
+    (the class's branch launches ``config``), "swap" / "split" (the branch launches a swap-AB or split-K copy; its
+    ``what`` says how) or "else" (``config`` for every shape but the class's, whose branch keeps the incumbent's)."""
+
+    cls: ShapeClass
+    kind: str
+    config: dict[str, Any]
+    what: str = ""
 
 
 @dataclass
@@ -268,7 +282,7 @@ class PerShapeConfig(Tactic):
 
     def __init__(self, target: Callable[[KernelModel], LaunchSite | None]) -> None:
         self._target = target  # the launch-parameter search's choice of launch (stages.device_tuning.target_site)
-        self._proposed: dict[str, tuple[ShapeClass, dict[str, Any]]] = {}  # candidate source hash -> (class, config)
+        self._proposed: dict[str, Proposal] = {}  # candidate source hash -> what it changes
 
     # -------------------------------------------------------------------------------------------------- planning
     def plan(self, ctx: StageContext) -> Plan:
@@ -373,12 +387,16 @@ class PerShapeConfig(Tactic):
                         "incumbent's launch")
                 cand = self._candidate(ctx, kernel, [(cls, cfg)], desc, dict(cfg))
                 if cand is not None and cand.source != ctx.source:
-                    self._proposed[source_hash(cand.source)] = (cls, cfg)
+                    self._proposed[source_hash(cand.source)] = Proposal(cls, "config", cfg)
                     out.append(cand)
             out.extend(self._swapped(ctx, kernel, cls, cfgs[:SWAPPED_PER_CLASS], current))
             out.extend(self._split(ctx, kernel, cls))
             out.extend(self._primary_winners(ctx, plan.site, cls, current))
         return out
+
+    def _record(self, cand: Candidate, proposal: Proposal) -> Candidate:
+        self._proposed[source_hash(cand.source)] = proposal
+        return cand
 
     def _swapped(self, ctx: StageContext, kernel: str, cls: ShapeClass, cfgs: list[dict[str, Any]],
                  current: dict[str, Any]) -> list[Candidate]:
@@ -401,10 +419,10 @@ class PerShapeConfig(Tactic):
             except (NotApplicable, LookupError):
                 return out
             changed = {k: v for k, v in cfg.items() if current.get(k) != v}
-            desc = (f"{kernel}: if {cls.test} ({', '.join(cls.serves)}): a swap-AB copy ({kernel}_swapab) with "
-                    f"{describe(changed) or 'the incumbent configuration'}; else the incumbent's launch")
-            out.append(Candidate(src, self.name, desc, kind="search", params={**cfg, "swap_ab": True},
-                                 time_all_shapes=True))
+            what = f"a swap-AB copy ({kernel}_swapab) with {describe(changed) or 'the incumbent configuration'}"
+            desc = f"{kernel}: if {cls.test} ({', '.join(cls.serves)}): {what}; else the incumbent's launch"
+            out.append(self._record(Candidate(src, self.name, desc, kind="search", params={**cfg, "swap_ab": True},
+                                              time_all_shapes=True), Proposal(cls, "swap", cfg, what)))
         return out
 
     def _split(self, ctx: StageContext, kernel: str, cls: ShapeClass) -> list[Candidate]:
@@ -435,11 +453,12 @@ class PerShapeConfig(Tactic):
                 return out
             if kb_errors(ctx, src):
                 continue
-            desc = (f"{kernel}: if {cls.test} ({', '.join(cls.serves)}): split-K, {s} programs per output tile "
-                    f"({tiles} tiles at {variant.name} for {cores} cores, {where}), partial tiles summed in order"
-                    f"{' by the epilogue kernel' if plan.epilogue else ''}; else the incumbent's launch")
-            out.append(Candidate(src, self.name, desc, kind="search", params={splitk.PARAM: s, "when": cls.test},
-                                 time_all_shapes=True))
+            what = (f"split-K, {s} programs per output tile ({tiles} tiles at {variant.name} for {cores} cores, "
+                    f"{where}), partial tiles summed in order{' by the epilogue kernel' if plan.epilogue else ''}")
+            desc = f"{kernel}: if {cls.test} ({', '.join(cls.serves)}): {what}; else the incumbent's launch"
+            out.append(self._record(Candidate(src, self.name, desc, kind="search",
+                                              params={splitk.PARAM: s, "when": cls.test}, time_all_shapes=True),
+                                    Proposal(cls, "split", {}, what)))
         return out
 
     def _primary_winners(self, ctx: StageContext, site: LaunchSite, cls: ShapeClass,
@@ -464,32 +483,59 @@ class PerShapeConfig(Tactic):
             changed = {k: v for k, v in full.items() if current.get(k) != v}
             desc = (f"{site.kernel}: if {cls.test} ({', '.join(cls.serves)}): the incumbent's launch; else "
                     f"{describe(changed)} (a configuration of the launch search, for the other shapes)")
-            out.append(Candidate(src, self.name, desc, kind="search", params=dict(full), time_all_shapes=True))
+            out.append(self._record(Candidate(src, self.name, desc, kind="search", params=dict(full),
+                                              time_all_shapes=True), Proposal(cls, "else", full)))
         return out
 
     def follow_up(self, ctx: StageContext, outcomes: list[TrialOutcome]) -> list[Candidate]:
-        """One dispatch with the winner of every class that has one, when two classes or more do."""
-        best: dict[str, tuple[float, ShapeClass, dict[str, Any]]] = {}
+        """One dispatch with the winner of every part of the shapes that has one, when two parts or more do: each
+        class's best accepted candidate (a configuration, or a swap-AB or split-K copy) and the best configuration for
+        the other shapes (:meth:`_primary_winners`). A copy goes in as the candidate that won (its ``else`` branch then
+        takes the other shapes' configuration); with a copy, only one class is combined."""
+        best: dict[str, tuple[float, Proposal, Candidate]] = {}  # class test ("" for the other shapes) -> winner
         for o in outcomes:
             got = self._proposed.get(source_hash(o.candidate.source))
             v = o.verdict
             if got is None or v is None or not v.accepted or not v.speedup:
                 continue
-            cls, cfg = got
-            if cls.test not in best or v.speedup > best[cls.test][0]:
-                best[cls.test] = (v.speedup, cls, cfg)
-        if len(best) < 2:
-            return []
+            part = "" if got.kind == "else" else got.cls.test
+            if part not in best or v.speedup > best[part][0]:
+                best[part] = (v.speedup, got, o.candidate)
+        rest = best.pop("", None)
         try:
             plan = self.plan(ctx)
         except NotApplicable:
             return []
+        kernel = plan.site.kernel
         order = [c.test for c in plan.classes]
-        winners = sorted(best.values(), key=lambda w: order.index(w[1].test) if w[1].test in order else len(order))
-        shapes = ctx.problem.correctness_variants(ctx.device.kind, getattr(ctx.settings, "ragged_shapes", True))
-        if chain_coverage([w[1] for w in winners], shapes) is not None:
-            return []
-        desc = (f"{plan.site.kernel}: the per-shape winners combined: "
-                + "; ".join(f"if {c.test}: {describe(cfg)}" for _, c, cfg in winners) + "; else the incumbent's launch")
-        cand = self._candidate(ctx, plan.site.kernel, [(c, cfg) for _, c, cfg in winners], desc, {})
-        return [cand] if cand is not None else []
+        winners = sorted(best.values(), key=lambda w: order.index(w[1].cls.test) if w[1].cls.test in order
+                         else len(order))
+        copies = [w for w in winners if w[1].kind != "config"]
+        if copies and len(winners) == 1 and rest is not None:
+            _, won, cand = copies[0]
+            try:  # the copy's candidate as verified; its else branch, the only launch of the kernel, retiled
+                src = apply_config(cand.source, kernel, rest[1].config)
+            except (NotApplicable, LookupError):
+                return []
+            parts = [f"if {won.cls.test}: {won.what}"]
+        else:
+            winners = [w for w in winners if w[1].kind == "config"]
+            if len(winners) + (rest is not None) < 2:
+                return []
+            shapes = ctx.problem.correctness_variants(ctx.device.kind, getattr(ctx.settings, "ragged_shapes", True))
+            if chain_coverage([w[1].cls for w in winners], shapes) is not None:
+                return []
+            try:  # a branch's configuration is whole over the tunable sizes; a launch option the incumbent leaves
+                # to its default and the other shapes' configuration sets reaches the branch too: gate 3 judges
+                # the combination as built, at every shape
+                base = apply_config(ctx.source, kernel, rest[1].config) if rest is not None else ctx.source
+                src = dispatch(base, kernel, [Branch(w[1].cls.test, w[1].config) for w in winners])
+            except (NotApplicable, LookupError):
+                return []
+            parts = [f"if {w[1].cls.test}: {describe(w[1].config)}" for w in winners]
+        current = current_config(ctx.model, plan.site)
+        other = ({k: v for k, v in rest[1].config.items() if current.get(k) != v} if rest is not None else {})
+        desc = (f"{kernel}: the per-shape winners combined: " + "; ".join(parts)
+                + (f"; else {describe(other)} (the search's, for the other shapes)" if rest is not None
+                   else "; else the incumbent's launch"))
+        return [Candidate(src, self.name, desc, kind="search", params={}, time_all_shapes=True)]

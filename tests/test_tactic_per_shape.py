@@ -371,3 +371,43 @@ def test_the_search_configuration_for_the_other_shapes_with_the_incumbent_kept_f
     assert verdict.correct, verdict.feedback()
     g2 = next(g for g in verdict.gates if g.gate.startswith("2"))
     assert "ci-ragged0" in g2.summary, g2.summary  # M=200 ran: the search's branch was verified
+
+
+def test_a_split_k_class_and_the_searchs_tile_for_the_other_shapes_combined(tmp_path, verify):
+    """On the H100 gemm_relu's per-shape candidates won on both sides, 1.65x at M=16 from split-K in the class's
+    branch and 1.42-1.47x elsewhere from the search's 128 x 256 tile with the class kept, and only one could be
+    adopted. The follow-up offers both in one candidate: the split-K candidate as verified, its else branch (the
+    kernel's only launch there) retiled. Verified on the interpreter with a threshold that splits the CPU's shapes."""
+    import json
+
+    p = load_problem(ROOT / "kernels" / "gemm_square")
+    run = tmp_path / "run"
+    trial = run / "trials" / "0004-device_tuning-launch-params"
+    trial.mkdir(parents=True)
+    wide = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3}
+    (trial / "meta.json").write_text(json.dumps({"stage": "device_tuning", "tactic": "launch-params", "params": wide,
+                                                 "description": "matmul_kernel: BLOCK_N=256, BLOCK_K=64"}))
+    (trial / "verdict.json").write_text(json.dumps({"correct": True, "speedup": 0.97, "gates": [
+        {"gate": "3-performance", "details": {"shapes": [{"variant": "bench-gpu", "speedup": 1.3}]}}]}))
+    ctx = tactic_context(p, kind="cuda", target="h200", cores=132, run_dir=run)
+    tactic = PerShapeConfig(TACTIC._target)
+    cands = tactic.propose(ctx)
+    split = next(c for c in cands if c.params.get("SPLIT_K") == 8)
+    other = next(c for c in cands if "the incumbent's launch; else" in c.description and "BLOCK_N=256" in
+                 c.description)
+
+    def outcome(c: Candidate, speedup: float) -> TrialOutcome:
+        return TrialOutcome("t", c, Verdict("h", correct=True, timed=True, accepted=speedup > 1.02, speedup=speedup))
+
+    assert tactic.follow_up(ctx, [outcome(split, 1.18), outcome(other, 0.99)]) == []  # one winner: nothing to add
+    (combined,) = tactic.follow_up(ctx, [outcome(split, 1.18), outcome(other, 1.28)])
+    assert combined.time_all_shapes and "combined: if M <= 128: split-K, 8 programs" in combined.description
+    assert "else BLOCK_N=256, BLOCK_K=64 (the search's, for the other shapes)" in combined.description
+    names = [s.kernel for s in parse_kernel(combined.source).launches]
+    assert names == ["matmul_kernel_splitk", splitk.SUM_KERNEL, "matmul_kernel"]
+    rest = ast.unparse(next(n for n in ast.walk(ast.parse(combined.source)) if isinstance(n, ast.If)
+                            and ast.unparse(n.test) == "M <= 128").orelse[0])
+    assert "BLOCK_N=256" in rest and "BLOCK_K=64" in rest
+    assert combined.source.count("if M <= 128:") == 1
+    verdict = verify(p, combined.source.replace("if M <= 128:", "if M <= 31:"))  # ragged M=17 split, ci's 64 not
+    assert verdict.correct, verdict.feedback()
