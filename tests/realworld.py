@@ -39,8 +39,6 @@ NOT_STRUCTURAL = TUNING | {"per-shape-config"}
 #: where the corpus form still blocks a tactic its canonical form gets: (entry, tactic) -> what the reason must
 #: name (the construct and what stops it). Each is a gap of the tool, listed in the issue's closing note.
 KNOWN_GAPS = {
-    # the tutorial's attention: the K loop (and its tl.dot) lives in a jit helper the kernel calls
-    ("flash_attn_fwd_autotune", "tensor-descriptor"): "is in the jit helper _attn_fwd_inner",
     ("rope_cache", "rows-per-program"): "calls _rotate_head_block (line",
 }
 

@@ -91,29 +91,36 @@ def test_ci_shapes_take_the_descriptor_path_and_ragged_shapes_the_fallback(verif
 @pytest.mark.parametrize("where,fast_load,broken", [
     ("flash_attn_fwd", "v_desc.load([start_n, 0])", "v_desc.load([0, 0])"),
     # its ci shapes are one tile: the bug is a descriptor made at the first batch's matrix for every batch
-    ("batched_matmul_3d", "tl.make_tensor_descriptor(b_ptr + bid * stride_bb, ", "tl.make_tensor_descriptor(b_ptr, "),
+    ("batched_matmul_3d", "tl.make_tensor_descriptor(b_ptr + bid.to(tl.int64) * stride_bb, ",
+     "tl.make_tensor_descriptor(b_ptr, "),
     # packed sequences: each program's descriptor starts at its sequence's offset, loaded from cu_seqlens
     ("context_attn_varlen", "V_desc.load([start_n, 0])", "V_desc.load([0, 0])"),
+    # the tutorial form: block pointers made at a head's matrix, the K loop in a jit helper (inlined first)
+    ("flash_attn_fwd_autotune", "V_desc.load([start_n, 0])", "V_desc.load([0, 0])"),
 ])
 def test_a_batch_or_head_offset_base_and_a_whole_head_dim_take_descriptors(where, fast_load, broken, verify):
     """A tile whose matrix starts at a batch's or head's offset (``k_ptr + off_b * stride_kb + off_h * stride_kh``),
     or at a packed sequence's start the kernel loads first (``seq_start = tl.load(Cu_seqlens + b)``), gets its
     descriptor made at that start, and the guard checks that the batch strides keep it 16-byte aligned;
     an attention head's dimension read whole and unmasked (``tl.arange(0, HEAD_DIM)``) is the descriptor's
-    extent there. The ci shapes take the descriptor path: a bug in it alone fails at ci."""
+    extent there. The start's products are 64-bit (``off_b.to(tl.int64) * stride_vb``: a batch's matrix can start past
+    2**31 elements). The ci shapes take the descriptor path: a bug in it alone fails at ci."""
     from tests.realworld import problem_dir
 
     p = load_problem(KERNELS / where if (KERNELS / where).is_dir() else problem_dir(where))
     src = rewritten(p)
-    base = {"flash_attn_fwd": "v_ptr + off_b * stride_vb + off_h * stride_vh",
-            "batched_matmul_3d": "b_ptr + bid * stride_bb",
-            "context_attn_varlen": "V + head * stride_vh + seq_start * stride_vt"}
+    base = {"flash_attn_fwd": "v_ptr + off_b.to(tl.int64) * stride_vb + off_h.to(tl.int64) * stride_vh",
+            "batched_matmul_3d": "b_ptr + bid.to(tl.int64) * stride_bb",
+            "context_attn_varlen": "V + head.to(tl.int64) * stride_vh + seq_start.to(tl.int64) * stride_vt",
+            "flash_attn_fwd_autotune": "V + off_h.to(tl.int64) * stride_vh + off_z.to(tl.int64) * stride_vz"}
     assert f"tl.make_tensor_descriptor({base[where]}, " in src, src
     stride0 = {"flash_attn_fwd": "v.stride(0)", "batched_matmul_3d": "b.stride(0)",
-               "context_attn_varlen": "v.stride(0)"}[where]
+               "context_attn_varlen": "v.stride(0)", "flash_attn_fwd_autotune": "v.stride(0)"}[where]
     assert f"({stride0} * " in src  # the batch stride's alignment is part of the run-time guard
     if where == "flash_attn_fwd":
         assert "shape=[S, HEAD_DIM]" in src and "block_shape=[BLOCK_N, HEAD_DIM]" in src
+    if where == "flash_attn_fwd_autotune":  # the helper's K loop is the kernel's now; the helper itself is gone
+        assert "def _attn_fwd_inner" not in src and "K_desc.load([start_n, 0]).T" in src
     verdict = verify(p, src)
     assert verdict.correct, verdict.feedback()
     v = verify(p, _mutate(src, fast_load, broken))

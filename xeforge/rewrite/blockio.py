@@ -42,6 +42,7 @@ from xeforge.rewrite.tiling import (Access, BlockPtr, KernelAnalysis, LoopInfo, 
 from xeforge.rewrite.tiling.grid import (fresh_name, gemm_kernels, launch_bindings, pid_derived_names,
                                          single_launch)
 from xeforge.rewrite.cst_tools import expr, statements
+from xeforge.rewrite.jit_inline import inline_helpers
 from xeforge.rewrite.tiling.edit import FunctionEdit, LaunchEdit, edit_function, edit_launch, if_else
 
 FLAG = "USE_BLOCK_IO"
@@ -67,13 +68,14 @@ class DescSpec:
     dims: list[TileDim]  # in descriptor order: the contiguous dimension last
     transposed: bool  # descriptor order is the tile's order reversed
     offset: Poly | None = None  # where the tile's matrix starts in ``base`` (a batch's: ``bid * stride_ab``)
+    wide: frozenset[str] = frozenset()  # the offset's tensor-valued names (not constexprs): its products in int64
 
     def key(self) -> tuple:
         return (self.base, self.offset, self.transposed, tuple((d.shape, d.stride, d.block) for d in self.dims))
 
     def start(self) -> str:
-        """The pointer the descriptor is made at."""
-        return f"{self.base} + {self.offset.code()}" if self.offset is not None else self.base
+        """The pointer the descriptor is made at (its offset computed in 64 bits, as a batch's can need)."""
+        return f"{self.base} + {self.offset.code(self.wide)}" if self.offset is not None else self.base
 
 
 @dataclass
@@ -94,6 +96,7 @@ class BlockIOPlan:
     guards: list[str]  # host conditions for the fast path
     remove_lines: set[int] = field(default_factory=set)
     int32_coords: set[str] = field(default_factory=set)  # int64 program-id names: their coordinates are narrowed
+    inlined: list[str] = field(default_factory=list)  # the jit helpers inlined first (the K loop was in one)
 
     def describe(self) -> str:
         what = "tensor descriptors" if self.mode == DESCRIPTOR else "block pointers"
@@ -102,6 +105,9 @@ class BlockIOPlan:
         text = f"{self.kernel}: {ops} through {what}"
         if self.skipped:
             text += f"; left as pointers: {'; '.join(self.skipped)}"
+        if self.inlined:
+            text += f"; the jit helper{'s' if len(self.inlined) > 1 else ''} {', '.join(self.inlined)} inlined into " \
+                    f"{self.kernel} first (its K loop was there)"
         return text
 
 
@@ -203,9 +209,14 @@ def _offset_of(an: KernelAnalysis, acc: Access, loop_names: set[str]) -> Poly | 
     the K loop or is made of anything but the kernel's arguments and the values it fixes before the access (the
     descriptor is made once, before the loop)."""
     ptr = acc.ptr
-    if not isinstance(ptr, Ptr) or ptr.offs.scalar.is_zero:
+    if isinstance(ptr, BlockPtr):
+        if ptr.start is None or ptr.start.is_zero:
+            return None
+        off = ptr.start
+    elif not isinstance(ptr, Ptr) or ptr.offs.scalar.is_zero:
         return None
-    off = ptr.offs.scalar
+    else:
+        off = ptr.offs.scalar
     if off.symbols() & loop_names or off.symbols() - _defined_before(an, acc.stmt):
         raise NotApplicable(f"the base pointer {ptr.base} is offset by {off.code()}, which is not made of the "
                             "kernel's arguments and the values it fixes before the access")
@@ -303,7 +314,8 @@ def plan_block_io(model: KernelModel, kernel: str, mode: str = DESCRIPTOR, epilo
                     raise NotApplicable(f"stride {td.stride.code()} is not one argument")
             offset = _offset_of(an, acc, loop_names if acc.kind == "load" else set())
             _check_host_args(acc, ddims, bind, offset)
-            spec = DescSpec("", _base_of(acc), ddims, transposed, offset)
+            wide = frozenset(offset.symbols() - set(an.constexprs)) if offset is not None else frozenset()
+            spec = DescSpec("", _base_of(acc), ddims, transposed, offset, wide)
             if spec.key() not in descs:
                 stem = re.sub(r"_ptrs?$", "", spec.base) or spec.base
                 spec.name = fresh_name(taken, f"{stem}_desc" if mode == DESCRIPTOR else f"{stem}_bp")
@@ -513,15 +525,18 @@ def apply_block_io(source: str, plan: BlockIOPlan, allocator: bool) -> str:
     return edit_launch(source, LaunchEdit(plan.kernel, site.line, set_kwargs={FLAG: var}, before=before))
 
 
+def _dot_helpers(model: KernelModel, kernel: str) -> list[str]:
+    """The jit helpers ``kernel`` calls whose body calls ``tl.dot`` (the tutorial attention's K loop), when the
+    kernel's own body does not."""
+    fn = model.functions[kernel]
+    if any(is_tl_call(n, "dot") for n in ast.walk(fn.node)):
+        return []
+    called = {dotted_name(n.func) for n in ast.walk(fn.node) if isinstance(n, ast.Call)}
+    return sorted(c for c in called if c in model.functions and c != kernel
+                  and any(is_tl_call(n, "dot") for n in ast.walk(model.functions[c].node)))
+
+
 def _no_gemm_reason(model: KernelModel) -> str:
-    """Why no launched kernel is a GEMM to rewrite: none calls tl.dot, or one does only inside a jit helper."""
-    for site in live_launches(model):
-        called = {dotted_name(n.func) for n in ast.walk(model.functions[site.kernel].node) if isinstance(n, ast.Call)}
-        for name in sorted(c for c in called if c in model.functions):
-            helper = model.functions[name]
-            if any(is_tl_call(n, "dot") for n in ast.walk(helper.node)):
-                return (f"{site.kernel}'s tl.dot is in the jit helper {name} (line {helper.line}), which holds its K "
-                        "loop; the rewrite reads the tile loads in a kernel's own body")
     return "no launched kernel calls tl.dot (block_io rewrites the tile loops of GEMM-like kernels)"
 
 
@@ -536,13 +551,20 @@ def rewrite(source: str, mode: str = DESCRIPTOR, allocator: bool = True, kernel:
             epilogue_loads: bool = False) -> tuple[str, BlockIOPlan]:
     model = parse_kernel(source)
     errors = []
-    for name in ([kernel] if kernel else gemm_kernels(model)):
+    names = [kernel] if kernel else gemm_kernels(model) + [s.kernel for s in live_launches(model)
+                                                             if _dot_helpers(model, s.kernel)]
+    for name in dict.fromkeys(names):
+        helpers, src, m = _dot_helpers(model, name), source, model
         try:
-            plan = plan_block_io(model, name, mode, epilogue_loads)
+            if helpers:  # the K loop is in a jit helper: inlined, so the kernel's own body holds it
+                src = inline_helpers(source, name, lambda h: h.name.value in helpers)[0]
+                m = parse_kernel(src)
+            plan = plan_block_io(m, name, mode, epilogue_loads)
         except NotApplicable as exc:
             errors.append(f"{name}: {exc}")
             continue
-        return apply_block_io(source, plan, allocator), plan
+        plan.inlined = helpers
+        return apply_block_io(src, plan, allocator), plan
     if not errors:
         raise NotApplicable(_no_gemm_reason(model))
     raise NotApplicable("; ".join(errors))

@@ -55,7 +55,7 @@ class Callee:
 
 
 @dataclass
-class _Module:
+class CallSites:
     """The module-level definitions a call in ``forward`` can reach."""
 
     parsed: Parsed
@@ -66,7 +66,7 @@ class _Module:
     attrs: dict[str, dict[str, str]] = field(default_factory=dict)  # class -> {attribute: class of its value}
 
     @classmethod
-    def of(cls, source: str) -> "_Module":
+    def of(cls, source: str) -> "CallSites":
         m = cls(Parsed.of(source))
         for node in m.parsed.module.body:
             if isinstance(node, cst.FunctionDef):
@@ -201,7 +201,7 @@ def _simple(e: cst.BaseExpression) -> bool:
     return isinstance(e, (cst.Integer, cst.Float, cst.SimpleString))
 
 
-def _bound_names(fn_source: str) -> tuple[set[str], set[str]]:
+def bound_names(fn_source: str) -> tuple[set[str], set[str]]:
     """(names the function binds, names it reads) — nested functions and lambdas keep their own."""
     tree = parse_python(fn_source).body[0]
     bound, read = set(), set()
@@ -230,7 +230,7 @@ def _bound_names(fn_source: str) -> tuple[set[str], set[str]]:
 
 # ------------------------------------------------------------------------------------------------ one call
 @dataclass
-class _Inlined:
+class Inlined:
     stmts: list[cst.BaseStatement]
     ret: cst.BaseExpression | None
     locals: set[str]  # names the inlined statements bind (after renaming)
@@ -245,7 +245,7 @@ def _params(fn: cst.FunctionDef) -> list[cst.Param]:
     return [*p.posonly_params, *p.params, *p.kwonly_params]
 
 
-def _bind(callee: Callee, call: cst.Call, m: _Module) -> list[tuple[str, cst.BaseExpression]]:
+def _bind(callee: Callee, call: cst.Call, m: CallSites) -> list[tuple[str, cst.BaseExpression]]:
     """(parameter, argument) in the order of the parameters; defaults filled in."""
     params = _params(callee.fn)
     if callee.ctx_param or callee.self_expr is not None:
@@ -277,7 +277,11 @@ def _bind(callee: Callee, call: cst.Call, m: _Module) -> list[tuple[str, cst.Bas
     return out
 
 
-def _inline(callee: Callee, call: cst.Call, m: _Module, taken: set[str], fwd_bound: set[str]) -> _Inlined:
+def inline_body(callee: Callee, call: cst.Call, m: CallSites, taken: set[str], fwd_bound: set[str]) -> Inlined:
+    """The statements that stand for ``call`` of ``callee`` and the value it returns: parameters bound to the
+    arguments (plain names substituted, anything else evaluated once into a local), the callee's locals renamed away
+    from ``taken``; refused where the callee reads a module name the caller binds (``fwd_bound``). Shared by
+    :func:`into_forward` and :mod:`xeforge.rewrite.jit_inline`."""
     fn = callee.fn
     fname = fn.name.value
     body = list(fn.body.body) if isinstance(fn.body, cst.IndentedBlock) else []
@@ -313,7 +317,7 @@ def _inline(callee: Callee, call: cst.Call, m: _Module, taken: set[str], fwd_bou
 
     bindings = _bind(callee, call, m)
     fn_code = code(fn.with_changes(decorators=[]))
-    bound, read = _bound_names(fn_code)
+    bound, read = bound_names(fn_code)
     params = {p for p, _ in bindings}
     if callee.ctx_param:
         params.add(_params(fn)[0].name.value)
@@ -349,7 +353,7 @@ def _inline(callee: Callee, call: cst.Call, m: _Module, taken: set[str], fwd_bou
     note = f"inlined {callee.what} into forward: {shown}"
     if dropped:
         note += f" (its decorator {', '.join('@' + d for d in dropped)} is not applied in forward)"
-    return _Inlined(stmts, ret, locals_, note, bool(early))
+    return Inlined(stmts, ret, locals_, note, bool(early))
 
 
 #: the placeholder an early exit of an inlined callee calls: the callee as it was, then forward's rest
@@ -397,18 +401,18 @@ def _rest_of_forward(fwd: cst.FunctionDef, stmt: cst.BaseStatement, call: cst.Ca
         raise NotApplicable(f"it returns early, and its call is not a statement of forward's own body (a "
                             "statement under if/for/with): the early exit would need forward's rest there")
     value = fresh("value")
-    rest = [body[at].visit(_Swap(call, cst.Name(value))), *body[at + 1:]]
+    rest = [body[at].visit(SwapNode(call, cst.Name(value))), *body[at + 1:]]
     if len(rest) == 1 and isinstance(rest[0], cst.SimpleStatementLine) and \
             isinstance(rest[0].body[0], cst.Return) and isinstance(rest[0].body[0].value, cst.Name) and \
             rest[0].body[0].value.value == value:
         return [], None
     before = {p.name.value for p in _params(fwd)}
     if body[:at]:
-        before |= _bound_names(code(fwd.with_changes(body=fwd.body.with_changes(body=body[:at]),
+        before |= bound_names(code(fwd.with_changes(body=fwd.body.with_changes(body=body[:at]),
                                                      decorators=[])))[0]
     rest_code = "\n".join(code(st.with_changes(leading_lines=[]) if hasattr(st, "leading_lines") else st).rstrip("\n")
                           for st in rest)
-    reads = _bound_names("def _f():\n" + "\n".join("    " + ln for ln in rest_code.splitlines()))[1]
+    reads = bound_names("def _f():\n" + "\n".join("    " + ln for ln in rest_code.splitlines()))[1]
     passed = sorted((reads & before) - {value})
     name = fresh(f"_rest_after_{callee}")
     header = f"def {name}({', '.join([value, *passed])}):"
@@ -487,7 +491,7 @@ def _ctx_bookkeeping(stmt: cst.BaseStatement, ctx: str) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ forward
-class _Swap(cst.CSTTransformer):
+class SwapNode(cst.CSTTransformer):
     """Replace one node (by identity)."""
 
     def __init__(self, old: cst.CSTNode, new: cst.CSTNode) -> None:
@@ -498,7 +502,7 @@ class _Swap(cst.CSTTransformer):
         return self.new if original is self.old else updated
 
 
-def _launching_call(stmt: cst.BaseStatement, m: _Module) -> tuple[cst.Call, Callee] | None:
+def _launching_call(stmt: cst.BaseStatement, m: CallSites) -> tuple[cst.Call, Callee] | None:
     """The first call in ``stmt`` (a simple statement line) whose callee launches a kernel."""
     stack: list[tuple[cst.CSTNode, bool]] = [(c, False) for c in reversed(list(stmt.children))]
     while stack:
@@ -516,7 +520,7 @@ def _launching_call(stmt: cst.BaseStatement, m: _Module) -> tuple[cst.Call, Call
     return None
 
 
-def _replacement(stmt: cst.SimpleStatementLine, call: cst.Call, inl: _Inlined, fresh) -> list[cst.BaseStatement]:
+def _replacement(stmt: cst.SimpleStatementLine, call: cst.Call, inl: Inlined, fresh) -> list[cst.BaseStatement]:
     s = stmt.body[0] if len(stmt.body) == 1 else None
     stmts, ret = list(inl.stmts), inl.ret
     if isinstance(s, cst.Assign) and s.value is call and len(s.targets) == 1 \
@@ -540,22 +544,22 @@ def _replacement(stmt: cst.SimpleStatementLine, call: cst.Call, inl: _Inlined, f
         tmp = fresh(f"{dotted(call.func).rsplit('.', 1)[-1] if dotted(call.func) else 'call'}_out")
         stmts.append(cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(tmp))], ret)]))
         value = cst.Name(tmp)
-    return [*stmts, stmt.visit(_Swap(call, value))]
+    return [*stmts, stmt.visit(SwapNode(call, value))]
 
 
-def _forward(m: _Module) -> cst.FunctionDef | None:
+def _forward(m: CallSites) -> cst.FunctionDef | None:
     model = m.classes.get("Model")
     return m.method("Model", "forward") if model is not None else None
 
 
 def _inline_one(source: str) -> tuple[str, str, str | None] | None:
     """Inline the first launching call in forward: (new source, note, the inlined definition), or None."""
-    m = _Module.of(source)
+    m = CallSites.of(source)
     fwd = _forward(m)
     if fwd is None:
         return None
     fwd_code = code(fwd.with_changes(decorators=[]))
-    fwd_bound, fwd_read = _bound_names(fwd_code)
+    fwd_bound, fwd_read = bound_names(fwd_code)
     taken = fwd_bound | fwd_read | {p.name.value for p in _params(fwd)} | set(m.functions) | set(m.classes) | m.jit
     found: list = []
 
@@ -596,7 +600,7 @@ def _inline_one(source: str) -> tuple[str, str, str | None] | None:
         return None
     stmt, call, callee = found[0]
     try:
-        inl = _inline(callee, call, m, taken, fwd_bound)
+        inl = inline_body(callee, call, m, taken, fwd_bound)
     except NotApplicable as exc:
         raise NotApplicable(f"{callee.what.split(' (')[0]} (line {m.line(call)}) cannot be inlined into forward: "
                             f"{exc}") from None
@@ -622,13 +626,13 @@ def _inline_one(source: str) -> tuple[str, str, str | None] | None:
     new = [*rest_def, *_replacement(stmt, call, inl, fresh)]
     comment = cst.EmptyLine(comment=cst.Comment(f"# {code(call.func)}(...), inlined (xeforge, fusion)"))
     new[0] = new[0].with_changes(leading_lines=[*stmt.leading_lines, comment, *new[0].leading_lines])
-    swapped = m.parsed.module.visit(_Blocks(stmt, new))
+    swapped = m.parsed.module.visit(ReplaceStatement(stmt, new))
     if inl.guarded and copies:
         swapped = swapped.visit(_KernelCopies(copies))
     return swapped.code, inl.note, None if inl.guarded else callee.defined
 
 
-class _Blocks(cst.CSTTransformer):
+class ReplaceStatement(cst.CSTTransformer):
     """Replace one statement of a block by several."""
 
     def __init__(self, old: cst.BaseStatement, new: list[cst.BaseStatement]) -> None:
@@ -655,7 +659,7 @@ def _unreferenced(source: str, names: set[str]) -> str:
     for _ in range(16):
         module = cst.parse_module(source)
         defs = {n.name.value: n for n in module.body if isinstance(n, (cst.FunctionDef, cst.ClassDef))}
-        kernels = _Module.of(source).jit
+        kernels = CallSites.of(source).jit
         drop: set[str] = set()
         for name in names & set(defs):
             users = [n for n in module.body if n is not defs[name] and name in names_in(n)]

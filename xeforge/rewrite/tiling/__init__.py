@@ -21,7 +21,7 @@ they share, :mod:`xeforge.rewrite.tiling.configs` the launch configurations (KB 
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from xeforge.kernel_model import JitFunction, dotted_name, is_literal, literal
@@ -138,12 +138,17 @@ class Poly:
             total += v
         return total
 
-    def code(self) -> str:
+    def code(self, int64: frozenset[str] = frozenset()) -> str:
+        """As source; each term's first factor among ``int64`` (tensor-valued names) cast with ``.to(tl.int64)``, so
+        the product is 64-bit (a batch's start, ``off_z * stride_qz``, can pass 2**31 elements)."""
         if not self.terms:
             return "0"
         parts: list[str] = []
         for i, (m, c) in enumerate(sorted(self.terms, key=lambda t: (-len(t[0]), t[0]))):
             factors = [s for s in m]
+            wide = next((j for j, s in enumerate(factors) if s in int64), None)
+            if wide is not None:
+                factors[wide] = f"{factors[wide]}.to(tl.int64)"
             mag = abs(c)
             if mag != 1 or not factors:
                 factors = [str(mag)] + factors
@@ -250,6 +255,7 @@ class BlockPtr:
     strides: tuple[Poly, ...]
     offsets: tuple[Poly, ...]
     block: tuple[Poly, ...]
+    start: Poly | None = None  # where the matrix starts in ``base`` (``Q + off_z * stride_qz``: a batch's), if not 0
 
 
 @dataclass
@@ -686,8 +692,7 @@ class KernelAnalysis:
             if isinstance(bp, BlockPtr) and isinstance(node.args[1], (ast.Tuple, ast.List)):
                 ds = [self._eval(e) for e in node.args[1].elts]
                 if all(isinstance(d, Poly) for d in ds) and len(ds) == len(bp.offsets):
-                    return BlockPtr(bp.base, bp.shape, bp.strides, tuple(o + d for o, d in zip(bp.offsets, ds)),
-                                    bp.block)
+                    return replace(bp, offsets=tuple(o + d for o, d in zip(bp.offsets, ds)))
             return UNKNOWN
         # x.to(tl.int64) keeps the value
         if isinstance(node.func, ast.Attribute) and node.func.attr == "to":
@@ -721,9 +726,15 @@ class KernelAnalysis:
     def _block_ptr(self, node: ast.Call) -> Any:
         names = ["base", "shape", "strides", "offsets", "block_shape", "order"]
         got = {n: _kw(node, n, i) for i, n in enumerate(names)}
-        base = got["base"]
+        base, start = got["base"], None
         if not isinstance(base, ast.Name) or base.id not in self.params:
-            return UNKNOWN
+            # a matrix inside the tensor: ``base=q_base`` made as ``Q + off_z * stride_qz + off_h * stride_qh``
+            at = self._eval(base) if base is not None else UNKNOWN
+            params = [m[0] for m, c in at.terms if len(m) == 1 and c == 1 and m[0] in self.params
+                      and m[0] not in self.constexprs] if isinstance(at, Poly) else []
+            if len(params) != 1:
+                return UNKNOWN
+            base, start = ast.Name(params[0]), at - Poly.sym(params[0])
         parts = []
         for key in ("shape", "strides", "offsets", "block_shape"):
             seq = got[key]
@@ -735,7 +746,7 @@ class KernelAnalysis:
             parts.append(tuple(vals))
         if len({len(p) for p in parts}) != 1:
             return UNKNOWN
-        return BlockPtr(base.id, *parts)
+        return BlockPtr(base.id, *parts, start=start)
 
     def _record(self, kind: str, node: ast.Call) -> Any:
         """Record the access ``node`` makes; the value its pointer argument evaluated to."""
@@ -783,7 +794,7 @@ def _advance_in_loop(value: Any, delta: Any, loop: LoopInfo) -> Any:
             if step is None:
                 return UNKNOWN
             offs.append(o + step)
-        return BlockPtr(value.base, value.shape, value.strides, tuple(offs), value.block)
+        return replace(value, offsets=tuple(offs))
     if isinstance(value, Ptr) and isinstance(delta, Poly):
         for t in value.offs.terms:
             if t.stride.is_zero:
