@@ -536,14 +536,14 @@ def _dot_helpers(model: KernelModel, kernel: str) -> list[str]:
                   and any(is_tl_call(n, "dot") for n in ast.walk(model.functions[c].node)))
 
 
-def _no_gemm_reason(model: KernelModel) -> str:
-    return "no launched kernel calls tl.dot (block_io rewrites the tile loops of GEMM-like kernels)"
+NO_GEMM = "no launched kernel calls tl.dot, itself or in a jit helper (block_io rewrites the tile loops of GEMM-like " \
+          "kernels)"
 
 
 def choose_kernel(model: KernelModel) -> str:
     kernels = gemm_kernels(model)
     if not kernels:
-        raise NotApplicable(_no_gemm_reason(model))
+        raise NotApplicable(NO_GEMM)
     return kernels[0]
 
 
@@ -566,7 +566,7 @@ def rewrite(source: str, mode: str = DESCRIPTOR, allocator: bool = True, kernel:
         plan.inlined = helpers
         return apply_block_io(src, plan, allocator), plan
     if not errors:
-        raise NotApplicable(_no_gemm_reason(model))
+        raise NotApplicable(NO_GEMM)
     raise NotApplicable("; ".join(errors))
 
 
