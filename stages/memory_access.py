@@ -8,12 +8,15 @@ Owns: this stage's goal, its detectors and its tactic (analysis and codemod in :
 - ``int32-overflow``: an access whose largest element offset reaches 2**31 at one of the spec's variants
   (forward evaluated statically with the variant's dims).
 - tactic ``int64-offsets``: casts the program ids of the affected kernels to int64.
+- tactic ``divisibility-hints``: where a stride or a mask bound is a multiple of 16 at some timed shapes and not
+  at others (a hidden size of 3000), the launch passes the largest power of two up to 16 that divides it and the
+  kernel hints it (:mod:`xeforge.rewrite.align_hints`); Triton itself specializes on 16 only.
 """
 
 from __future__ import annotations
 
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic, guarded
-from xeforge.rewrite import memory
+from xeforge.rewrite import align_hints, memory
 from xeforge.rewrite.tiling import NotApplicable
 
 
@@ -65,6 +68,34 @@ class Int64Offsets(Tactic):
         return [Candidate(src, self.name, desc, params={"kernels": done})]
 
 
+class DivisibilityHints(Tactic):
+    name = "divisibility-hints"
+    summary = ("tell the compiler the power of two that divides a stride or a mask bound Triton's 16-only "
+               "specialization misses at some timed shapes (a hidden size of 3000), passed per call")
+
+    def _plans(self, ctx: StageContext) -> list[align_hints.HintPlan]:
+        return align_hints.plan(ctx.source, align_hints.findings(ctx.problem, ctx.source))
+
+    def check(self, ctx: StageContext) -> Applicability:
+        try:
+            plans = self._plans(ctx)
+        except NotApplicable as exc:
+            return Applicability(False, str(exc))
+        return Applicability(True, "; ".join(p.describe() for p in plans))
+
+    def propose(self, ctx: StageContext) -> list[Candidate]:
+        try:
+            plans = self._plans(ctx)
+        except NotApplicable:
+            return []
+        src = ctx.source
+        for p in plans:
+            src = align_hints.apply(src, p)
+        # every timed shape: the hints change the code only where a value is not a multiple of 16
+        return [Candidate(src, self.name, "; ".join(p.describe() for p in plans),
+                          params={"kernels": [p.kernel for p in plans]}, time_all_shapes=True)]
+
+
 @guarded("memory_access")
 def _detect_uncoalesced(ctx: StageContext) -> list[Issue]:
     return [Issue("memory_access", "uncoalesced", u.message(), u.line) for u in memory.uncoalesced(ctx.model)]
@@ -80,6 +111,6 @@ STAGE = Stage(
     order=4,
     goal='coalesced access, contiguous last dimension, int64 offsets where sizes need them',
     kb_topics=('memory', 'coalescing', 'int64'),
-    tactics=[Int64Offsets()],
+    tactics=[Int64Offsets(), DivisibilityHints()],
     detectors=[_detect_uncoalesced, _detect_overflow],
 )

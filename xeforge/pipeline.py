@@ -29,7 +29,6 @@ from typing import Any, Callable
 import stages as stage_registry
 from stages.base import Candidate, Stage, StageContext, TacticRecord, TrialOutcome, propose_safely
 from xeforge import devices
-from xeforge.analysis.alignment import BOUND_ROLE, STRIDE_ROLE, alignment_by_shape
 from xeforge.analysis.alignment import describe as describe_alignment
 from xeforge.analysis.observe import traces
 from xeforge.analysis.trace import Trace
@@ -39,12 +38,11 @@ from xeforge.diagnosis.rules import describe as describe_diagnosis
 from xeforge.engines import llm_prompt, make_engine
 from xeforge.errors import EngineError, RunError, UsageError
 from xeforge.kb import TritonInfo, installed_triton, load_kb
-from xeforge.kernel_model import parse_kernel
 from xeforge.outcome import EXIT_CODES, outcome, why_nothing_adopted
 from xeforge.isolation import facts_worker
 from xeforge.problem import Problem, source_hash
 from xeforge.report import write_reports
-from xeforge.rewrite.tiling import KernelAnalysis, Mask, Ptr
+from xeforge.rewrite import align_hints
 from xeforge.settings import Settings
 from xeforge.static_checks import Finding
 from xeforge.store import RunStore, atomic_write, make_run_folder, read_json, write_json
@@ -728,30 +726,8 @@ def _stage_dict(r: StageRecord) -> dict[str, Any]:
 
 def alignment_findings(problem, source: str | None = None) -> list[dict[str, Any]]:
     """The integer arguments of ``source`` (default: the start) that lose Triton's divisibility-by-16 hint at some
-    timed shapes (:mod:`xeforge.analysis.alignment`), each with its role in the kernel where the analysis of its
-    accesses tells (a stride of a tensor, a bound of a mask)."""
-    source = problem.kernel_source if source is None else source
-    names = sorted(n for n in problem.spec.variants if n.startswith("bench-"))
-    if len(names) < 2:
-        return []
-    primary = problem.timing_variant("cuda").name
-    shapes = [primary, *(n for n in names if n != primary)]
-    roles: dict[tuple[str, str], str] = {}
-    try:
-        model = parse_kernel(source)
-        for name, fn in model.functions.items():
-            for acc in KernelAnalysis(fn, model.functions).accesses:
-                if isinstance(acc.ptr, Ptr):
-                    for t in acc.ptr.offs.terms:
-                        if (sym := t.stride.single_symbol()) is not None:
-                            roles.setdefault((name, sym), f"{STRIDE_ROLE}{acc.ptr.base}")
-                if isinstance(acc.mask, Mask):
-                    for b in acc.mask.bounds:
-                        if (sym := b.limit.single_symbol()) is not None:
-                            roles.setdefault((name, sym), BOUND_ROLE)
-    except Exception:  # noqa: BLE001 — code the analysis does not read: the findings come without roles
-        pass
-    return alignment_by_shape(traces(problem, source), shapes, roles)
+    timed shapes, each with its role in the kernel (:func:`xeforge.rewrite.align_hints.findings`)."""
+    return align_hints.findings(problem, source)
 
 
 def trace_summary(problem) -> dict[str, list[str]]:

@@ -1,0 +1,106 @@
+"""Divisibility hints (issue 34, alignment at odd shapes; xeforge/rewrite/align_hints.py and the memory_access
+stage's ``divisibility-hints`` tactic): which arguments get one, that the hinted kernel is correct at every shape,
+and that the compiler uses it (compiled for sm_90 on the host, no GPU needed)."""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import os
+import re
+
+import pytest
+
+from stages.memory_access import STAGE
+from tests.conftest import ROOT, tactic_context
+from xeforge.problem import load_problem
+from xeforge.rewrite import NotApplicable, align_hints
+
+GEMM_SQUARE = ROOT / "kernels" / "gemm_square"
+TACTIC = next(t for t in STAGE.tactics if t.name == "divisibility-hints")
+
+
+def _hinted(p):
+    plans = align_hints.plan(p.kernel_source, align_hints.findings(p))
+    assert len(plans) == 1
+    return plans[0], align_hints.apply(p.kernel_source, plans[0])
+
+
+def test_the_arguments_that_lose_the_hint_at_the_odd_shape_get_one_passed_per_call():
+    p = load_problem(GEMM_SQUARE)
+    plan, src = _hinted(p)
+    # bench-gpu-2 is 3000 x 4096 x 3000: N and M bound masks, stride_bk and stride_cm stride b and c
+    assert plan.args == {"M": "M", "N": "N", "stride_bk": "b.stride(0)", "stride_cm": "c.stride(0)"}
+    assert "stride_bk=3000 at bench-gpu-2" in plan.describe()
+    assert "if HINT_stride_bk > 1:\n        stride_bk = (stride_bk // HINT_stride_bk) * HINT_stride_bk" in src
+    assert "HINT_stride_bk=_xeforge_pow2(b.stride(0))" in src and "HINT_stride_bk: tl.constexpr" in src
+    ns: dict = {}
+    exec(align_hints.HELPER_CODE, ns)  # the helper as the candidate defines it
+    assert [ns[align_hints.HELPER](v) for v in (3000, 4096, 17, 1, 0, 24)] == [8, 16, 1, 1, 1, 8]
+    app = TACTIC.check(tactic_context(p))
+    assert app.applies and "divisibility hints for M, N, stride_bk, stride_cm" in app.reason
+
+
+def test_the_hinted_kernel_is_correct_at_every_shape(verify):
+    """The hint is computed from each call's values, so it holds at the ragged shapes too (M = 17: 1, no hint)."""
+    p = load_problem(GEMM_SQUARE)
+    verdict = verify(p, _hinted(p)[1])
+    assert verdict.correct, verdict.feedback()
+
+
+def test_nothing_to_hint_is_said_with_the_reason(tmp_path):
+    with pytest.raises(NotApplicable, match="Triton's own divisibility hint covers them"):
+        align_hints.plan("", [])
+    odd = {"shape": "bench-gpu-2", "kernel": "matmul_kernel", "arg": "N", "value": 32003,
+           "role": "a bound of its masks", "aligned_at": {"bench-gpu": 4096}}
+    with pytest.raises(NotApplicable, match="N = 32003 at bench-gpu-2 is odd"):
+        align_hints.plan(GEMM_SQUARE.joinpath("kernel.py").read_text(), [odd])
+    app = TACTIC.check(tactic_context(load_problem(ROOT / "kernels" / "vector_add")))  # every size a multiple of 16
+    assert not app.applies and "Triton's own divisibility hint covers them" in app.reason
+
+
+def test_the_compiler_vectorizes_the_odd_shape_once_hinted(tmp_path):
+    """sm_90 code for gemm_square's kernel at 3000 x 4096 x 3000 bf16: without hints the B tile is loaded with scalar
+    ``ld.global.b16`` and C stored with scalar ``st.global.b16``; with the hints (8 for each of M, N, stride_bk,
+    stride_cm) both are as at an aligned shape: 16-byte ``cp.async`` and ``st.global.v4``."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("TRITON_INTERPRET=1 makes @triton.jit build interpreter functions; compiling needs JIT ones")
+    import triton
+
+    try:
+        from triton.backends import backends
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+    except ImportError as exc:
+        pytest.skip(f"this Triton cannot compile ahead of time: {exc}")
+    if "nvidia" not in backends:
+        pytest.skip("the installed Triton has no NVIDIA backend to compile for sm_90")
+    p = load_problem(GEMM_SQUARE)
+    _, hinted = _hinted(p)
+
+    def kernel(src: str, tag: str):
+        path = tmp_path / f"k_{tag}.py"
+        path.write_text(src)
+        spec = importlib.util.spec_from_file_location(f"xeforge_hint_{tag}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.matmul_kernel
+
+    def ops(fn, extra: dict, aligned: tuple[str, ...]) -> collections.Counter:
+        # Triton's own specialization at that shape: the unit strides are constants, what is a multiple of 16 says so
+        consts = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_SIZE_M": 8, "stride_ak": 1, "stride_bn": 1,
+                  "stride_cn": 1, **extra}
+        sig = {a: "constexpr" if a in consts else ("*bf16" if a.endswith("_ptr") else "i32") for a in fn.arg_names}
+        attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3})
+        return collections.Counter(re.findall(r"\b((?:ld|st)\.global[.\w]*|cp\.async\.cg[.\w]*)", k.asm["ptx"]))
+
+    odd = ("a_ptr", "b_ptr", "c_ptr", "K", "stride_am")
+    square = ops(kernel(p.kernel_source, "o"), {}, odd + ("M", "N", "stride_bk", "stride_cm"))
+    before = ops(kernel(p.kernel_source, "b"), {}, odd)
+    after = ops(kernel(hinted, "h"), {f"HINT_{a}": 8 for a in ("M", "N", "stride_bk", "stride_cm")}, odd)
+    assert before["ld.global.b16"] > 0 and before["st.global.b16"] > 0, before
+    assert after["ld.global.b16"] == 0 and after["st.global.b16"] == 0, after
+    assert after["cp.async.cg.shared.global"] == square["cp.async.cg.shared.global"] > 0
+    assert after["st.global.v4.b32"] == square["st.global.v4.b32"] > 0
