@@ -33,8 +33,9 @@ CANONICAL = {
 }
 #: the launch search and autotuning: one of them must apply to every kernel on every target
 TUNING = {"launch-params", "autotune-from-space"}
-#: tactics that are not about the kernel's structure (timing-only choices)
-NOT_STRUCTURAL = TUNING | {"per-shape-config"}
+#: tactics that are not about the kernel's structure: timing-only choices, and hints that follow from the spec's
+#: timed shapes (an odd one), which the corpus entry and its canonical form do not share
+NOT_STRUCTURAL = TUNING | {"per-shape-config", "divisibility-hints"}
 
 #: where the corpus form still blocks a tactic its canonical form gets: (entry, tactic) -> what the reason must
 #: name (the construct and what stops it). Each is a gap of the tool, listed in the issue's closing note.
