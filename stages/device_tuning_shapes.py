@@ -511,7 +511,7 @@ class PerShapeConfig(Tactic):
         winners = sorted(best.values(), key=lambda w: order.index(w[1].cls.test) if w[1].cls.test in order
                          else len(order))
         copies = [w for w in winners if w[1].kind != "config"]
-        if copies and len(winners) == 1 and rest is not None:
+        if copies and len(winners) == 1 and rest is not None and rest[1].cls.test == copies[0][1].cls.test:
             _, won, cand = copies[0]
             try:  # the copy's candidate as verified; its else branch, the only launch of the kernel, retiled
                 src = apply_config(cand.source, kernel, rest[1].config)
@@ -522,6 +522,11 @@ class PerShapeConfig(Tactic):
             winners = [w for w in winners if w[1].kind == "config"]
             if len(winners) + (rest is not None) < 2:
                 return []
+            if rest is not None and rest[1].cls.test not in best:
+                # the other shapes' winner kept the incumbent's launch for its class: so does the combination
+                keep = (0.0, replace(rest[1], kind="config", config=current_config(ctx.model, plan.site)), None)
+                winners = sorted([*winners, keep], key=lambda w: order.index(w[1].cls.test)
+                                 if w[1].cls.test in order else len(order))
             shapes = ctx.problem.correctness_variants(ctx.device.kind, getattr(ctx.settings, "ragged_shapes", True))
             if chain_coverage([w[1].cls for w in winners], shapes) is not None:
                 return []

@@ -237,6 +237,26 @@ def test_two_classes_and_their_winners_combined(tmp_path):
     assert ast.unparse(top.test) == "M <= 128" and ast.unparse(top.orelse[0].test) == "N <= 1024"
     assert len(launches(combined.source, "fc_relu")) == 3
 
+    # the other shapes' winner kept the incumbent's launch for M <= 128: combined with N <= 1024's winner, the
+    # M <= 128 branch keeps it too (the other shapes' tile would be untried there)
+    from stages.device_tuning_shapes import Proposal
+    from xeforge.problem import source_hash
+
+    plan = tactic.plan(ctx)
+    m_cls = next(c for c in plan.classes if c.test == "M <= 128")
+    other_cfg = {**tactic.configs(ctx, plan.site, m_cls)[0]}
+    fake = Candidate(ctx.source + "\n# the other shapes' winner\n", tactic.name, "else winner")
+    tactic._proposed[source_hash(fake.source)] = Proposal(m_cls, "else", other_cfg)
+    (kept,) = tactic.follow_up(ctx, [outcome(by_class["N <= 1024"][-1], 1.1), outcome(fake, 1.2)])
+    top = next(n for n in ast.walk(parse_kernel(kept.source).tree) if isinstance(n, ast.If))
+    assert ast.unparse(top.test) == "M <= 128" and len(launches(kept.source, "fc_relu")) == 3
+    from xeforge.rewrite.tiling.configs import current_config
+
+    current = current_config(ctx.model, plan.site)  # what the other shapes' winner kept for the class, as it did
+    branch = ast.unparse(top.body[0])
+    assert all(f"{k}={current[k]}" in branch for k in ("BN", "BK")), (branch, current)  # BM: its host name
+    assert "(the search's, for the other shapes)" in kept.description
+
     # the rules engine asks for it once the tactic's own candidates are judged, before the stage chooses
     from xeforge.engines import RulesEngine
 
