@@ -145,3 +145,32 @@ def run_rules_stage(ctx, candidates, compiles, failure: str | None = None):
 #: the H200's figure for a 128x256x64 tile with an fp32 C tile staged at 3 stages: 147456 B of stages + 131072 B
 SMEM_OVER_TEXT = ("variant ci@bfloat16: raised: OutOfResources: out of resource: shared memory, Required: 278552, "
                   "Hardware limit: 232448. Reducing block sizes or `num_stages` may help.")
+
+
+def sm90_compiler():
+    """(GPUTarget, ASTSource) to compile a kernel for sm_90 on this host (no GPU: ptxas ships with Triton's wheel),
+    or the test is skipped with the reason. Load the kernel's file with :func:`load_kernel_module`."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("TRITON_INTERPRET=1 makes @triton.jit build interpreter functions; compiling needs JIT ones")
+    try:
+        from triton.backends import backends
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+    except ImportError as exc:
+        pytest.skip(f"this Triton cannot compile ahead of time: {exc}")
+    if "nvidia" not in backends:
+        pytest.skip("the installed Triton has no NVIDIA backend to compile for sm_90")
+    return GPUTarget, ASTSource
+
+
+def load_kernel_module(path, source: str, name: str):
+    """``source`` written to ``path`` and imported as module ``name`` (its @triton.jit functions are JIT ones)."""
+    import importlib.util
+
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

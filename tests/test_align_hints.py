@@ -5,14 +5,12 @@ and that the compiler uses it (compiled for sm_90 on the host, no GPU needed).""
 from __future__ import annotations
 
 import collections
-import importlib.util
-import os
 import re
 
 import pytest
 
 from stages.memory_access import STAGE
-from tests.conftest import ROOT, tactic_context
+from tests.conftest import ROOT, load_kernel_module, sm90_compiler, tactic_context
 from xeforge.problem import load_problem
 from xeforge.rewrite import NotApplicable, align_hints
 
@@ -63,28 +61,14 @@ def test_the_compiler_vectorizes_the_odd_shape_once_hinted(tmp_path):
     """sm_90 code for gemm_square's kernel at 3000 x 4096 x 3000 bf16: without hints the B tile is loaded with scalar
     ``ld.global.b16`` and C stored with scalar ``st.global.b16``; with the hints (8 for each of M, N, stride_bk,
     stride_cm) both are as at an aligned shape: 16-byte ``cp.async`` and ``st.global.v4``."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        pytest.skip("TRITON_INTERPRET=1 makes @triton.jit build interpreter functions; compiling needs JIT ones")
     import triton
 
-    try:
-        from triton.backends import backends
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-    except ImportError as exc:
-        pytest.skip(f"this Triton cannot compile ahead of time: {exc}")
-    if "nvidia" not in backends:
-        pytest.skip("the installed Triton has no NVIDIA backend to compile for sm_90")
+    GPUTarget, ASTSource = sm90_compiler()
     p = load_problem(GEMM_SQUARE)
     _, hinted = _hinted(p)
 
     def kernel(src: str, tag: str):
-        path = tmp_path / f"k_{tag}.py"
-        path.write_text(src)
-        spec = importlib.util.spec_from_file_location(f"xeforge_hint_{tag}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module.matmul_kernel
+        return load_kernel_module(tmp_path / f"k_{tag}.py", src, f"xeforge_hint_{tag}").matmul_kernel
 
     def ops(fn, extra: dict, aligned: tuple[str, ...]) -> collections.Counter:
         # Triton's own specialization at that shape: the unit strides are constants, what is a multiple of 16 says so

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from stages import block_io
-from tests.conftest import tactic_context, FIXTURES, ROOT
+from tests.conftest import FIXTURES, ROOT, load_kernel_module, sm90_compiler, tactic_context
 from xeforge.kernel_model import parse_kernel
 from xeforge.problem import load_problem
 from xeforge.rewrite import blockio
@@ -241,21 +241,9 @@ def test_rewritten_gemm_compiles_to_tma_and_wgmma_for_hopper(tmp_path):
     """No GPU needed: Triton compiles for sm_90 on the host (ptxas ships with the wheel). The chain
     block_io -> persistent -> swizzle must lower its descriptors to TMA copies feeding wgmma, and needs the
     global scratch that ``triton.set_allocator`` provides; the fallback path compiles without TMA."""
-    import importlib.util
-    import os
-
     import triton
 
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        pytest.skip("TRITON_INTERPRET=1 makes @triton.jit build interpreter functions; compiling needs JIT ones")
-    try:
-        from triton.backends import backends
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-    except ImportError as exc:
-        pytest.skip(f"this Triton cannot compile ahead of time: {exc}")
-    if "nvidia" not in backends:
-        pytest.skip("the installed Triton has no NVIDIA backend to compile for sm_90")
+    GPUTarget, ASTSource = sm90_compiler()
     from xeforge.rewrite import persistent
     from xeforge.rewrite.device_tuning import swizzle
 
@@ -263,12 +251,7 @@ def test_rewritten_gemm_compiles_to_tma_and_wgmma_for_hopper(tmp_path):
     src, _ = blockio.rewrite(p.kernel_source)
     src, _ = persistent.rewrite(src)
     src, _ = swizzle.rewrite(src)
-    path = tmp_path / "kernel_sm90.py"
-    path.write_text(src)
-    spec = importlib.util.spec_from_file_location("xeforge_test_sm90", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    fn = module.matmul_kernel
+    fn = load_kernel_module(tmp_path / "kernel_sm90.py", src, "xeforge_test_sm90").matmul_kernel
     assert isinstance(fn, triton.runtime.jit.JITFunction)
 
     def build(use_block_io: bool):

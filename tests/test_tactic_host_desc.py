@@ -17,7 +17,7 @@ import pytest
 
 import stages
 from stages.device_tuning_host_desc import HostDescriptors
-from tests.conftest import FIXTURES, tactic_context
+from tests.conftest import FIXTURES, load_kernel_module, sm90_compiler, tactic_context
 from xeforge.kernel_model import parse_kernel
 from xeforge.problem import load_problem
 from xeforge.rewrite import NotApplicable, blockio, persistent
@@ -158,29 +158,12 @@ def test_the_ci_shapes_run_the_host_descriptors(verify):
 def test_host_descriptors_compile_to_tma_without_scratch_for_hopper(tmp_path):
     """No GPU needed (as the block_io test does it): the host-side form compiles for sm_90 to TMA copies feeding
     wgmma with no global scratch (the device-side form needs triton.set_allocator's)."""
-    import importlib.util
-    import os
-
     import triton
 
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        pytest.skip("TRITON_INTERPRET=1 makes @triton.jit build interpreter functions; compiling needs JIT ones")
-    try:
-        from triton.backends import backends
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-    except ImportError as exc:
-        pytest.skip(f"this Triton cannot compile ahead of time: {exc}")
-    if "nvidia" not in backends:
-        pytest.skip("the installed Triton has no NVIDIA backend to compile for sm_90")
+    GPUTarget, ASTSource = sm90_compiler()
     _, src = described("linear_gelu_residual", "direct", tile_loop=True)
     new, plan = host_desc.rewrite(src)
-    path = tmp_path / "host_desc_sm90.py"
-    path.write_text(new)
-    spec = importlib.util.spec_from_file_location("xeforge_test_host_desc_sm90", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    fn = module.linear_bias_kernel
+    fn = load_kernel_module(tmp_path / "host_desc_sm90.py", new, "xeforge_test_host_desc_sm90").linear_bias_kernel
     consts = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, blockio.FLAG: True}
     blocks = {"x_desc": "128,64", "w_desc": "256,64", "out_desc": "128,128"}
     assert set(blocks) == {d.name for d in plan.descs}
