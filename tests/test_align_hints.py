@@ -88,3 +88,17 @@ def test_the_compiler_vectorizes_the_odd_shape_once_hinted(tmp_path):
     assert after["ld.global.b16"] == 0 and after["st.global.b16"] == 0, after
     assert after["cp.async.cg.shared.global"] == square["cp.async.cg.shared.global"] > 0
     assert after["st.global.v4.b32"] == square["st.global.v4.b32"] > 0
+
+
+def test_the_later_stages_read_through_the_hints():
+    """``x = (x // H) * H`` is the value itself: block I/O, the persistent tile loop and autotuning still read the
+    hinted kernel's strides and bounds as its arguments."""
+    from stages.autotuning import STAGE as AUTOTUNING
+    from xeforge.rewrite import blockio, persistent
+
+    p = load_problem(GEMM_SQUARE)
+    _, src = _hinted(p)
+    assert "USE_BLOCK_IO" in blockio.rewrite(src)[0]
+    assert "_device_core_count(" in persistent.rewrite(src)[0]
+    app = AUTOTUNING.tactics[0].check(tactic_context(p, src, kind="cuda", target="h200", cores=132))
+    assert app.applies, app.reason

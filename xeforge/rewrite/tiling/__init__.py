@@ -298,8 +298,32 @@ class Access:
         return self.call.lineno
 
 
+def is_value_hint(st: ast.AST) -> bool:
+    """``if H > 1: x = (x // H) * H`` (and more such lines for other names): a divisibility hint the memory_access
+    stage writes (:mod:`xeforge.rewrite.align_hints`), the value itself at every call. The analyses read through it."""
+    if not (isinstance(st, ast.If) and not st.orelse and isinstance(st.test, ast.Compare)
+            and isinstance(st.test.left, ast.Name) and len(st.test.ops) == 1 and isinstance(st.test.ops[0], ast.Gt)
+            and literal(st.test.comparators[0]) == 1):
+        return False
+    h = st.test.left.id
+    return all(isinstance(a, ast.Assign) and len(a.targets) == 1 and isinstance(a.targets[0], ast.Name)
+               and ast.unparse(a.value) == f"{a.targets[0].id} // {h} * {h}" for a in st.body)
+
+
+def _walk_unhinted(node: ast.AST):
+    """``ast.walk`` that does not enter a divisibility hint (:func:`is_value_hint`)."""
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if is_value_hint(n):
+            continue
+        yield n
+        todo.extend(ast.iter_child_nodes(n))
+
+
 def _assign_counts(root: ast.AST | list[ast.stmt]) -> dict[str, int]:
-    """How many times each name is assigned (targets of =, +=, for, with, :=) under ``root``."""
+    """How many times each name is assigned (targets of =, +=, for, with, :=) under ``root`` (a divisibility hint's
+    ``x = (x // H) * H`` is the value itself: not counted)."""
     counts: dict[str, int] = {}
 
     def bump(target: ast.AST) -> None:
@@ -312,7 +336,7 @@ def _assign_counts(root: ast.AST | list[ast.stmt]) -> dict[str, int]:
             bump(target.value)
 
     roots = root if isinstance(root, list) else [root]
-    for node in (n for r in roots for n in ast.walk(r)):
+    for node in (n for r in roots for n in _walk_unhinted(r)):
         if isinstance(node, ast.Assign):
             for t in node.targets:
                 bump(t)
@@ -440,6 +464,8 @@ class KernelAnalysis:
         self.env[name] = value
 
     def _stmt(self, st: ast.stmt) -> None:
+        if is_value_hint(st):
+            return  # x = (x // H) * H: the value x had
         if isinstance(st, ast.Assign) and isinstance(st.value, ast.Call) and isinstance(st.value.func, ast.Name) \
                 and st.value.func.id in self.helpers:
             # each name a scalar the helper computed from scalars: a symbol of its own (else unknown)
