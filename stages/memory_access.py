@@ -18,6 +18,7 @@ from __future__ import annotations
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic, guarded
 from xeforge.rewrite import align_hints, memory
 from xeforge.rewrite.tiling import NotApplicable
+from xeforge.rewrite.tiling.tactics import RewriteMemo
 
 
 def _overflows(ctx: StageContext) -> list[memory.Overflow]:
@@ -73,24 +74,29 @@ class DivisibilityHints(Tactic):
     summary = ("tell the compiler the power of two that divides a stride or a mask bound Triton's 16-only "
                "specialization misses at some timed shapes (a hidden size of 3000), passed per call")
 
-    def _plans(self, ctx: StageContext) -> list[align_hints.HintPlan]:
-        return align_hints.plan(ctx.source, align_hints.findings(ctx.problem, ctx.source))
+    def __init__(self) -> None:
+        self._memo = RewriteMemo()
+
+    @staticmethod
+    def _build(ctx: StageContext) -> tuple[str, list[align_hints.HintPlan]]:
+        plans = align_hints.plan(ctx.source, align_hints.findings(ctx.problem, ctx.source))
+        src = ctx.source
+        for p in plans:
+            src = align_hints.apply(src, p)
+        return src, plans
 
     def check(self, ctx: StageContext) -> Applicability:
         try:
-            plans = self._plans(ctx)
+            _, plans = self._memo.get(ctx, self._build)
         except NotApplicable as exc:
             return Applicability(False, str(exc))
         return Applicability(True, "; ".join(p.describe() for p in plans))
 
     def propose(self, ctx: StageContext) -> list[Candidate]:
         try:
-            plans = self._plans(ctx)
+            src, plans = self._memo.get(ctx, self._build)
         except NotApplicable:
             return []
-        src = ctx.source
-        for p in plans:
-            src = align_hints.apply(src, p)
         # every timed shape: the hints change the code only where a value is not a multiple of 16
         return [Candidate(src, self.name, "; ".join(p.describe() for p in plans),
                           params={"kernels": [p.kernel for p in plans]}, time_all_shapes=True)]

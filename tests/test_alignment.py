@@ -6,8 +6,8 @@ from __future__ import annotations
 from tests.conftest import ROOT
 from xeforge.analysis.alignment import alignment_by_shape, describe
 from xeforge.analysis.observe import traces
-from xeforge.pipeline import alignment_findings
 from xeforge.problem import load_problem
+from xeforge.rewrite.align_hints import findings as alignment_findings
 
 
 def test_the_odd_shape_names_the_strides_and_bounds_that_lose_the_hint():

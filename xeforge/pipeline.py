@@ -579,7 +579,7 @@ class Pipeline:
     def _alignment(self) -> list[str]:
         """The report's alignment lines; a failure to read them is said, never the end of a finished port."""
         try:
-            return [describe_alignment(f) for f in alignment_findings(self.problem)]
+            return [describe_alignment(f) for f in align_hints.findings(self.problem)]
         except Exception as exc:  # noqa: BLE001 — advisory, like the compiler facts
             self.say(f"alignment by shape: not read ({type(exc).__name__}: {exc})")
             return []
@@ -722,12 +722,6 @@ def _stage_dict(r: StageRecord) -> dict[str, Any]:
             } for o in t.outcomes],
         } for t in r.tactics],
     }
-
-
-def alignment_findings(problem, source: str | None = None) -> list[dict[str, Any]]:
-    """The integer arguments of ``source`` (default: the start) that lose Triton's divisibility-by-16 hint at some
-    timed shapes, each with its role in the kernel (:func:`xeforge.rewrite.align_hints.findings`)."""
-    return align_hints.findings(problem, source)
 
 
 def trace_summary(problem) -> dict[str, list[str]]:

@@ -21,8 +21,8 @@ import libcst as cst
 
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.cst_tools import code, dotted, names_in, walk
-from xeforge.rewrite.fusion.inline import (Callee, CallSites, ReplaceStatement, SwapNode, _params, bound_names,
-                                           inline_body)
+from xeforge.rewrite.fusion.inline import (Callee, CallSites, ReplaceStatement, SwapNode, bound_names,
+                                           drop_unreferenced, inline_body, param_list)
 
 #: calls inlined into one kernel at most (a helper calling a helper is one call per level)
 MAX_INLINES = 8
@@ -75,7 +75,7 @@ def _inline_one(source: str, kernel: str, want: Callable[[cst.FunctionDef], bool
     if name in names_in(helper.body):
         raise NotApplicable(f"the jit helper {name} calls itself")
     bound, read = bound_names(code(fn.with_changes(decorators=[])))
-    taken = bound | read | {p.name.value for p in _params(fn)} | set(jit) | set(parsed.functions) | set(parsed.classes)
+    taken = bound | read | {p.name.value for p in param_list(fn)} | set(jit) | set(parsed.functions) | set(parsed.classes)
     try:
         inl = inline_body(Callee(helper, f"the jit helper {name}", None, defined=name), call, parsed, taken, bound)
     except NotApplicable as exc:
@@ -95,13 +95,6 @@ def _inline_one(source: str, kernel: str, want: Callable[[cst.FunctionDef], bool
     return module.visit(ReplaceStatement(stmt, new)).code, name
 
 
-def _drop_unused(source: str, names: set[str]) -> str:
-    module = cst.parse_module(source)
-    body = [n for n in module.body if not (isinstance(n, cst.FunctionDef) and n.name.value in names
-                                           and not any(n.name.value in names_in(o) for o in module.body if o is not n))]
-    return module.with_changes(body=body).code
-
-
 def inline_helpers(source: str, kernel: str, want: Callable[[cst.FunctionDef], bool] = lambda h: True
                    ) -> tuple[str, list[str]]:
     """``source`` with every call ``kernel`` makes of a jit helper that ``want`` selects inlined (and the helpers
@@ -118,4 +111,4 @@ def inline_helpers(source: str, kernel: str, want: Callable[[cst.FunctionDef], b
         if _inline_one(source, kernel, want) is not None:
             raise NotApplicable(f"{kernel} still calls jit helpers after {MAX_INLINES} inlined calls")
     notes = [f"the jit helper {n} inlined into {kernel}" for n in names]
-    return (_drop_unused(source, set(names)) if names else source), notes
+    return (drop_unreferenced(source, set(names)) if names else source), notes

@@ -238,7 +238,7 @@ class Inlined:
     guarded: bool = False  # its early exits (``if C: ... return X``) became ``if C: return EXIT()``
 
 
-def _params(fn: cst.FunctionDef) -> list[cst.Param]:
+def param_list(fn: cst.FunctionDef) -> list[cst.Param]:
     p = fn.params
     if isinstance(p.star_arg, cst.Param) or p.star_kwarg is not None:
         raise NotApplicable("it takes *args / **kwargs")
@@ -247,7 +247,7 @@ def _params(fn: cst.FunctionDef) -> list[cst.Param]:
 
 def _bind(callee: Callee, call: cst.Call, m: CallSites) -> list[tuple[str, cst.BaseExpression]]:
     """(parameter, argument) in the order of the parameters; defaults filled in."""
-    params = _params(callee.fn)
+    params = param_list(callee.fn)
     if callee.ctx_param or callee.self_expr is not None:
         if not params:
             raise NotApplicable(f"{callee.fn.name.value} has no first parameter")
@@ -291,7 +291,7 @@ def inline_body(callee: Callee, call: cst.Call, m: CallSites, taken: set[str], f
         if isinstance(n, (cst.Yield, cst.Global, cst.Nonlocal)):
             raise NotApplicable(f"{fname} (line {m.line(n)}) uses {type(n).__name__.lower()}")
     if callee.ctx_param:
-        ctx = _params(fn)[0].name.value
+        ctx = param_list(fn)[0].name.value
         body = [s for s in body if not _ctx_bookkeeping(s, ctx)]
         for s in body:
             if ctx in names_in(s):
@@ -320,7 +320,7 @@ def inline_body(callee: Callee, call: cst.Call, m: CallSites, taken: set[str], f
     bound, read = bound_names(fn_code)
     params = {p for p, _ in bindings}
     if callee.ctx_param:
-        params.add(_params(fn)[0].name.value)
+        params.add(param_list(fn)[0].name.value)
     free = read - bound - params
     clash = sorted(free & fwd_bound)
     if clash:
@@ -406,7 +406,7 @@ def _rest_of_forward(fwd: cst.FunctionDef, stmt: cst.BaseStatement, call: cst.Ca
             isinstance(rest[0].body[0], cst.Return) and isinstance(rest[0].body[0].value, cst.Name) and \
             rest[0].body[0].value.value == value:
         return [], None
-    before = {p.name.value for p in _params(fwd)}
+    before = {p.name.value for p in param_list(fwd)}
     if body[:at]:
         before |= bound_names(code(fwd.with_changes(body=fwd.body.with_changes(body=body[:at]),
                                                      decorators=[])))[0]
@@ -560,7 +560,7 @@ def _inline_one(source: str) -> tuple[str, str, str | None] | None:
         return None
     fwd_code = code(fwd.with_changes(decorators=[]))
     fwd_bound, fwd_read = bound_names(fwd_code)
-    taken = fwd_bound | fwd_read | {p.name.value for p in _params(fwd)} | set(m.functions) | set(m.classes) | m.jit
+    taken = fwd_bound | fwd_read | {p.name.value for p in param_list(fwd)} | set(m.functions) | set(m.classes) | m.jit
     found: list = []
 
     class Find(cst.CSTVisitor):
@@ -652,7 +652,7 @@ def _decorator_names(node: cst.FunctionDef | cst.ClassDef) -> set[str]:
     return set().union(*(names_in(d) for d in node.decorators)) if node.decorators else set()
 
 
-def _unreferenced(source: str, names: set[str]) -> str:
+def drop_unreferenced(source: str, names: set[str]) -> str:
     """Drop the inlined definitions among ``names`` that no other code of the module names (``Cls.meth``: a method
     whose attribute name is read nowhere else), with the definitions that only decorate them
     (``@op.register_fake``), then the helpers (plain functions and classes, never kernels) only they named."""
@@ -716,4 +716,4 @@ def into_forward(source: str) -> tuple[str, list[str]] | None:
             raise NotApplicable(f"forward still calls into launches after {MAX_INLINES} inlined calls")
     if not notes:
         return None
-    return _unreferenced(source, defined), notes
+    return drop_unreferenced(source, defined), notes
