@@ -39,9 +39,7 @@ NOT_STRUCTURAL = TUNING | {"per-shape-config", "divisibility-hints"}
 
 #: where the corpus form still blocks a tactic its canonical form gets: (entry, tactic) -> what the reason must
 #: name (the construct and what stops it). Each is a gap of the tool, listed in the issue's closing note.
-KNOWN_GAPS = {
-    ("rope_cache", "rows-per-program"): "calls _rotate_head_block (line",
-}
+KNOWN_GAPS: dict[tuple[str, str], str] = {}
 
 _TMP = Path(tempfile.mkdtemp(prefix="xeforge-realworld-"))
 

@@ -167,7 +167,45 @@ def test_a_batched_kernel_is_not_batched_again():
     p = load_problem(KERNELS / "rotary")
     src = rewritten(p).source
     app = TACTIC.check(tactic_context(p, src))
-    assert not app.applies and "indexes a tensor" in app.reason, app.reason
+    assert not app.applies and "already works on 2D blocks" in app.reason, app.reason
+
+
+HELPER_BLOCKS = '''
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _scale_rows(base, n_rows, row0, stride, scale, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    r = row0 + tl.arange(0, BLOCK_R)
+    c = tl.arange(0, BLOCK_C)
+    m = (r[:, None] < n_rows) & (c[None, :] < stride)
+    v = tl.load(base + r[:, None] * stride + c[None, :], mask=m)
+    tl.store(base + r[:, None] * stride + c[None, :], v * scale, mask=m)
+
+
+@triton.jit
+def scale_kernel(x_ptr, n_rows, stride, scale, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    pid = tl.program_id(0)
+    _scale_rows(x_ptr, n_rows, pid * BLOCK_R, stride, scale, BLOCK_R, BLOCK_C)
+
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        n, d = x.shape
+        scale_kernel[(triton.cdiv(n, 4),)](x, n, d, 2.0, BLOCK_R=4, BLOCK_C=triton.next_power_of_2(d))
+        return x
+'''
+
+
+def test_rows_a_jit_helper_already_blocks_are_named_as_its():
+    """The kernel's rows are a helper's 2D block (several rows a program already): the reason says so and names
+    the helper and the line, not the helper's loads as a blocker."""
+    with pytest.raises(NotApplicable) as exc:
+        rows.plan(HELPER_BLOCKS)
+    why = str(exc.value)
+    assert "already works on 2D blocks" in why and "jit helper _scale_rows" in why and "line 11" in why, why
 
 
 def test_rows_must_be_a_power_of_two():

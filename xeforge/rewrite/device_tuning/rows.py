@@ -204,6 +204,20 @@ def _binds(tree: ast.Module, name: str, full: str) -> bool:
     return False
 
 
+def _helper_bodies(model: KernelModel, fn: JitFunction) -> list[tuple[str, list[ast.AST]]]:
+    """(name, its nodes) of each jit helper of the file that ``fn`` calls, directly or through another helper."""
+    seen: dict[str, list[ast.AST]] = {}
+    todo = [fn.node]
+    while todo:
+        for n in ast.walk(todo.pop()):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in model.functions \
+                    and n.func.id != fn.name and n.func.id not in seen:
+                helper = model.functions[n.func.id].node
+                seen[n.func.id] = [m for st in helper.body for m in ast.walk(st)]
+                todo.append(helper)
+    return list(seen.items())
+
+
 def plan_rows(model: KernelModel, kernel: str) -> RowsPlan:
     fn = model.functions[kernel]
     if fn.is_autotuned:
@@ -215,10 +229,13 @@ def plan_rows(model: KernelModel, kernel: str) -> RowsPlan:
                 n.func.attr in REDUCING or n.func.attr.startswith("atomic_")):
             raise NotApplicable(f"{kernel} combines elements ({ast.unparse(n.func)}, line {n.lineno}); row "
                                 "batching is for elementwise kernels")
-    sub = next((n for n in body if isinstance(n, ast.Subscript)), None)
-    if sub is not None:
-        raise NotApplicable(f"{kernel} indexes a tensor ({ast.unparse(sub)}, line {sub.lineno}): it already works "
-                            "on 2D blocks; the rewrite needs 1D per-row vectors")
+    for owner, nodes in ((kernel, body), *_helper_bodies(model, fn)):
+        sub = next((n for n in nodes if isinstance(n, ast.Subscript)), None)
+        if sub is not None:
+            where = "" if owner == kernel else f" in its jit helper {owner}"
+            raise NotApplicable(f"{kernel} already works on 2D blocks (it indexes a tensor{where}: "
+                                f"{ast.unparse(sub)}, line {sub.lineno}), several rows a program, sized by its own "
+                                "block arguments; the rewrite is for 1D per-row vectors")
     pids, inline = program_id_vars(fn.node)
     if inline:
         raise NotApplicable(f"{kernel} calls tl.program_id inline (line {inline[0].lineno}); the rewrite needs one "
