@@ -168,6 +168,29 @@ def test_a_port_on_a_cluster_is_refused_before_it_makes_a_run_folder(tmp_path, c
     assert not runs.exists()
 
 
+def test_a_port_with_check_lanes_asks_the_cluster_for_a_gpu_per_lane(tmp_path, monkeypatch):
+    asked = []
+
+    class Refusing:  # stands in for the scheduler: records what it was made with, refuses to connect
+        def __init__(self, address, kind, **kw):
+            asked.append((kind, kw.get("gpus")))
+
+        def connect(self):
+            raise ClusterError("--cluster", "not here", "a test")
+
+    monkeypatch.setattr(port_cluster, "RayScheduler", Refusing)
+    for extra, gpus in ((["--check-lanes", "3"], 3), ([], 1)):
+        with pytest.raises(ClusterError):
+            port_cluster.port_on_cluster(_port_args("--device", "cuda", "--cluster", "ray", *extra), None, print)
+        assert asked[-1] == ("cuda", gpus)
+    monkeypatch.setenv("XEFORGE_CHECK_LANES", "2")  # the setting counts as the flag does
+    with pytest.raises(ClusterError):
+        port_cluster.port_on_cluster(_port_args("--device", "cuda", "--cluster", "ray"), None, print)
+    assert asked[-1] == ("cuda", 2)
+    with pytest.raises(ValueError):
+        ray_cluster.RayScheduler(None, "cuda", lanes=2, gpus=2)
+
+
 def test_a_gone_cluster_recorded_on_this_host_is_refused_at_once(tmp_path, monkeypatch):
     _ray()
     port = _free_port()
@@ -298,7 +321,9 @@ def ray_here():
     its class, before the CLI tests start their head: one Ray at a time on CI's 2 cores."""
     ray = _ray()
     # a new one (not one found on this host), with a small object store: CI machines are small
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=OBJECT_STORE)
+    # two GPUs declared (Ray hands out their ids; nothing here uses a GPU): a port's check lanes hold both
+    ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False,
+             object_store_memory=OBJECT_STORE)
     yield ray
     ray.shutdown()
 
@@ -356,6 +381,20 @@ class TestRayScheduler:
         ray_cluster.RayScheduler(None, "cpu", say=lambda m: None).run([_job(tmp_path, 2, WRITE_ROW)], skipped.append,
                                                                       time.monotonic() - 1)
         assert skipped == []  # --stop-after passed: the task starts nothing
+
+    @pytest.mark.slow  # two short jobs
+    def test_a_task_for_check_lanes_holds_that_many_gpus_of_one_node(self, ray_here, tmp_path):
+        """``--check-lanes 2`` on a cluster: the port's task sees two GPUs, so each lane checks on one of its own;
+        more than the largest node has is capped to it, with a line that says so (never a task that waits)."""
+        said = []
+        for gpus, idx in ((2, 0), (3, 1)):
+            seen = []
+            sched = ray_cluster.RayScheduler(None, "cuda", gpus=gpus, say=said.append)
+            sched.run([_job(tmp_path, idx, WRITE_ROW)], seen.append, None)
+            (o,) = seen
+            assert o.exit_code == 0 and sorted(o.env["CUDA_VISIBLE_DEVICES"].split(",")) == ["0", "1"], o
+            assert sched.describe()["num_gpus_per_task"] == 2
+        assert any("3 GPUs of one node were asked for; the largest node has 2" in m for m in said), said
 
 
 # ------------------------------------------------------------------------------------------------ the CLI on a cluster

@@ -12,8 +12,9 @@ bubblewrap'd workers on the node.
 The device kind is the one ``--device`` names, not what this host has: a laptop drives a GPU cluster with
 ``--device cuda``; ``--device auto`` is resolved here, and said so.
 
-``--dry-run`` with ``--cluster`` is refused: a dry run uses no device, so it runs without one. Not done: one port's
-candidates spread over several GPUs (one port is one task on one GPU).
+``--check-lanes K`` makes the task hold K GPUs of one node (fewer if no node has K), so the lanes check
+candidates on GPUs of their own while gate 3 times on the port's. ``--dry-run`` with ``--cluster`` is refused: a dry
+run uses no device, so it runs without one. Not done: one port's lanes on several nodes (a port is one task).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from xeforge.errors import ClusterError, UsageError
 from xeforge.problem import Problem
 from xeforge.ray_cluster import RayScheduler, parse_cluster
 from xeforge.schedule import Job, Outcome
+from xeforge.settings import load_settings
 from xeforge.store import RunStore
 
 #: the port's flags the child gets as they were given (flag, attribute of the parsed arguments)
@@ -80,7 +82,8 @@ def port_on_cluster(args: argparse.Namespace, problem: Problem, say: Callable[[s
         raise UsageError("--cluster", "--dry-run runs nothing on a device", "drop --cluster (the plan is made here)")
     address = parse_cluster(args.cluster)
     kind = device_kind(args.device, say)
-    cluster = RayScheduler(address, kind, say=say)
+    lanes = args.check_lanes if args.check_lanes is not None else load_settings().check_lanes
+    cluster = RayScheduler(address, kind, say=say, gpus=max(1, lanes))  # each lane on a GPU of its own
     cluster.connect()  # before a run folder is made: a cluster that cannot be used leaves nothing behind
     run_dir = run_folder(args, problem)
     job = Job(0, problem.name, child_argv(args, kind, run_dir), run_dir, result="report.json", keep=True)

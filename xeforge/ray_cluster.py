@@ -9,7 +9,8 @@ What runs where:
 1. The driver (this process) connects: ``ray://ADDRESS`` through Ray Client; ``ray`` alone to ``RAY_ADDRESS``,
    else to a cluster ``ray start`` made on this host, else to a Ray instance it starts here (and says so).
 2. Each job (one problem) is a task holding one GPU (``num_gpus=1``), ``1/K`` of one with ``--lanes-per-gpu K``,
-   none on the CPU interpreter; and one CPU. Ray decides the node.
+   none on the CPU interpreter; and one CPU. Ray decides the node. A port with ``--check-lanes K`` holds K GPUs of
+   one node (as many as its largest node has, if fewer), so its lanes check candidates on GPUs of their own.
 3. On the node, :func:`run_on_node` starts the same child command the local scheduler starts (``xeforge bench
    --json`` on that problem), with the GPU Ray gave the task made visible, in the driver's working directory
    (every node needs the checkout at the same path). The child's candidates still run in its bubblewrap'd
@@ -23,8 +24,8 @@ What runs where:
    which problems were retried: a line on stderr each time, and each outcome carries its attempts.
 
 ``xeforge port --cluster`` runs one job the same way (:mod:`xeforge.port_cluster`): the port's run folder is its
-part folder, kept between attempts so that a retried port resumes. Not done here: a port's candidates spread over
-GPUs (one port runs in one task).
+part folder, kept between attempts so that a retried port resumes. Not done here: one port's lanes on several
+nodes (one port runs in one task, on one node).
 """
 
 from __future__ import annotations
@@ -247,8 +248,11 @@ class RayScheduler:
     """Jobs as Ray tasks on a cluster; see the module docstring for what runs where."""
 
     def __init__(self, address: str | None, kind: str, lanes: int = 1, retries: int = RETRIES,
-                 cwd: Path | None = None, say=None) -> None:
+                 cwd: Path | None = None, say=None, gpus: int = 1) -> None:
+        if gpus > 1 and lanes > 1:
+            raise ValueError("a task holds several whole GPUs or a share of one, not both")
         self.address, self.kind, self.lanes, self.retries = address, kind, lanes, retries
+        self.gpus = gpus  # whole GPUs of one node per task (a port's check lanes); capped at connect()
         self.cwd = Path(cwd or os.getcwd()).resolve()
         self.say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.info: dict = {"scheduler": "ray", "address": address or "this host", "retries": retries,
@@ -258,7 +262,7 @@ class RayScheduler:
 
     @property
     def num_gpus(self) -> float:
-        return 0 if self.kind == "cpu" else 1 / self.lanes
+        return 0 if self.kind == "cpu" else self.gpus if self.gpus > 1 else 1 / self.lanes
 
     def describe(self) -> dict | None:
         return self.info
@@ -285,6 +289,13 @@ class RayScheduler:
         if self.num_gpus and not res.get("GPU"):
             raise ClusterError("--cluster", f"the Ray cluster at {where} has no GPU for --device {self.kind}",
                                "start the nodes with their GPUs (ray start --num-gpus N), or use --device cpu")
+        if self.num_gpus > 1:  # a task never spans nodes: asking for more than the largest node has would wait forever
+            most = max((n.get("Resources", {}).get("GPU", 0) for n in ray.nodes() if n.get("Alive")), default=0)
+            if most < self.gpus:
+                self.say(f"ray: {self.gpus} GPUs of one node were asked for; the largest node has {most:g}: the "
+                         f"task holds {most:g} and its lanes share them")
+                self.gpus = max(1, int(most))
+            self.info["num_gpus_per_task"] = self.num_gpus
         self.say(f"ray: {self.info['nodes']} node(s), {self.info['cpus']:g} CPU(s), {self.info['gpus']:g} GPU(s) "
                  f"at {where}; {self.num_gpus:g} GPU per problem")
         self.ray = ray
