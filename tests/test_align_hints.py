@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import re
+from types import SimpleNamespace
 
 import pytest
 
@@ -57,13 +58,55 @@ def test_nothing_to_hint_is_said_with_the_reason(tmp_path):
     assert not app.applies and "Triton's own divisibility hint covers them" in app.reason
 
 
+#: gemm_square's integer and pointer arguments that stay multiples of 16 at 3000 x 4096 x 3000 (M, N, stride_bk and
+#: stride_cm = 3000 do not)
+ODD_ALIGNED = ("a_ptr", "b_ptr", "c_ptr", "K", "stride_am")
+
+
+def _compile_sm90(fn, aligned: tuple[str, ...], extra: dict | None = None):
+    """``fn`` compiled for sm_90 as Triton's JIT specializes it where ``aligned`` are multiples of 16."""
+    import triton
+
+    GPUTarget, ASTSource = sm90_compiler()
+    consts = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_SIZE_M": 8, "stride_ak": 1, "stride_bn": 1,
+              "stride_cn": 1, **(extra or {})}
+    sig = {a: "constexpr" if a in consts else ("*bf16" if a.endswith("_ptr") else "i32") for a in fn.arg_names}
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3})
+
+
+def test_the_lost_alignment_is_diagnosed_at_the_odd_shape_only(tmp_path):
+    """The compiler facts of the odd shape's compile (as the worker captures them) carry the scalar 16-bit accesses,
+    and the knowledge base's diagnosis names them and the divisibility-hints tactic; the aligned shape's do not."""
+    import triton
+
+    from xeforge.diagnosis.capture import dump_compiled
+    from xeforge.diagnosis.rules import Diagnoser, by_shape, findings_of
+    from xeforge.kb import TritonInfo, load_kb
+
+    sm90_compiler()
+    fn = load_kernel_module(tmp_path / "k.py", load_problem(GEMM_SQUARE).kernel_source, "xeforge_dx_odd").matmul_kernel
+    kb = load_kb()
+    h200 = SimpleNamespace(kind="cuda", name="NVIDIA H200", cores=132, interpreter=False)
+    dx = Diagnoser(kb, kb.devices["h200"], TritonInfo.parse(triton.__version__, is_xpu=False), h200)
+    reads = []
+    for shape, aligned in (("bench-gpu", ODD_ALIGNED + ("M", "N", "stride_bk", "stride_cm")),
+                           ("bench-gpu-odd", ODD_ALIGNED)):
+        dump_compiled("matmul_kernel", _compile_sm90(fn, aligned), tmp_path / shape, triton.__version__, irs=["ptx"])
+        reads.append((shape, dx.read(tmp_path / shape)))
+    assert "access.scalar16" not in reads[0][1]["kernels"][0]["facts"]
+    assert reads[1][1]["kernels"][0]["facts"]["access.scalar16"] > 8
+    found = [f for f in findings_of(by_shape(reads)) if f.id == "dx-cuda-scalar-16bit-access"]
+    assert len(found) == 1 and found[0].shape == "bench-gpu-odd", found
+    assert found[0].stage == "memory_access" and found[0].tactics == ["divisibility-hints"]
+
+
 def test_the_compiler_vectorizes_the_odd_shape_once_hinted(tmp_path):
     """sm_90 code for gemm_square's kernel at 3000 x 4096 x 3000 bf16: without hints the B tile is loaded with scalar
     ``ld.global.b16`` and C stored with scalar ``st.global.b16``; with the hints (8 for each of M, N, stride_bk,
     stride_cm) both are as at an aligned shape: 16-byte ``cp.async`` and ``st.global.v4``."""
-    import triton
-
-    GPUTarget, ASTSource = sm90_compiler()
+    sm90_compiler()
     p = load_problem(GEMM_SQUARE)
     _, hinted = _hinted(p)
 
@@ -72,15 +115,10 @@ def test_the_compiler_vectorizes_the_odd_shape_once_hinted(tmp_path):
 
     def ops(fn, extra: dict, aligned: tuple[str, ...]) -> collections.Counter:
         # Triton's own specialization at that shape: the unit strides are constants, what is a multiple of 16 says so
-        consts = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_SIZE_M": 8, "stride_ak": 1, "stride_bn": 1,
-                  "stride_cn": 1, **extra}
-        sig = {a: "constexpr" if a in consts else ("*bf16" if a.endswith("_ptr") else "i32") for a in fn.arg_names}
-        attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
-        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
-                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3})
-        return collections.Counter(re.findall(r"\b((?:ld|st)\.global[.\w]*|cp\.async\.cg[.\w]*)", k.asm["ptx"]))
+        ptx = _compile_sm90(fn, aligned, extra).asm["ptx"]
+        return collections.Counter(re.findall(r"\b((?:ld|st)\.global[.\w]*|cp\.async\.cg[.\w]*)", ptx))
 
-    odd = ("a_ptr", "b_ptr", "c_ptr", "K", "stride_am")
+    odd = ODD_ALIGNED
     square = ops(kernel(p.kernel_source, "o"), {}, odd + ("M", "N", "stride_bk", "stride_cm"))
     before = ops(kernel(p.kernel_source, "b"), {}, odd)
     after = ops(kernel(hinted, "h"), {f"HINT_{a}": 8 for a in ("M", "N", "stride_bk", "stride_cm")}, odd)

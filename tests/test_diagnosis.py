@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import FIXTURES, ROOT
 from xeforge.diagnosis.capture import dump_compiled, write_call_cost
 from xeforge.diagnosis.compiler import read_folder, read_kernel
-from xeforge.diagnosis.rules import NO_COMPILER, Diagnoser, describe, holds, tactic_order
+from xeforge.diagnosis.rules import NO_COMPILER, Diagnoser, by_shape, describe, findings_of, holds, tactic_order
 from xeforge.kb import TritonInfo, load_kb
 from xeforge.kb.loader import lint_paths
 from xeforge.kb.schema import Condition
@@ -106,6 +106,30 @@ def test_a_grid_smaller_than_the_device_is_diagnosed_for_split_k(kb):
     assert "dx-fewer-programs-than-cores" not in _ids(_read(kb, "gemm_tall_k", [_launch("matmul_kernel", (264,))]))
     # 128 programs for 132 cores (linear_relu's 128 x 256 tiles on the H200) fill the device: no split-K hint
     assert "dx-fewer-programs-than-cores" not in _ids(_read(kb, "gemm_tall_k", [_launch("matmul_kernel", (128,))]))
+
+
+def test_a_finding_that_holds_at_another_timed_shape_names_that_shape(kb):
+    """Facts are read at every timed shape (issue 34): the same GEMM fills the device at the primary shape and
+    leaves cores idle at a decode-sized one; the finding says at which shape, the report lines name it, and the
+    rules engine orders split-K first for it."""
+    primary = _read(kb, "gemm_tall_k", [_launch("matmul_kernel", (264,))])
+    decode = _read(kb, "gemm_tall_k", [_launch("matmul_kernel", (16,))])
+    d = by_shape([("bench-gpu", primary), ("bench-gpu-1", decode), ("bench-gpu-2", {"available": False})])
+    assert d["shape"] == "bench-gpu" and list(d["by_shape"]) == ["bench-gpu-1"]  # a shape with no facts is left out
+    assert "dx-fewer-programs-than-cores" not in _ids(d)  # the primary's own findings are as they were
+    found = [f for f in findings_of(d) if f.id == "dx-fewer-programs-than-cores"]
+    assert len(found) == 1 and found[0].shape == "bench-gpu-1" and "16 programs for 132 cores" in found[0].cause
+    lines = describe(d)
+    assert any(x.startswith("diagnosis: [dx-fewer-programs-than-cores] matmul_kernel at bench-gpu-1: the grid has "
+                            "16 programs") for x in lines), lines
+    assert not any(x.startswith("compiler at") for x in lines)  # the same compiled kernel at both: said once
+    order, why = tactic_order([SimpleNamespace(name=n) for n in ("launch-params", "split-k")], "device_tuning", d)
+    assert order[0].name == "split-k" and "16 programs" in why["split-k"]
+    # a shape that compiled differently (another specialization) gets its own compiler line
+    other = json.loads(json.dumps(decode))
+    other["kernels"][0]["facts"]["regs"] = 99
+    lines = describe(by_shape([("bench-gpu", primary), ("bench-gpu-1", other)]))
+    assert any(x.startswith("compiler at bench-gpu-1: matmul_kernel: regs 99") for x in lines), lines
 
 
 def test_a_device_entry_and_a_triton_version_gate_recognizers_and_diagnoses(kb):

@@ -31,7 +31,7 @@ from xeforge.analysis.trace import Trace, TraceError
 from xeforge.compare import compare_outputs
 from xeforge.diagnosis import deep
 from xeforge.diagnosis.profile import breakdown
-from xeforge.diagnosis.rules import Diagnoser
+from xeforge.diagnosis.rules import Diagnoser, by_shape
 from xeforge.devices import DeviceInfo
 from xeforge.errors import KernelSourceError, ProblemError
 from xeforge.isolation import Worker, WorkerFailure
@@ -164,7 +164,8 @@ class Verifier:
         self._start_model = self.static_checker.starting
         self.runtime_notes: list[str] = []  # where the run-time checks could not be made
         self._diagnoses: dict[str, dict] = {}  # source hash -> its diagnosis (compiler facts, findings)
-        self._facts_traces: dict[str, Any] = {}  # source hash -> the trace of the call that wrote its kernels
+        # (source hash, variant) -> the trace of the call that wrote its kernels at that shape
+        self._facts_traces: dict[tuple[str, str], Any] = {}
         self.weights_by_position: dict[str, dict[str, str]] = {}  # source hash -> reference name -> kernel name
         self._nonfinite: dict[str, list[str]] = {}  # source hash -> weights holding NaN / Inf once loaded
         self.last_timing: dict = {}  # launch-overhead delay of the latest timing request (see timing.delay_flushes)
@@ -568,40 +569,52 @@ class Verifier:
         return int(self.settings.max_tensor_file_gib * (1 << 30))
 
     # ------------------------------------------------------------------------------------------ diagnosis
-    def _facts_variant(self) -> str | None:
-        """The variant whose first call writes its compiled kernels: the primary timed shape where gate 2 runs
-        it, else the first variant gate 2 runs."""
+    def _facts_variants(self) -> list[str]:
+        """The variants whose first call writes its compiled kernels, the primary first: every timed shape gate 2
+        runs (each compiles its own specialization: a decode shape's tile, an odd shape's lost alignment), else the
+        first variant gate 2 runs."""
         names = [v.name for v, _ in self.correctness_variants()]
+        timed = [v.name for v in self.problem.timed_variants(self.device.kind) if v.name in names]
         primary = self.problem.timing_variant(self.device.kind).name
-        return primary if primary in names else (names[0] if names else None)
+        timed.sort(key=lambda n: n != primary)
+        return timed or names[:1]
 
-    def _compiled_dir(self, code: Code) -> Path:
-        return self.worker.workdir / "compiled" / code.hash[:16]
+    def _compiled_dir(self, code: Code, variant: str) -> Path:
+        return self.worker.workdir / "compiled" / code.hash[:16] / variant
 
     def diagnose(self, code: Code) -> dict[str, Any] | None:
-        """What the compiler made of ``code`` at the facts variant, and the KB's findings (read from the files its
-        first call wrote; the files are removed once read). None without a diagnoser."""
+        """What the compiler made of ``code``, and the KB's findings, read from the files its first call at each
+        facts variant wrote (removed once read): the primary shape's as the diagnosis itself, every other timed
+        shape's under ``by_shape`` (its kernels' facts and findings, each finding naming the shape). None without a
+        diagnoser."""
         if self.diagnoser is None:
             return None
         if code.hash in self._diagnoses:
             return self._diagnoses[code.hash]
-        folder = self._compiled_dir(code)
-        trace = None
-        raw = self._facts_traces.pop(code.hash, None)
-        if raw is not None:
-            try:
-                trace = Trace.from_json(self._facts_variant() or "", raw)
-            except TraceError:
-                trace = None
         try:
             model = parse_kernel(code.text, code.filename)
         except KernelSourceError:
             model = None
-        out = self.diagnoser.read(folder, trace, model)
-        if self.settings.keep_compiled and folder.is_dir():
-            out["kept"] = str(folder)
-        else:
-            shutil.rmtree(folder, ignore_errors=True)
+        shapes: list[tuple[str, dict[str, Any]]] = []
+        for name in self._facts_variants():
+            folder = self._compiled_dir(code, name)
+            trace = None
+            raw = self._facts_traces.pop((code.hash, name), None)
+            if raw is not None:
+                try:
+                    trace = Trace.from_json(name, raw)
+                except TraceError:
+                    trace = None
+            got = self.diagnoser.read(folder, trace, model)
+            if self.settings.keep_compiled and folder.is_dir():
+                got["kept"] = str(folder)
+            else:
+                shutil.rmtree(folder, ignore_errors=True)
+            shapes.append((name, got))
+        # gate 2 ran no variant: nothing was captured, and the diagnosis says why
+        out = by_shape(shapes) if shapes else self.diagnoser.read(self._compiled_dir(code, "none"), None, model)
+        if not self.settings.keep_compiled:
+            shutil.rmtree(self.worker.workdir / "compiled" / code.hash[:16], ignore_errors=True)
         if out.get("available") or self.device.interpreter:
             self._diagnoses[code.hash] = out
         return out
@@ -665,8 +678,8 @@ class Verifier:
         out_file = self._io_file(self.worker, "out")
         compiled = None
         if (self.diagnoser is not None and not self.device.interpreter and first and code.hash not in self._diagnoses
-                and variant.name == self._facts_variant()):
-            compiled = self._compiled_dir(code)
+                and variant.name in self._facts_variants()):
+            compiled = self._compiled_dir(code, variant.name)
             shutil.rmtree(compiled, ignore_errors=True)
         try:
             facts = self.worker.request("run", timeout, slot=slot, plan=[tp.wire() for tp in plan_inputs(self.problem, variant)],
@@ -676,7 +689,7 @@ class Verifier:
                                         else sorted(self.diagnoser.irs),
                                         account_call=self.settings.runtime_account, poisoned=poisoned)
             if compiled is not None:
-                self._facts_traces[code.hash] = facts.get("trace")
+                self._facts_traces[(code.hash, variant.name)] = facts.get("trace")
             n = facts.get("n_outputs")
             if not isinstance(n, int) or not 0 <= n <= 4096 or not isinstance(facts.get("n_rerun_outputs", 0), int):
                 raise WorkerFailure("protocol", f"the worker's reply gave {n!r} outputs")

@@ -36,9 +36,11 @@ class Finding:
     source: list[str] = field(default_factory=list)
     confidence: str = "derived"
     where: str = ""
+    shape: str = ""  # the timed shape it holds at, when that is not the primary one
 
     def render(self) -> str:
-        return f"[{self.id}] {self.kernel}: {self.cause} -> {self.stage}" + (
+        at = f" at {self.shape}" if self.shape else ""
+        return f"[{self.id}] {self.kernel}{at}: {self.cause} -> {self.stage}" + (
             f" ({', '.join(self.tactics)})" if self.tactics else "")
 
 
@@ -161,10 +163,34 @@ def merge(findings: list[Finding]) -> list[Finding]:
     return list(out.values())
 
 
+def by_shape(shapes: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """One verdict's diagnosis from :meth:`Diagnoser.read` at each timed shape, the primary first: the primary's as
+    it is (with its ``shape``), every other shape's kernels and findings under ``by_shape`` (findings tagged with
+    the shape), where they were read."""
+    (name, first), rest = shapes[0], shapes[1:]
+    if not first.get("available"):
+        return first  # no facts at the primary shape (the interpreter; nothing captured): why, as read
+    out = {**first, "shape": name}
+    for name, got in rest:
+        if got.get("available"):
+            out.setdefault("by_shape", {})[name] = {
+                "kernels": got["kernels"], "findings": [{**f, "shape": name} for f in got["findings"]]}
+    return out
+
+
 def findings_of(diagnosis: dict[str, Any] | None) -> list[Finding]:
+    """The findings at the primary shape, then those that hold only at another timed shape (``by_shape``: a decode
+    shape's idle cores, an odd shape's lost vector width), each naming its shape."""
     if not diagnosis or not diagnosis.get("available"):
         return []
-    return [Finding(**f) for f in diagnosis.get("findings", [])]
+    out = [Finding(**f) for f in diagnosis.get("findings", [])]
+    seen = {(f.id, f.kernel) for f in out}
+    for shape in diagnosis.get("by_shape") or {}:
+        for f in diagnosis["by_shape"][shape].get("findings", []):
+            if (f["id"], f["kernel"]) not in seen:
+                seen.add((f["id"], f["kernel"]))
+                out.append(Finding(**f))
+    return out
 
 
 def tactic_order(tactics: list[Any], stage: str, diagnosis: dict[str, Any] | None) -> tuple[list[Any], dict[str, str]]:
@@ -187,7 +213,11 @@ def describe(diagnosis: dict[str, Any] | None, *, quiet: bool = False) -> list[s
         return []
     if not diagnosis.get("available"):
         return [] if quiet else [f"compiler facts: none ({diagnosis.get('why', 'not collected')})"]
-    lines = [f"compiler: {KernelFacts.from_dict(k).summary()}" for k in diagnosis.get("kernels", [])]
+    primary = [KernelFacts.from_dict(k).summary() for k in diagnosis.get("kernels", [])]
+    lines = [f"compiler: {s}" for s in primary]
+    for shape, other in (diagnosis.get("by_shape") or {}).items():  # where another shape compiled differently
+        lines += [f"compiler at {shape}: {s}" for k in other.get("kernels", [])
+                  if (s := KernelFacts.from_dict(k).summary()) not in primary]
     found = findings_of(diagnosis)
     lines += [f"diagnosis: {f.render()}" for f in found] or ["diagnosis: no knowledge-base diagnosis holds"]
     return lines
