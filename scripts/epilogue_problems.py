@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Problem folders of the epilogue-graph cases (issue 33) for a GPU bench: each case of tests/test_fusion_graph.py's
-GRAPHS (residuals, gates reading their input, in-place ops, where, ops outside the fusion table, a parameter only
+GRAPHS (residuals, gates reading their input, in-place ops, where, ops torch decomposes, a parameter only
 the trace knows, the input as residual) over the test's GEMM + bias wrapper, in the wrapper and the direct style,
 with bf16 bench shapes: a large one (4096 x 4096 x 4096) and a decode-sized one (M = 16). The reference is the same
 Model over torch's F.linear. scripts/h200-epilogues.sh ports and benches them.

@@ -88,9 +88,13 @@ GRAPHS = {
     "a-parameter-read-from-the-trace": ("y = torch.relu(y) + self.bias2\nreturn y", ["bias2_ptr + rn"]),
     # the spec gives K and N the same size at every shape: the input is a tile of the output's shape
     "the-input-as-residual": ("return x + torch.relu(y)", ["tl.maximum(acc, 0.0)", "x_ptr"]),
-    # ops outside the hand-written table, lowered from torch's decompositions (hardswish: x * clamp(x + 3, 0, 6) / 6)
+    # ops lowered from torch's decompositions, as every op (hardswish: x * clamp(x + 3, 0, 6) / 6)
     "decomposed-ops": ("y = F.hardswish(y)\ny = F.elu(y, 0.5) + F.softsign(y)\nreturn torch.lerp(y, x, 0.25)",
                        ["tl.minimum(", "tl.exp(", "tl.abs("]),
+    # several outputs: the pre-activation and the activation, each stored by the kernel into its own buffer
+    "several-outputs": ("z = F.gelu(y)\nreturn y, z", ["tl.store(y_out_ptr + ", "y_out_ptr.dtype.element_ty"]),
+    "several-outputs-kept-by-an-alias": ("pre = y.clone()\ny = torch.relu(y) * 2.0\nreturn pre, y, pre",
+                                         ["tl.store(pre_out_ptr + ", "tl.maximum(acc, 0.0)"]),
 }
 
 

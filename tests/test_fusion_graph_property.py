@@ -1,5 +1,5 @@
 """Property test of epilogue graphs (issue 33): random elementwise graphs over a GEMM's output — values reused,
-residuals through ``clone()``, ``torch.where`` on a comparison, ops outside the hand-written table, Python
+residuals through ``clone()``, ``torch.where`` on a comparison, ops torch decomposes (hardswish, elu, ...), Python
 scalars, a per-column parameter whose shape only the trace knows, and the layer's input — are fused into the
 GEMM's epilogue by fuse-epilogue and verified against their PyTorch reference through the real verifier on the
 interpreter. Bounded and derandomized, so CI sees the same graphs on every run; the GEMM, its wrapper and the
@@ -17,7 +17,7 @@ from tests.test_fusion_graph import _problem
 
 UNARY = ["torch.relu({a})", "torch.sigmoid({a})", "torch.tanh({a})", "F.gelu({a})", "F.silu({a})",
          "F.leaky_relu({a}, 0.1)", "torch.clamp({a}, -1.0, 1.0)", "torch.abs({a})", "{a} * {a}", "-{a}",
-         # outside the hand-written table: lowered from torch's decompositions
+         # lowered from torch's decompositions, as every op
          "F.hardswish({a})", "F.elu({a}, 0.5)", "F.softsign({a})"]
 BINARY = ["{a} + {b}", "{a} - {b}", "{a} * {b}", "torch.maximum({a}, {b})", "torch.where({a} > 0, {a}, {b})",
           "torch.where({a} > {b}, {b}, {a} * 0.5)"]

@@ -2,10 +2,11 @@
 
 - :mod:`~xeforge.rewrite.fusion.inline` — the calls that lead to a launch (wrappers, launcher methods, autograd
   Functions, ``torch.library`` ops) inlined into ``forward``, so the fusions reach launches written behind them.
-- :mod:`~xeforge.rewrite.fusion.tl_ops` — the table of elementwise torch ops that translate to ``tl`` code, and the
-  row reductions read back over the row (``y - y.mean(1, keepdim=True)``, softmax).
-- :mod:`~xeforge.rewrite.fusion.decompose` — any other elementwise op, reduced by torch's decompositions to ATen
-  primitives and lowered from one primitive table.
+- :mod:`~xeforge.rewrite.fusion.tl_ops` — forward statements translated to ``tl`` code on a tile value (operands,
+  the values a later op reads again), and the row reductions read back over the row (``y - y.mean(1,
+  keepdim=True)``, softmax).
+- :mod:`~xeforge.rewrite.fusion.decompose` — the one lowering of elementwise math: every torch op reduced by
+  torch's decompositions to ATen primitives, each primitive written as ``tl`` code from one table.
 - :mod:`~xeforge.rewrite.fusion.tile` — the shapes fusion recognises: a kernel's final tile store and an
   elementwise consumer kernel.
 - :mod:`~xeforge.rewrite.fusion.rewrites` — the fusions (consumer kernel into the producer's store, trailing torch

@@ -1,11 +1,13 @@
-"""Elementwise torch ops outside the fusion table, reduced by torch's own decompositions and lowered to ``tl`` code.
+"""Elementwise torch ops reduced by torch's own decompositions and lowered to ``tl`` code: the one lowering.
 
-Owns :func:`lower_call` and :data:`PRIMS`, the one table from ATen primitives to ``tl`` code. An op the hand-written
-table of :mod:`xeforge.rewrite.fusion.tl_ops` does not name (``F.hardswish``, ``F.elu``, ``F.softsign``,
-``torch.lerp``, ``torch.special.expit``, ...) is traced with ``make_fx`` on small sample tensors under torch's
-decomposition table (``torch._decomp``), until every node is a primitive of :data:`PRIMS` (add, mul, where, exp,
-comparisons, ...); each node then becomes one ``tl`` expression. The graph's inputs are the tile's value and the
-operands the caller already translated; Python literals stay constants.
+Owns :func:`lower_call` and :data:`PRIMS`, the one table from ATen primitives to ``tl`` code. Every torch op an
+epilogue applies (``F.gelu``, ``torch.relu``, ``F.batch_norm``, ``F.hardswish``, ``torch.lerp``, ``y.mul_(s)``,
+...) is traced with ``make_fx`` on small sample tensors under torch's decomposition table (``torch._decomp``),
+until every node is a primitive of :data:`PRIMS` (add, mul, where, exp, comparisons, ...); each node then becomes
+one ``tl`` expression. The graph's inputs are the operands the caller already translated, each traced with the
+shape of how it varies (:data:`SAMPLE_SHAPES`: the tile, a per-column vector, one element, a mask); a Python scalar
+the kernel receives at run time is traced as a stand-in value and written back by name; Python literals stay
+constants. A division by what does not vary over the tile is one reciprocal and a multiply per element.
 
 What is traced is only ever a torch function resolved by name from ``torch.nn.functional``, ``torch.special``, or
 (with a reference implementation in ``torch._refs``, so never ``torch.save`` and the like) ``torch`` and
@@ -80,6 +82,11 @@ def _alpha(b: str, alpha: Any) -> str:
     return b if alpha in (None, 1) else f"{b} * {_c(alpha)}"
 
 
+def _is_one(x: Any) -> bool:
+    """A literal 1 (not a tile value's code): multiplying by it changes nothing."""
+    return not isinstance(x, (str, bool)) and x == 1
+
+
 def _div(p: dict[str, Any]) -> str:
     if p.get("rounding_mode") is not None:
         raise DecompositionError(f"div with rounding_mode={p['rounding_mode']!r}")
@@ -89,13 +96,13 @@ def _div(p: dict[str, Any]) -> str:
 _CMP = {"gt": ">", "lt": "<", "ge": ">=", "le": "<=", "eq": "==", "ne": "!="}
 
 #: ATen primitive (overload packet name) -> tl code from its arguments by schema name (tl code of a tensor
-#: argument, or the Python value of a scalar one). Every ``tl`` code that epilogue fusion writes for an op outside
-#: the hand-written table comes from here.
+#: argument, or the Python value of a scalar one). Every ``tl`` code that epilogue fusion writes for elementwise
+#: math comes from here (Python's operators in ``forward`` too).
 PRIMS: dict[str, Callable[[dict[str, Any]], str]] = {
     "add": lambda p: f"({_c(p['self'])} + {_alpha(_c(p['other']), p.get('alpha'))})",
     "sub": lambda p: f"({_c(p['self'])} - {_alpha(_c(p['other']), p.get('alpha'))})",
     "rsub": lambda p: f"({_c(p['other'])} - {_alpha(_c(p['self']), p.get('alpha'))})",
-    "mul": lambda p: f"({_c(p['self'])} * {_c(p['other'])})",
+    "mul": lambda p: _c(p["self"]) if _is_one(p["other"]) else f"({_c(p['self'])} * {_c(p['other'])})",
     "div": lambda p: _div(p),
     "neg": lambda p: f"(-{p['self']})",
     "exp": lambda p: f"tl.exp({p['self']})",
@@ -134,8 +141,8 @@ PRIMS: dict[str, Callable[[dict[str, Any]], str]] = {
     "logical_or": lambda p: f"(({p['self']} != 0) | ({p['other']} != 0))",
     **{k: (lambda sym: lambda p: f"({_c(p['self'])} {sym} {_c(p['other'])})")(v) for k, v in _CMP.items()},
     # constants (folded before they get here) and casts: the epilogue computes in fp32
-    "full": lambda p: _f(p["fill_value"]),
-    "scalar_tensor": lambda p: _f(p["s"]),
+    "full": lambda p: _c(p["fill_value"]),
+    "scalar_tensor": lambda p: _c(p["s"]),
     "_to_copy": lambda p: p["self"],
     "clone": lambda p: p["self"],
     "alias": lambda p: p["self"],
@@ -145,7 +152,7 @@ PRIMS: dict[str, Callable[[dict[str, Any]], str]] = {
 def _resolve(name: str, method: bool) -> tuple[Callable, str]:
     """The torch function ``name`` (as written, ``F.hardswish`` / a method's ``lerp``) with a ``torch._refs``
     reference, and its display name; else DecompositionError."""
-    import torch  # lazy: torch is needed only when an op outside the fusion table is met
+    import torch  # lazy: torch is needed only when an epilogue op is lowered
     import torch._refs as refs
 
     def attr(root: Any, path: str) -> Any:
@@ -153,8 +160,11 @@ def _resolve(name: str, method: bool) -> tuple[Callable, str]:
             root = getattr(root, part, None)
         return root
 
+    def has_ref(short: str) -> bool:  # torch.relu's reference lives in torch._refs.nn.functional
+        return attr(refs, short) is not None or attr(refs, f"nn.functional.{short}") is not None
+
     if method:
-        if getattr(refs, name, None) is None or getattr(torch.Tensor, name, None) is None:
+        if not has_ref(name) or getattr(torch.Tensor, name, None) is None:
             raise DecompositionError(f".{name}() has no elementwise reference in torch._refs")
         return (lambda *a, **k: getattr(a[0], name)(*a[1:], **k)), f".{name}()"
     for prefix, mod in MODULES:
@@ -163,58 +173,125 @@ def _resolve(name: str, method: bool) -> tuple[Callable, str]:
             fn = attr(torch, f"{mod}.{short}")
             # torch.nn.functional and torch.special hold tensor math only; of torch's own namespace (torch.save,
             # torch.set_*, ...) only what torch._refs has a reference for
-            if fn is None or not callable(fn) or (not mod and attr(refs, short) is None):
+            if fn is None or not callable(fn) or (not mod and not has_ref(short)):
                 raise DecompositionError(f"{name}() is not an op with a reference implementation in torch._refs")
             return fn, f"{name}()"
     raise DecompositionError(f"{name}() is not a function of torch, torch.nn.functional or torch.special")
 
 
-@lru_cache(maxsize=256)
-def _graph(name: str, method: bool, kinds: tuple[str, ...], consts: tuple, kw_names: tuple[str, ...]):
-    """The decomposed FX graph of the call: ``kinds[i]`` is 'tensor' for a traced input, 'const' for the literal
-    at the same place of ``consts``; the last ``len(kw_names)`` arguments are keywords."""
+#: an operand's kind -> the shape of its sample tensor: the tile's value and operands of the output's shape
+#: [rows, cols]; a per-column vector broadcast over the rows; a one-element tensor; a boolean mask of the tile
+SAMPLE_SHAPES = {"tile": (2, 4), "column": (4,), "element": (), "mask": (2, 4)}
+#: a Python scalar the kernel receives at run time (a Model attribute, a forward local) is traced as one of these
+#: (two sets of values, two traces): a graph whose constants differ between the traces anywhere else computed with
+#: the scalar while it was traced (``1 / beta`` folded), and is refused
+#: Each set ascends (``hardtanh(y, lo, hi)`` checks lo <= hi) and is positive (an eps must be); the first is
+#: below one and the second above, so a decomposition that branches on a scalar against one (``beta == 1``) takes
+#: another branch in the second trace and is refused too.
+_SENTINELS = ((0.1192029220221178, 0.2689414213699951, 0.7310585786300049, 0.8807970779778823),
+              (1.6487212707001282, 2.718281828459045, 7.38905609893065, 20.085536923187668))
+
+
+class _Scalar:
+    """Where the i-th run-time scalar operand stands in a traced graph's arguments."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __repr__(self) -> str:
+        return f"<scalar operand {self.index}>"
+
+
+def _trace(fn: Callable, kinds: tuple[str, ...], consts: tuple, kw_names: tuple[str, ...], sentinels: tuple,
+           table: dict, shown: str):
     import torch  # lazy, as in _resolve
-    from torch._decomp import core_aten_decompositions, decomposition_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    fn, shown = _resolve(name, method)
-    table = dict(core_aten_decompositions())
-    table.update({op: f for op, f in decomposition_table.items()
-                  if getattr(getattr(op, "overloadpacket", None), "__name__", None) not in PRIMS})
-    n_tensors = kinds.count("tensor")
+    scalars = iter(sentinels)
+    fixed = [next(scalars) if k == "scalar" else c for k, c in zip(kinds, consts)]
+    traced = [i for i, k in enumerate(kinds) if k in SAMPLE_SHAPES]
 
     def call(*tensors):
-        it = iter(tensors)
-        vals = [next(it) if k == "tensor" else c for k, c in zip(kinds, consts)]
+        vals = list(fixed)
+        for i, t in zip(traced, tensors):
+            vals[i] = t
         npos = len(vals) - len(kw_names)
         return fn(*vals[:npos], **dict(zip(kw_names, vals[npos:])))
 
-    samples = [torch.randn(2, 4) for _ in range(n_tensors)]
+    gen = torch.Generator().manual_seed(0)
+    samples = [torch.randn(SAMPLE_SHAPES[kinds[i]], generator=gen) for i in traced]
+    samples = [t > 0 if kinds[i] == "mask" else t for i, t in zip(traced, samples)]
     try:
-        gm = make_fx(call, decomposition_table=table)(*samples)
+        return make_fx(call, decomposition_table=table)(*samples)
     except Exception as exc:  # noqa: BLE001 - torch's error for a call it rejects, said as the reason
         raise DecompositionError(f"{shown} could not be traced on sample tensors: {type(exc).__name__}: "
                                  f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+
+
+def _mark_scalars(a: Any, b: Any, shown: str) -> Any:
+    """``a`` (an argument of the first trace) with the run-time scalars' sentinels replaced by :class:`_Scalar`;
+    ``b`` is the same argument in the second trace."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
+        return type(a)(_mark_scalars(x, y, shown) for x, y in zip(a, b))
+    if hasattr(a, "op") or a == b or (a != a and b != b):  # a graph node, an unchanged constant, nan
+        return a
+    for i, (x, y) in enumerate(zip(*_SENTINELS)):
+        if a == x and b == y:
+            return _Scalar(i)
+    raise DecompositionError(f"{shown} computes a constant from a run-time scalar while it is traced (torch's "
+                             "decomposition does that math in Python): pass that argument as a literal")
+
+
+@lru_cache(maxsize=256)
+def _graph(name: str, method: bool, kinds: tuple[str, ...], consts: tuple, kw_names: tuple[str, ...]):
+    """The decomposed FX graph of the call: ``kinds[i]`` is a key of :data:`SAMPLE_SHAPES` for an input traced as
+    a tensor, 'scalar' for a run-time Python scalar (its uses are :class:`_Scalar` in the graph), 'const' for the
+    literal at the same place of ``consts``; the last ``len(kw_names)`` arguments are keywords."""
+    from torch._decomp import core_aten_decompositions, decomposition_table  # lazy, as in _resolve
+
+    fn, shown = _resolve(name, method)
+    if kinds.count("scalar") > len(_SENTINELS[0]):
+        raise DecompositionError(f"{shown} takes more than {len(_SENTINELS[0])} run-time scalars")
+    table = dict(core_aten_decompositions())
+    table.update({op: f for op, f in decomposition_table.items()
+                  if getattr(getattr(op, "overloadpacket", None), "__name__", None) not in PRIMS})
+    gm = _trace(fn, kinds, consts, kw_names, _SENTINELS[0], table, shown)
+    if "scalar" in kinds:
+        other = _trace(fn, kinds, consts, kw_names, _SENTINELS[1], table, shown)
+        nodes, others = list(gm.graph.nodes), list(other.graph.nodes)
+        if [(n.op, n.target) for n in nodes] != [(n.op, n.target) for n in others]:
+            raise DecompositionError(f"{shown} decomposes differently for different values of its run-time scalars: "
+                                     "pass them as literals")
+        for n, m in zip(nodes, others):
+            n.args = _mark_scalars(n.args, m.args, shown)
+            n.kwargs = {k: _mark_scalars(v, m.kwargs.get(k), shown) for k, v in n.kwargs.items()}
     return gm.graph, shown
 
 
 def lower_call(name: str, method: bool, args: list[tuple[str, Any]], kw_names: tuple[str, ...],
                bind: Callable[[str, str], str]) -> str:
-    """tl code of the elementwise call ``name(*args)``: each arg is ('tensor', its tl code) or ('const', a Python
-    literal); the last ``len(kw_names)`` are keywords. ``bind(code, base)`` binds an intermediate that more than one
-    node reads to a fresh variable (and returns its name), so it is computed once."""
+    """tl code of the elementwise call ``name(*args)``. Each arg is (kind, its tl code) for an operand — kind
+    'tile', 'column', 'element' or 'mask' (see :data:`SAMPLE_SHAPES`), or 'scalar' for a Python scalar the kernel
+    receives — or ('const', a Python literal); the last ``len(kw_names)`` are keywords. ``bind(code, base)`` binds
+    a value that more than one place reads to a fresh variable (and returns its name), so it is computed once."""
     kinds = tuple(k for k, _ in args)
-    consts = tuple(None if k == "tensor" else v for k, v in args)
+    consts = tuple(v if k == "const" else None for k, v in args)
     try:
         graph, shown = _graph(name, method, kinds, consts, kw_names)
     except TypeError as exc:  # an unhashable literal (a list): not an elementwise call's argument
         raise DecompositionError(f"{name}(): {exc}") from None
-    inputs = iter(code for k, code in args if k == "tensor")
+    inputs = iter((k, code) for k, code in args if k in SAMPLE_SHAPES)
+    scalars = [code for k, code in args if k == "scalar"]
     env: dict[Any, Any] = {}
+    tiled: set[Any] = set()  # the nodes whose value varies over the tile (not one per column or per program)
     out = None
     for node in graph.nodes:
         if node.op == "placeholder":
-            env[node] = next(inputs)
+            kind, code = next(inputs)
+            # an input read in more than one place is bound once; read once, it stays inline
+            env[node] = code if code.isidentifier() or _is_number(code) or len(node.users) <= 1 else bind(code, "d")
+            if kind in ("tile", "mask"):
+                tiled.add(node)
         elif node.op == "output":
             res = node.args[0]
             res = res[0] if isinstance(res, (list, tuple)) and len(res) == 1 else res
@@ -222,25 +299,45 @@ def lower_call(name: str, method: bool, args: list[tuple[str, Any]], kw_names: t
                 raise DecompositionError(f"{shown} does not return one tensor")
             out = env[res]
         elif node.op == "call_function":
+            if not node.users:
+                continue  # a result nothing reads (batch_norm's saved statistics of training)
             packet = getattr(getattr(node.target, "overloadpacket", None), "__name__", str(node.target))
             if packet not in PRIMS:
                 raise DecompositionError(f"{shown} decomposes to aten.{packet}, which has no tl lowering (not "
                                          "elementwise, or not in the primitive table)")
-            params, from_graph = _by_schema(node, env)
+            params, from_graph = _by_schema(node, env, scalars)
             if not any(isinstance(params[k], str) for k in from_graph):
                 env[node] = _fold(node, params)  # constants only: torch computes it now (a Python scalar)
                 continue
             for k in from_graph:  # a constant of the graph beside a tile value: as tl source
                 if not isinstance(params[k], str):
                     params[k] = str(params[k]) if isinstance(params[k], bool) else _f(params[k])
-            code = PRIMS[packet](params)
-            # a value read by more than one node is computed once; one read once stays inline
+            if any(a in tiled for a in node.all_input_nodes):
+                tiled.add(node)
+            divisor = params.get("other") if packet == "div" else None
+            by_tile = len(node.args) > 1 and hasattr(node.args[1], "op") and node.args[1] in tiled
+            if node in tiled and divisor is not None and not by_tile and params.get("rounding_mode") is None:
+                # a division by what does not vary over the tile: one reciprocal, then a multiply per element
+                code = f"({_c(params['self'])} * {bind(f'1.0 / {_c(divisor)}', 'inv')})"
+            else:
+                code = _once(PRIMS[packet], params, from_graph, bind)
             env[node] = code if code.isidentifier() or _is_number(code) or len(node.users) <= 1 else bind(code, "d")
         else:
             raise DecompositionError(f"{shown}: graph node {node.op} {node.target}")
     if out is None:
         raise DecompositionError(f"{shown} has no output")
     return out
+
+
+def _once(prim: Callable[[dict[str, Any]], str], params: dict[str, Any], names: set[str],
+          bind: Callable[[str, str], str]) -> str:
+    """``prim(params)``; an operand's code that the primitive's formula repeats (gelu, sign) is bound first."""
+    code = prim(params)
+    repeated = {k for k in names if isinstance(params[k], str) and not params[k].isidentifier()
+                and not _is_number(params[k]) and code.count(params[k]) > 1}
+    if not repeated:
+        return code
+    return prim({**params, **{k: bind(params[k], "d") for k in repeated}})
 
 
 def _fold(node: Any, params: dict[str, Any]) -> Any:
@@ -273,9 +370,9 @@ def _is_number(code: str) -> bool:
     return True
 
 
-def _by_schema(node: Any, env: dict) -> tuple[dict[str, Any], set[str]]:
-    """The node's arguments by their schema names (tl code or a folded Python scalar for a graph value, the literal
-    otherwise), and the names whose value came from the graph."""
+def _by_schema(node: Any, env: dict, scalars: list[str]) -> tuple[dict[str, Any], set[str]]:
+    """The node's arguments by their schema names (tl code or a folded Python scalar for a graph value, the code of
+    a run-time scalar, the literal otherwise), and the names whose value came from the graph or a scalar."""
     schema = node.target._schema
     out, from_graph = {}, set()
     for i, a in enumerate(schema.arguments):
@@ -288,5 +385,10 @@ def _by_schema(node: Any, env: dict) -> tuple[dict[str, Any], set[str]]:
         if hasattr(v, "op"):
             v = env[v]
             from_graph.add(a.name)
+        elif isinstance(v, _Scalar):
+            v = scalars[v.index]
+            from_graph.add(a.name)
+        elif isinstance(v, (list, tuple)) and any(isinstance(x, _Scalar) for x in v):
+            raise DecompositionError(f"aten.{node.target} takes a run-time scalar inside a list: pass it as a literal")
         out[a.name] = v
     return out, from_graph

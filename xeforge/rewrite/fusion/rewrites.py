@@ -5,8 +5,8 @@ Owns:
 - :func:`fuse_consumer_kernel` — an elementwise Triton kernel that reads exactly the tile another kernel
   wrote (same tensor, same flat index, same bound) is folded into the producer: its body runs on the
   producer's tile before the producer's one store, the consumer's launch and definition go away.
-- :func:`fuse_forward_ops` — elementwise torch ops after a launch in ``Model.forward`` (the table in
-  :mod:`xeforge.rewrite.fusion.tl_ops`) become ``tl`` code in the kernel's epilogue; a trailing ``.to(dtype)`` of
+- :func:`fuse_forward_ops` — elementwise torch ops after a launch in ``Model.forward`` (translated by
+  :mod:`xeforge.rewrite.fusion.tl_ops`, lowered from one primitive table) become ``tl`` code in the kernel's epilogue; a trailing ``.to(dtype)`` of
   the result becomes the output buffer's dtype.
 - :func:`fuse_row_reduction` — a row reduction (sum, mean, max, min, amax, amin, logsumexp over the last
   dim) after a 2D-tiled kernel, with the elementwise ops around it, when one tile can cover the row:
@@ -357,6 +357,9 @@ class Chain:
     stop: str = ""  # why the chain ended before the return
     ops: list[str] = field(default_factory=list)
     older: set[str] = field(default_factory=set)  # names of values the chain went past (y included)
+    #: several outputs: the forward names ``return a, b, ...`` returns, each a value of the tile (the result, or an
+    #: earlier value the epilogue kept); None for one output
+    outputs: list[str] | None = None
 
 
 def _avg_pool(node: ast.AST, cur: str) -> ast.expr | None:
@@ -416,10 +419,12 @@ def _translate_pool(c: Ctx, ch: Chain, site: LaunchSite, size: ast.expr, line: i
     ch.pool = pool
 
 
-def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = False) -> Chain:
+def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = False, outputs: bool = False) -> Chain:
     """The forward statements after ``site`` that translate into its epilogue (raises NotApplicable if none).
 
     ``split``: the chain ends with its first row reduction, computed per tile (see :func:`fuse_split_row_reduction`).
+    ``outputs``: a return of several values of the tile (``return y, torch.relu(y)`` written as ``z =
+    torch.relu(y); return y, z``) ends the chain, each value stored by the kernel (:attr:`Chain.outputs`).
     """
     c.stmt_of(site)
     ts = tile_store(c.parsed, site.kernel)
@@ -521,6 +526,10 @@ def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = Fals
                 ch.ret = s
             elif s.value is not None and _is_to_dtype(s.value, ch.cur) is not None:
                 ch.ret, ch.to_dtype = s, _is_to_dtype(s.value, ch.cur)
+            elif outputs and isinstance(s.value, ast.Tuple) and len(s.value.elts) > 1 and \
+                    all(value_of(e) is not None for e in s.value.elts) and \
+                    any(value_of(e) in live for e in s.value.elts):
+                ch.ret, ch.outputs = s, [value_of(e) for e in s.value.elts]
             elif s.value is not None and names & tiles and not (split and ch.reduction is not None):
                 # `return y + residual`: the last op is the return's own expression
                 state["line"] = s.lineno
@@ -531,7 +540,10 @@ def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = Fals
                     else:
                         full.discard(ch.cur)
             else:
-                ch.stop = f"line {s.lineno}: `{c.seg(s)}` is not a plain return of the result"
+                ch.stop = f"line {s.lineno}: `{c.seg(s)}` is not a plain return of the result" + (
+                    " (several outputs are fused when each is a name holding a value of the tile, the result among "
+                    "them: `z = torch.relu(y)` then `return y, z`)" if outputs and isinstance(s.value, ast.Tuple)
+                    else "")
             break
         state["line"] = s.lineno
         mentions = {n.id for n in ast.walk(s) if isinstance(n, ast.Name)}
@@ -663,6 +675,7 @@ def _apply_chain(c: Ctx, ch: Chain, extra_launch: dict[str, str] | None = None,
     lines = list(b.lines)
     if not ts.value_is_name:
         lines.insert(0, f"{ch.tile_var} = {ts.value_src}")
+    extra = _extra_outputs(c, ch, alloc, edits) if ch.outputs else {}
     what = ", ".join(dict.fromkeys(ch.ops)) or "the output dtype"
     if row_store:
         offs_m, m = ts.rows
@@ -670,14 +683,17 @@ def _apply_chain(c: Ctx, ch: Chain, extra_launch: dict[str, str] | None = None,
         edits.replace[ts.line] = _comment_stmts(f"fused from Model.forward: {what}", [*lines, store])
     else:
         head = _comment_stmts(f"fused from Model.forward: {what}", lines) if lines else []
-        edits.replace[ts.line] = [*head, store_with_value(ts, ts.cast(b.var))]
+        more = [_store_stmt(ts, f"{b.saved[name]}.to({param}.dtype.element_ty)", f"{param} + {ts.offset_src}")
+                for name, (param, _) in extra.items()]
+        edits.replace[ts.line] = [*head, *statements("\n".join(more)), store_with_value(ts, ts.cast(b.var))]
     if ts.cast_line:
         edits.replace[ts.cast_line] = []
-    params = [q for op in b.operands.values() for q in op.params()]
+    params = [q for op in b.operands.values() for q in op.params()] + [param for param, _ in extra.values()]
     if params:
         edits.params[site.kernel] = params
     kwargs = {k: v for op in b.operands.values() for k, v in op.launch_args().items()}
     kwargs.update(extra_launch or {})
+    kwargs.update({param: buf for param, buf in extra.values()})
     if kwargs:
         edits.calls[site.line] = lambda call: set_call_kwargs(call, kwargs)
     # forward: the translated statements go; the result lives in y's buffer
@@ -686,7 +702,11 @@ def _apply_chain(c: Ctx, ch: Chain, extra_launch: dict[str, str] | None = None,
     result = y
     if ch.reduction is not None and not ch.reduction["keepdim"]:
         result = f"{y}.squeeze(1)"
-    if ch.ret is not None:
+    if ch.ret is not None and ch.outputs:
+        # each returned value from the buffer that holds it: the result's is y's, an earlier value's its own
+        edits.replace[ch.ret.lineno] = statements(
+            "return " + ", ".join(extra[n][1] if n in extra else result for n in ch.outputs))
+    elif ch.ret is not None:
         ret_val = result if absorb is not None or ch.to_dtype is None else f"{result}.to({c.seg(ch.to_dtype)})"
         edits.replace[ch.ret.lineno] = statements(f"return {ret_val}")
     elif ch.stmts and (ch.cur != y or result != y):
@@ -728,6 +748,32 @@ def _apply_chain(c: Ctx, ch: Chain, extra_launch: dict[str, str] | None = None,
     return dead_code(new, dead), absorb is not None
 
 
+def _extra_outputs(c: Ctx, ch: Chain, alloc: ast.Assign | None, edits: Edits) -> dict[str, tuple[str, str]]:
+    """For each earlier value of the tile that forward returns beside the result: the kernel parameter that receives
+    its buffer and the buffer, allocated like y's after y's allocation (the same shape and strides, so the kernel
+    stores it at the result's offsets). NotApplicable with the reason where that cannot hold."""
+    ts, b, y = ch.tile, ch.builder, ch.y
+    earlier = [n for n in dict.fromkeys(ch.outputs) if n in b.saved]
+    if not earlier:
+        return {}
+    if alloc is None:
+        raise NotApplicable(f"forward returns several values of {y}'s tile, and {y} is not allocated in forward: the "
+                            "other outputs' buffers would have no shape to follow")
+    if ts.offset_src == "0" or ts.ptr_src.strip() == ts.ptr_param:
+        raise NotApplicable(f"{ch.site.kernel}'s store has no offsets from {ts.ptr_param} to store another output at")
+    taken = {n.id for n in ast.walk(c.model.tree) if isinstance(n, ast.Name)} | set(ts.names) | set(ts.params)
+    out: dict[str, tuple[str, str]] = {}
+    for name in earlier:
+        buf = next(f"{name}{s}" for s in ("_out", *(f"_out{i}" for i in range(2, 99))) if f"{name}{s}" not in taken)
+        param = next(f"{name}{s}" for s in ("_out_ptr", *(f"_out{i}_ptr" for i in range(2, 99)))
+                     if f"{name}{s}" not in taken)
+        taken |= {buf, param}
+        out[name] = (param, buf)
+    edits.insert_after[alloc.lineno] = statements("\n".join(f"{buf} = torch.empty_like({y})"
+                                                             for _, buf in out.values()))
+    return out
+
+
 def _first_forward_launch(c: Ctx, attempt: Callable[[LaunchSite], tuple[str, str]]) -> tuple[str, str]:
     """``attempt(site)`` on each launch in ``forward``; the first that applies, else every launch's reason."""
     why = []
@@ -756,15 +802,18 @@ def fuse_forward_ops(source: str, problem: Any) -> tuple[str, str]:
     c = Ctx(source, problem)
 
     def attempt(site: LaunchSite) -> tuple[str, str]:
-        ch = op_chain(c, site, allow_reduction=False)
+        ch = op_chain(c, site, allow_reduction=False, outputs=True)
         new, absorbed = _apply_chain(c, ch)
         ops = ", ".join(dict.fromkeys(ch.ops))
         parts = []
         if ch.stmts or ch.ops:
             what = f"{len(ch.stmts)} torch op statement(s)" if ch.stmts else "the returned expression's torch ops"
-            if ch.stmts and ch.ret is not None and ch.to_dtype is None and not isinstance(ch.ret.value, ast.Name):
+            if ch.stmts and ch.ret is not None and ch.to_dtype is None and not ch.outputs \
+                    and not isinstance(ch.ret.value, ast.Name):
                 what += " and the returned expression"
             parts.append(f"{what} ({ops}) after {site.kernel} now run in its epilogue")
+            if ch.outputs:
+                parts.append(f"it stores each of the {len(ch.outputs)} returned values ({', '.join(ch.outputs)})")
         if absorbed:
             parts.append(f"{site.kernel} writes {c.seg(ch.to_dtype)} directly (no trailing cast pass)")
         return new, "; ".join(parts)

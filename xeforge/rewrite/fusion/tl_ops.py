@@ -1,31 +1,32 @@
-"""Elementwise torch ops that translate to ``tl`` code: the table behind epilogue fusion.
+"""Forward statements after a kernel's launch, translated to ``tl`` code on the kernel's tile value.
 
-Owns: :data:`TORCH_OPS` (op name -> translation) and :class:`EpilogueBuilder`, which turns statements of
-``Model.forward`` such as ``y = F.gelu(y * self.scale)`` into ``tl`` statements applied to a kernel's tile
-value, collecting the extra kernel inputs they need (Python scalars, per-column vectors, one-element
-tensors). Anything outside the table raises :class:`Unsupported` with the reason. Also the row reductions
-(:data:`REDUCTIONS`, :func:`reduction_call`) and the ops over a whole row (:data:`ROW_OPS`: softmax,
-log_softmax): inside an expression they are lowered through the builder's ``row_reduce`` where one tile covers
-the row, their ``[rows, 1]`` result broadcast back (``y - y.mean(1, keepdim=True)``).
+Owns :class:`EpilogueBuilder`, which turns statements of ``Model.forward`` such as ``y = F.gelu(y * self.scale)``
+into ``tl`` statements applied to a kernel's tile value, collecting the extra kernel inputs they need (run-time
+Python scalars, per-column vectors, one-element tensors, tensors of the output's shape). It keeps no table of its
+own: Python's operators are primitives of :data:`xeforge.rewrite.fusion.decompose.PRIMS`, and every torch op
+(``F.gelu``, ``torch.where``, ``y.mul_(s)``, ``F.batch_norm``, ...) is traced with torch's decompositions down to
+those primitives and lowered from the same table (:func:`~xeforge.rewrite.fusion.decompose.lower_call`), each
+argument passed with how it varies (the tile, a column, one element, a run-time scalar). An op that does not
+reduce to that table raises :class:`Unsupported` with the reason.
 
-Numerics follow torch's definitions in fp32: ``tanh(z) = 2*sigmoid(2z) - 1`` (no ``tl.tanh`` in core Triton),
-``gelu`` erf form ``0.5*z*(1 + erf(z/sqrt(2)))`` and tanh form, ``softplus`` with torch's threshold 20,
-``mish(z) = z*tanh(softplus(z))``, inference ``batch_norm`` as ``z * scale + shift`` with the per-column
-``scale = w / sqrt(var + eps)`` and ``shift = b - mean * scale`` computed once per column, not per element.
-A division by something that is not the tile value (a scalar, a per-column vector) is a multiplication by its
-reciprocal, computed once: fp32 division is a multi-instruction sequence per element, the reciprocal's extra
-rounding (an ulp of fp32) is far inside any tolerance a 16-bit output allows.
+Also the row reductions (:data:`REDUCTIONS`, :func:`reduction_call`) and the ops over a whole row
+(:data:`ROW_OPS`: softmax, log_softmax): inside an expression they are lowered through the builder's
+``row_reduce`` where one tile covers the row, their ``[rows, 1]`` result broadcast back (``y - y.mean(1,
+keepdim=True)``). A division by something that does not vary over the tile (a scalar, a per-column vector) is a
+multiplication by its reciprocal, computed once: fp32 division is a multi-instruction sequence per element, the
+reciprocal's extra rounding (an ulp of fp32) is far inside any tolerance a 16-bit output allows.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from xeforge.kernel_model import dotted_name, is_literal, literal
 from xeforge.rewrite import NotApplicable
-from xeforge.rewrite.fusion.decompose import DecompositionError, lower_call
+from xeforge.rewrite.fusion.decompose import PRIMS, DecompositionError, lower_call
 
 TORCH_PREFIXES = ("torch.", "F.", "torch.nn.functional.", "nn.functional.")
 
@@ -137,6 +138,7 @@ class EpilogueBuilder:
     lines: list[str] = field(default_factory=list)
     operands: dict[str, Operand] = field(default_factory=dict)
     loaded: dict[str, str] = field(default_factory=dict)  # operand param -> tl variable holding it
+    kinds: dict[str, str] = field(default_factory=dict)  # tl name of an operand -> its Operand.kind
     ops: list[str] = field(default_factory=list)  # names of the torch ops translated (for descriptions)
     #: earlier values of the tile a later op reads again (a residual, a gate's input): forward name -> tl variable
     saved: dict[str, str] = field(default_factory=dict)
@@ -151,13 +153,13 @@ class EpilogueBuilder:
 
     def try_assign(self, value: ast.expr, names: set[str]) -> str | None:
         """:meth:`assign` with ``names`` as the value; if it does not translate, undo what it added and say why."""
-        snap = (len(self.lines), dict(self.operands), dict(self.loaded), len(self.ops))
+        snap = (len(self.lines), dict(self.operands), dict(self.loaded), len(self.ops), dict(self.kinds))
         try:
             self.value_names = names
             self.assign(value)
         except (Unsupported, NotApplicable) as exc:
             del self.lines[snap[0]:], self.ops[snap[3]:]
-            self.operands, self.loaded = snap[1], snap[2]
+            self.operands, self.loaded, self.kinds = snap[1], snap[2], snap[4]
             return str(exc)
         return None
 
@@ -185,28 +187,32 @@ class EpilogueBuilder:
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
             return repr(float(node.value)) if isinstance(node.value, float) else repr(node.value)
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            return f"(-{self.expr(node.operand)})"
+            return PRIMS["neg"]({"self": self.expr(node.operand)})
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.UAdd):
             return self.expr(node.operand)
-        if isinstance(node, ast.BinOp):
-            ops = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
-            sym = ops.get(type(node.op))
-            if sym is not None:
+        if isinstance(node, ast.BinOp):  # Python's operators are primitives of the one table
+            prim = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div"}.get(type(node.op))
+            if prim is not None:
                 left, right = self.expr(node.left), self.expr(node.right)
-                self.ops.append({"+": "add", "-": "sub", "*": "mul", "/": "div"}[sym])
-                return self.divide(left, right, node.right) if sym == "/" else f"({left} {sym} {right})"
-            if isinstance(node.op, ast.Pow) and literal(node.right) == 2:
-                t = self.temp(self.expr(node.left))
-                self.ops.append("square")
-                return f"({t} * {t})"
+                self.ops.append(prim)
+                if prim == "div":
+                    return self.divide(left, right, node.right)
+                return PRIMS[prim]({"self": left, "other": right})
+            if isinstance(node.op, ast.Pow) and is_literal(literal(node.right)) and \
+                    isinstance(literal(node.right), (int, float)):
+                self.ops.append("pow")
+                try:
+                    return PRIMS["pow"]({"self": self.temp(self.expr(node.left)), "exponent": literal(node.right)})
+                except DecompositionError as exc:
+                    raise Unsupported(str(exc)) from None
             raise Unsupported(f"operator {type(node.op).__name__} is not in the fusion table")
         if isinstance(node, ast.Compare) and len(node.ops) == 1:
-            sym = {ast.Gt: ">", ast.Lt: "<", ast.GtE: ">=", ast.LtE: "<=", ast.Eq: "==", ast.NotEq: "!="}.get(
+            prim = {ast.Gt: "gt", ast.Lt: "lt", ast.GtE: "ge", ast.LtE: "le", ast.Eq: "eq", ast.NotEq: "ne"}.get(
                 type(node.ops[0]))
-            if sym is None:
+            if prim is None:
                 raise Unsupported(f"comparison {type(node.ops[0]).__name__} is not in the fusion table")
             self.ops.append("compare")
-            return f"({self.expr(node.left)} {sym} {self.expr(node.comparators[0])})"
+            return PRIMS[prim]({"self": self.expr(node.left), "other": self.expr(node.comparators[0])})
         red = reduction_call(node) if self._mentions_value(node) else None
         if red is not None:
             return self.reduce_back(node, *red)
@@ -220,26 +226,22 @@ class EpilogueBuilder:
                 return self.expr(args[0])
             if key in VALUE_VIEWS and len(args) == 1 and not node.keywords and self._mentions_value(node):
                 return self.expr(args[0])  # y.clone(), y.detach(), y.contiguous(): the same values
-            if key and key.endswith("_") and key[:-1] in TORCH_OPS:
-                key = key[:-1]  # y.mul_(s): the in-place op is the op (the statement assigns its receiver)
             if key == "to" and len(args) == 2 and dotted_name(args[1]) in ("torch.float32", "torch.float"):
                 return self.expr(args[0])
-            if key in TORCH_OPS and self._mentions_value(node):
-                out = TORCH_OPS[key](self, node, args)
-                self.ops.append(key)
-                return out
             if not self._mentions_value(node):
                 return self.operand(node)
             out = self.decomposed(node)
-            self.ops.append(key or ast.unparse(node.func))
+            self.ops.append((key or ast.unparse(node.func)).removesuffix("_"))
             return out
         if isinstance(node, (ast.Attribute, ast.Name, ast.Subscript)):
             return self.operand(node)
         raise Unsupported(f"{ast.unparse(node)} is not an elementwise expression the fusion table supports")
 
     def decomposed(self, node: ast.Call) -> str:
-        """An op outside the table, reduced by torch's decompositions to primitives and lowered from them
-        (:mod:`xeforge.rewrite.fusion.decompose`); its tensor arguments are translated here, literals stay."""
+        """A torch op, reduced by torch's decompositions to primitives and lowered from them
+        (:mod:`xeforge.rewrite.fusion.decompose`): its tensor arguments are translated here and passed with their
+        kind (the tile's value, a per-column vector, ...), a Python scalar the kernel receives as a run-time scalar,
+        literals as they are. An in-place method (``y.mul_(s)``) is its op: the statement assigns its receiver."""
         name = dotted_name(node.func) or ""
         method = not any(name.startswith(p) for p in (*TORCH_PREFIXES, "torch.special."))
         if method and not isinstance(node.func, ast.Attribute):
@@ -254,12 +256,27 @@ class EpilogueBuilder:
             if is_literal(val) and (val is None or isinstance(val, (bool, int, float, str))):
                 args.append(("const", val))
             else:
-                args.append(("tensor", self.temp(self.expr(a))))
+                code = self.expr(a)
+                args.append((self.kind(a, code), code))
+        op = node.func.attr if method else name
+        if method and op.endswith("_") and not op.endswith("__"):
+            op = op[:-1]
         try:
-            return lower_call(node.func.attr if method else name, method, args,
-                              tuple(k.arg for k in node.keywords), lambda code, base: self.temp(code, base))
+            return lower_call(op, method, args, tuple(k.arg for k in node.keywords),
+                              lambda code, base: self.temp(code, base))
         except DecompositionError as exc:
-            raise Unsupported(f"{exc} (the fusion table has: {', '.join(sorted(TORCH_OPS))})") from None
+            raise Unsupported(str(exc)) from None
+
+    def kind(self, node: ast.expr, code: str) -> str:
+        """How an argument (``node``, translated to ``code``) varies: 'mask' for a comparison, 'tile' for anything
+        that reads the value or an operand of the output's shape, 'column', 'element', or 'scalar' for an
+        expression of run-time Python scalars only."""
+        if isinstance(node, (ast.Compare, ast.BoolOp)) or (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not)):
+            return "mask"
+        if self._mentions_value(node):
+            return "tile"
+        kinds = {self.kinds[n] for n in re.findall(r"[A-Za-z_]\w*", code) if n in self.kinds}
+        return next((k for k in ("tile", "column", "element") if k in kinds), "scalar")
 
     def reduce_back(self, node: ast.AST, kind: str, keep: bool, arg: ast.expr) -> str:
         """A row reduction inside an expression, its ``[rows, 1]`` result broadcast back over the row."""
@@ -293,6 +310,7 @@ class EpilogueBuilder:
                               "output's shape")
         known = self.operands.setdefault(op.src, op)
         if known.kind == "scalar":
+            self.kinds[known.param] = "scalar"
             return known.param
         if known.param in self.loaded:
             return self.loaded[known.param]
@@ -319,164 +337,11 @@ class EpilogueBuilder:
             self.lines.append(f"{name} = tl.load({known.param} + {offs_n}, mask={offs_n} < {n}, "
                               f"other=0.0).to(tl.float32){'' if self.column_2d else '[None, :]'}")
         self.loaded[known.param] = name
+        self.kinds[name] = known.kind
         return name
 
-    def scalar_arg(self, node: ast.expr | Any, default: float) -> str:
-        if node is None:
-            return repr(float(default))
-        if not isinstance(node, ast.AST):
-            return repr(node)
-        return self.expr(node)
 
-
-# ------------------------------------------------------------------------------------------------ the table
-def _unary(fmt: str) -> Callable[[EpilogueBuilder, ast.Call, list[ast.expr]], str]:
-    def build(b: EpilogueBuilder, call: ast.Call, args: list[ast.expr]) -> str:
-        if len(args) != 1 or call.keywords:
-            raise Unsupported(f"{ast.unparse(call)}: only the one-argument form is supported")
-        z = b.expr(args[0])
-        if fmt.count("{z}") > 1:
-            z = b.temp(z)
-        return fmt.format(z=z)
-
-    return build
-
-
-def _tanh_code(z: str) -> str:
-    return f"(2.0 * tl.sigmoid(2.0 * {z}) - 1.0)"
-
-
-def _binary(sym: str) -> Callable[[EpilogueBuilder, ast.Call, list[ast.expr]], str]:
-    def build(b: EpilogueBuilder, call: ast.Call, args: list[ast.expr]) -> str:
-        if len(args) != 2 or call.keywords:
-            raise Unsupported(f"{ast.unparse(call)}: only the two-operand form is supported")
-        left, right = b.expr(args[0]), b.expr(args[1])
-        return b.divide(left, right, args[1]) if sym == "/" else f"({left} {sym} {right})"
-
-    return build
-
-
-def _minmax(fn: str) -> Callable[[EpilogueBuilder, ast.Call, list[ast.expr]], str]:
-    def build(b: EpilogueBuilder, call: ast.Call, args: list[ast.expr]) -> str:
-        if len(args) != 2 or call.keywords:
-            raise Unsupported(f"{ast.unparse(call)}: only the two-operand form is supported")
-        return f"tl.{fn}({b.expr(args[0])}, {b.expr(args[1])})"
-
-    return build
-
-
-def _relu(b, call, args):
-    if len(args) != 1:
-        raise Unsupported(f"{ast.unparse(call)}: unexpected arguments")
-    return f"tl.maximum({b.expr(args[0])}, 0.0)"
-
-
-def _leaky_relu(b, call, args):
-    z = b.temp(b.expr(args[0]))
-    s = b.scalar_arg(_kw(call, args, 1, "negative_slope"), 0.01)
-    return f"tl.where({z} >= 0, {z}, {z} * {s})"
-
-
-def _silu(b, call, args):
-    z = b.temp(b.expr(args[0]))
-    return f"({z} * tl.sigmoid({z}))"
-
-
-def _tanh(b, call, args):
-    return _tanh_code(b.expr(args[0]))
-
-
-def _gelu(b, call, args):
-    approx = _kw(call, args, 1, "approximate", "none")
-    approx = literal(approx) if isinstance(approx, ast.AST) else approx
-    z = b.temp(b.expr(args[0]))
-    if approx == "tanh":
-        inner = b.temp(f"0.7978845608028654 * ({z} + 0.044715 * {z} * {z} * {z})")
-        return f"(0.5 * {z} * (1.0 + {_tanh_code(inner)}))"
-    if approx != "none":
-        raise Unsupported(f"{ast.unparse(call)}: approximate={approx!r} is not a literal 'none' or 'tanh'")
-    return f"(0.5 * {z} * (1.0 + tl.erf({z} * 0.7071067811865476)))"
-
-
-def _hardtanh(b, call, args):
-    lo = b.scalar_arg(_kw(call, args, 1, "min_val"), -1.0)
-    hi = b.scalar_arg(_kw(call, args, 2, "max_val"), 1.0)
-    return f"tl.minimum(tl.maximum({b.expr(args[0])}, {lo}), {hi})"
-
-
-def _clamp(b, call, args):
-    lo = _kw(call, args, 1, "min")
-    hi = _kw(call, args, 2, "max")
-    if isinstance(lo, ast.Constant) and lo.value is None:
-        lo = None
-    if isinstance(hi, ast.Constant) and hi.value is None:
-        hi = None
-    if lo is None and hi is None:
-        raise Unsupported(f"{ast.unparse(call)}: clamp without bounds")
-    out = b.expr(args[0])
-    if lo is not None:
-        out = f"tl.maximum({out}, {b.expr(lo)})"
-    if hi is not None:
-        out = f"tl.minimum({out}, {b.expr(hi)})"
-    return out
-
-
-def _clamp_min(b, call, args):
-    return f"tl.maximum({b.expr(args[0])}, {b.expr(_kw(call, args, 1, 'min'))})"
-
-
-def _clamp_max(b, call, args):
-    return f"tl.minimum({b.expr(args[0])}, {b.expr(_kw(call, args, 1, 'max'))})"
-
-
-def _softplus_code(b: EpilogueBuilder, z: str, beta: str = "1.0", threshold: str = "20.0") -> str:
-    z = b.temp(z)
-    if beta in ("1.0", "1"):
-        return f"tl.where({z} > {threshold}, {z}, tl.log(1.0 + tl.exp({z})))"
-    bz = b.temp(f"{beta} * {z}")
-    return f"tl.where({bz} > {threshold}, {z}, tl.log(1.0 + tl.exp({bz})) / {beta})"
-
-
-def _softplus(b, call, args):
-    beta = b.scalar_arg(_kw(call, args, 1, "beta"), 1.0)
-    threshold = b.scalar_arg(_kw(call, args, 2, "threshold"), 20.0)
-    return _softplus_code(b, b.expr(args[0]), beta, threshold)
-
-
-def _mish(b, call, args):
-    z = b.temp(b.expr(args[0]))
-    sp = b.temp(_softplus_code(b, z))
-    return f"({z} * {_tanh_code(sp)})"
-
-
-def _batch_norm(b, call, args):
-    training = _kw(call, args, 5, "training", None)
-    if training is not None and literal(training) is not False:
-        raise Unsupported("F.batch_norm with training=True normalises over the batch (a column reduction)")
-    mean, var = _kw(call, args, 1, "running_mean"), _kw(call, args, 2, "running_var")
-    if mean is None or var is None:
-        raise Unsupported("F.batch_norm without running statistics")
-    weight, bias = _kw(call, args, 3, "weight"), _kw(call, args, 4, "bias")
-    eps = b.scalar_arg(_kw(call, args, 7, "eps"), 1e-5)
-    for name, node in (("running_mean", mean), ("running_var", var), ("weight", weight), ("bias", bias)):
-        if node is not None and b._mentions_value(node):
-            raise Unsupported(f"F.batch_norm whose {name} is computed from the value itself")
-    given = [n is not None and not (isinstance(n, ast.Constant) and n.value is None) for n in (weight, bias)]
-    z = b.expr(args[0])
-    # per column once: scale = w / sqrt(var + eps), shift = b - mean * scale; per element one multiply-add
-    std = f"tl.sqrt({b.expr(var)} + {eps})"
-    scale = b.temp(f"{b.expr(weight)} / {std}" if given[0] else f"1.0 / {std}", "bn_scale")
-    mean_s = b.expr(mean)
-    shift = b.temp(f"{b.expr(bias)} - {mean_s} * {scale}" if given[1] else f"-{mean_s} * {scale}", "bn_shift")
-    return f"({z} * {scale} + {shift})"
-
-
-def _where(b, call, args):
-    if len(args) != 3 or call.keywords:
-        raise Unsupported(f"{ast.unparse(call)}: only torch.where(condition, a, b) is supported")
-    return f"tl.where({b.expr(args[0])}, {b.expr(args[1])}, {b.expr(args[2])})"
-
-
+# ------------------------------------------------------------------------------------------------ row ops
 def _whole_row(b: EpilogueBuilder, call: ast.Call, args: list[ast.expr]) -> str:
     """The tile value an op over the whole row reads (bound to a name), after checking it reduces over the last dim
     and that one tile covers the row (else Unsupported with the reason)."""
@@ -509,17 +374,4 @@ VALUE_VIEWS = ("clone", "detach", "contiguous")
 #: ops over the whole row, lowered with :attr:`EpilogueBuilder.row_reduce` and broadcast back
 ROW_OPS: dict[str, Callable[[EpilogueBuilder, ast.Call, list[ast.expr]], str]] = {
     "softmax": _softmax, "log_softmax": _log_softmax,
-}
-
-#: torch op (as ``torch.X`` / ``F.X`` / ``tensor.X()``) -> translation into tl code
-TORCH_OPS: dict[str, Callable[[EpilogueBuilder, ast.Call, list[ast.expr]], str]] = {
-    "add": _binary("+"), "sub": _binary("-"), "subtract": _binary("-"), "mul": _binary("*"),
-    "multiply": _binary("*"), "div": _binary("/"), "divide": _binary("/"), "true_divide": _binary("/"),
-    "relu": _relu, "leaky_relu": _leaky_relu, "sigmoid": _unary("tl.sigmoid({z})"), "silu": _silu,
-    "tanh": _tanh, "gelu": _gelu, "hardtanh": _hardtanh, "clamp": _clamp, "clip": _clamp,
-    "clamp_min": _clamp_min, "clamp_max": _clamp_max, "mish": _mish, "softplus": _softplus,
-    "exp": _unary("tl.exp({z})"), "log": _unary("tl.log({z})"), "abs": _unary("tl.abs({z})"),
-    "sqrt": _unary("tl.sqrt({z})"), "rsqrt": _unary("tl.rsqrt({z})"), "neg": _unary("(-{z})"),
-    "negative": _unary("(-{z})"), "square": _unary("({z} * {z})"), "reciprocal": _unary("(1.0 / {z})"),
-    "maximum": _minmax("maximum"), "minimum": _minmax("minimum"), "batch_norm": _batch_norm, "where": _where,
 }
