@@ -40,6 +40,20 @@ def test_the_arguments_that_lose_the_hint_at_the_odd_shape_get_one_passed_per_ca
     assert app.applies and "divisibility hints for M, N, stride_bk, stride_cm" in app.reason
 
 
+def test_a_users_own_hint_on_an_argument_is_named_as_doing_nothing():
+    """``stride_bk = tl.multiple_of(stride_bk, 8)`` in the kernel, as user kernels write it: the compiler drops a hint
+    on an argument, so the plan says so and passes its own per call."""
+    p = load_problem(GEMM_SQUARE)
+    src = p.kernel_source.replace("    pid = tl.program_id(0)\n",
+                                  "    stride_bk = tl.multiple_of(stride_bk, 8)\n    pid = tl.program_id(0)\n", 1)
+    assert src != p.kernel_source
+    (plan,) = align_hints.plan(src, align_hints.findings(p, src))
+    line = src[:src.index("tl.multiple_of(stride_bk")].count("\n") + 1
+    assert plan.dropped == [f"tl.multiple_of(stride_bk, 8) (line {line})"]
+    assert f"its own tl.multiple_of(stride_bk, 8) (line {line}) does nothing" in plan.describe()
+    assert align_hints.plan(p.kernel_source, align_hints.findings(p))[0].dropped == []
+
+
 def test_the_hinted_kernel_is_correct_at_every_shape(verify):
     """The hint is computed from each call's values, so it holds at the ragged shapes too (M = 17: 1, no hint)."""
     p = load_problem(GEMM_SQUARE)

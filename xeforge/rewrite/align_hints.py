@@ -18,8 +18,9 @@ Whether a shape then runs faster is gate 3's to say.
 
 from __future__ import annotations
 
+import ast
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import libcst as cst
 
@@ -83,16 +84,33 @@ def findings(problem, source: str | None = None) -> list[dict]:
     return alignment_by_shape(traces(problem, source), shapes, roles)
 
 
+def dropped_hints(model: KernelModel, kernel: str) -> list[str]:
+    """The kernel's own ``tl.multiple_of`` / ``tl.max_contiguous`` calls on a parameter itself, as written with their
+    line: the compiler drops them (the hint is an attribute of the op that made the value, and an argument has none;
+    an argument's divisibility comes from the JIT's specialization alone, by 16)."""
+    fn = model.functions.get(kernel)
+    if fn is None:
+        return []
+    params = set(fn.params)
+    return [f"{ast.unparse(c)} (line {c.lineno})" for c in ast.walk(fn.node)
+            if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+            and c.func.attr in ("multiple_of", "max_contiguous") and c.args
+            and isinstance(c.args[0], ast.Name) and c.args[0].id in params]
+
+
 @dataclass
 class HintPlan:
     kernel: str
     args: dict[str, str]  # parameter -> the host expression the launch passes
     findings: list[dict]  # the alignment findings behind it (shape, value, role)
+    dropped: list[str] = field(default_factory=list)  # the kernel's own hints on arguments, which do nothing
 
     def describe(self) -> str:
         at = sorted({f"{f['arg']}={f['value']} at {f['shape']}" for f in self.findings})
+        own = (f"; its own {', '.join(self.dropped)} does nothing: the compiler drops a hint on an argument"
+               if self.dropped else "")
         return (f"{self.kernel}: divisibility hints for {', '.join(self.args)} (the largest power of two up to "
-                f"{DIVISIBILITY} that divides each, passed per call; {'; '.join(at)})")
+                f"{DIVISIBILITY} that divides each, passed per call; {'; '.join(at)}{own})")
 
 
 def plan(source: str, findings: list[dict]) -> list[HintPlan]:
@@ -131,7 +149,7 @@ def plan(source: str, findings: list[dict]) -> list[HintPlan]:
             else:
                 why.append(f"{kernel}'s {f['arg']} is passed as {host or 'nothing'}, which a hint would evaluate again")
         if args:
-            out.append(HintPlan(kernel, args, [f for f in found if f["arg"] in args]))
+            out.append(HintPlan(kernel, args, [f for f in found if f["arg"] in args], dropped_hints(model, kernel)))
     if not out:
         raise NotApplicable("; ".join(dict.fromkeys(why)))
     return out
