@@ -60,6 +60,7 @@ class Model(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.randn(out_features, in_features) * 0.05)
         self.bias = torch.nn.Parameter(torch.randn(out_features) * 0.05)
         self.bias2 = torch.nn.Parameter(torch.randn(out_features) * 0.1)  # its shape is the trace's to tell
+        self.slope = 0.2  # a Python scalar: the kernel receives it at run time
 
     def forward(self, x):
         y = LINEAR(x, self.weight, self.bias)
@@ -91,6 +92,9 @@ GRAPHS = {
     # ops lowered from torch's decompositions, as every op (hardswish: x * clamp(x + 3, 0, 6) / 6)
     "decomposed-ops": ("y = F.hardswish(y)\ny = F.elu(y, 0.5) + F.softsign(y)\nreturn torch.lerp(y, x, 0.25)",
                        ["tl.minimum(", "tl.exp(", "tl.abs("]),
+    # the Model's Python scalar: a kernel argument in the code torch's decomposition gives (traced twice to find it)
+    "a-model-scalar": ("y = F.leaky_relu(y, self.slope)\nreturn F.hardtanh(y, -self.slope, self.slope)",
+                       ["tl.where((acc > 0.0), acc, (acc * slope))", "tl.maximum(acc, (-slope))"]),
     # several outputs: the pre-activation and the activation, each stored by the kernel into its own buffer
     "several-outputs": ("z = F.gelu(y)\nreturn y, z", ["tl.store(y_out_ptr + ", "y_out_ptr.dtype.element_ty"]),
     "several-outputs-kept-by-an-alias": ("pre = y.clone()\ny = torch.relu(y) * 2.0\nreturn pre, y, pre",

@@ -1,6 +1,7 @@
 """Property test of epilogue graphs (issue 33): random elementwise graphs over a GEMM's output — values reused,
 residuals through ``clone()``, ``torch.where`` on a comparison, ops torch decomposes (hardswish, elu, ...), Python
-scalars, a per-column parameter whose shape only the trace knows, and the layer's input — are fused into the
+scalars (literals and the Model's own), a per-column parameter whose shape only the trace knows, the layer's input,
+and several outputs — are fused into the
 GEMM's epilogue by fuse-epilogue and verified against their PyTorch reference through the real verifier on the
 interpreter. Bounded and derandomized, so CI sees the same graphs on every run; the GEMM, its wrapper and the
 Model are test_fusion_graph's."""
@@ -21,7 +22,9 @@ UNARY = ["torch.relu({a})", "torch.sigmoid({a})", "torch.tanh({a})", "F.gelu({a}
          "F.hardswish({a})", "F.elu({a}, 0.5)", "F.softsign({a})"]
 BINARY = ["{a} + {b}", "{a} - {b}", "{a} * {b}", "torch.maximum({a}, {b})", "torch.where({a} > 0, {a}, {b})",
           "torch.where({a} > {b}, {b}, {a} * 0.5)"]
-OPERAND = ["{a} * {s}", "{a} + {s}", "{a} + self.bias2", "{a} * self.bias2", "x + {a}", "{a} - x * {s}"]
+OPERAND = ["{a} * {s}", "{a} + {s}", "{a} + self.bias2", "{a} * self.bias2", "x + {a}", "{a} - x * {s}",
+           # the Model's Python scalar, passed to the kernel at run time (torch's decomposition traced around it)
+           "F.leaky_relu({a}, self.slope)", "F.hardtanh({a}, -self.slope, self.slope)"]
 
 
 @st.composite
@@ -43,7 +46,12 @@ def graphs(draw) -> str:
         lines.append(f"v{i} = {expr}")
         values.append(f"v{i}")
     last, other = values[-1], draw(st.sampled_from(values))
-    lines.append(f"return {last}" if other == last else f"return {last} + {other}")
+    if other == last:
+        lines.append(f"return {last}")
+    elif draw(st.booleans()):
+        lines.append(f"return {last} + {other}")
+    else:
+        lines.append(f"return {last}, {other}")  # several outputs: the kernel stores each
     return "\n".join(lines)
 
 

@@ -703,9 +703,13 @@ def _apply_chain(c: Ctx, ch: Chain, extra_launch: dict[str, str] | None = None,
     if ch.reduction is not None and not ch.reduction["keepdim"]:
         result = f"{y}.squeeze(1)"
     if ch.ret is not None and ch.outputs:
-        # each returned value from the buffer that holds it: the result's is y's, an earlier value's its own
-        edits.replace[ch.ret.lineno] = statements(
-            "return " + ", ".join(extra[n][1] if n in extra else result for n in ch.outputs))
+        # each returned value from the buffer that holds it: the result's is y's, an earlier value's its own; a
+        # buffer returned again is a copy, as forward returned distinct tensors (y and its clone, say)
+        given: list[str] = []
+        for n in ch.outputs:
+            buf = extra[n][1] if n in extra else result
+            given.append(f"{buf}.clone()" if buf in given else buf)
+        edits.replace[ch.ret.lineno] = statements("return " + ", ".join(given))
     elif ch.ret is not None:
         ret_val = result if absorb is not None or ch.to_dtype is None else f"{result}.to({c.seg(ch.to_dtype)})"
         edits.replace[ch.ret.lineno] = statements(f"return {ret_val}")
