@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import FIXTURES, skip_without_gpu
+from tests.conftest import FIXTURES, ROOT, skip_without_gpu
 from xeforge.timing import Stats, decide, delay_flushes, noise_margin, roofline_floor
 
 
@@ -47,6 +47,32 @@ def test_below_roofline_is_rejected():
     floor = roofline_floor(flop=2e12, nbytes=None, peak_flops=1e15, bw=None)  # 2 ms at best
     d = decide([5.0] * 10, [1.0] * 10, 0.02, floor, 10.0)
     assert not d.accepted and d.implausible and "roofline" in d.implausible
+
+
+def test_the_floor_of_a_variant_without_a_dtype_follows_its_inputs(tmp_path):
+    """``xeforge new`` gives dtypes per input, not per bench variant: gate 3's floor at a bf16 GEMM shape takes the
+    bf16 peak (on the H100, the fp32 peak's floor, 2.05 ms at 4096^3, rejected every correct 0.23 ms candidate)."""
+    from types import SimpleNamespace
+
+    from xeforge.kb import load_kb
+    from xeforge.problem import load_problem
+    from xeforge.verifier import Verifier
+
+    d = tmp_path / "p"
+    d.mkdir()
+    (d / "kernel.py").write_text((ROOT / "kernels" / "gemm_square" / "kernel.py").read_text())
+    spec = (ROOT / "kernels" / "gemm_square" / "spec.yaml").read_text()
+    head = "bench-gpu:\n  - params: [A, B]\n"
+    assert head + "    dtype: bfloat16\n" in spec
+    (d / "spec.yaml").write_text(spec.replace(head + "    dtype: bfloat16\n", head, 1))  # no dtype of its own
+    p = load_problem(d)
+    bench = p.spec.variants["bench-gpu"]
+    assert bench.dtype is None and p.compute_dtype(bench) == "bfloat16"
+    entry = load_kb().devices["h100"]
+    floor = Verifier._floor(SimpleNamespace(device_entry=entry, problem=p), bench)
+    assert floor == pytest.approx(roofline_floor(bench.flop, bench.bytes, entry.peak_flops("bf16"),
+                                                 entry.bandwidth_bytes_per_s))
+    assert floor * 1e3 < 0.2  # 2 * 4096^3 at 989 TFLOP/s: 0.14 ms, not the fp32 peak's 2.05
 
 
 @given(st.floats(0.0, 50.0), st.floats(0.001, 5.0))

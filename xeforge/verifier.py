@@ -899,7 +899,9 @@ class Verifier:
         entry = self.device_entry
         if entry is None:
             return None
-        dtype = variant.dtype or "float32"
+        # the variant's own dtype, else its inputs': a spec that gives dtypes per input only (``xeforge new`` writes
+        # such) computes in bf16 at its bf16 shapes, and the fp32 peak's floor would reject every fast candidate
+        dtype = self.problem.compute_dtype(variant) or "float32"
         short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}.get(dtype, dtype)
         try:
             peak = entry.peak_flops(short)
