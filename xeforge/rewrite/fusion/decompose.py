@@ -182,12 +182,12 @@ def _resolve(name: str, method: bool) -> tuple[Callable, str]:
 #: an operand's kind -> the shape of its sample tensor: the tile's value and operands of the output's shape
 #: [rows, cols]; a per-column vector broadcast over the rows; a one-element tensor; a boolean mask of the tile
 SAMPLE_SHAPES = {"tile": (2, 4), "column": (4,), "element": (), "mask": (2, 4)}
-#: a Python scalar the kernel receives at run time (a Model attribute, a forward local) is traced as one of these
-#: (two sets of values, two traces): a graph whose constants differ between the traces anywhere else computed with
-#: the scalar while it was traced (``1 / beta`` folded), and is refused
-#: Each set ascends (``hardtanh(y, lo, hi)`` checks lo <= hi) and is positive (an eps must be); the first is
-#: below one and the second above, so a decomposition that branches on a scalar against one (``beta == 1``) takes
-#: another branch in the second trace and is refused too.
+#: A Python scalar the kernel receives at run time (a Model attribute, a forward local) is traced as a stand-in
+#: value, twice, with one set of these each: a graph whose constants differ between the two traces anywhere else
+#: computed with the scalar while it was traced (``1 - eps`` folded in Python) and is refused. Each set ascends
+#: (``hardtanh(y, lo, hi)`` checks lo <= hi) and is positive (an eps must be); the first is below one and the second
+#: above, so a decomposition that branches on a scalar against one (``beta == 1``) traces another graph the second
+#: time and is refused too.
 _SENTINELS = ((0.1192029220221178, 0.2689414213699951, 0.7310585786300049, 0.8807970779778823),
               (1.6487212707001282, 2.718281828459045, 7.38905609893065, 20.085536923187668))
 
