@@ -97,6 +97,7 @@ GRAPHS = {
                        ["tl.where((acc > 0.0), acc, (acc * slope))", "tl.maximum(acc, (-slope))"]),
     # several outputs: the pre-activation and the activation, each stored by the kernel into its own buffer
     "several-outputs": ("z = F.gelu(y)\nreturn y, z", ["tl.store(y_out_ptr + ", "y_out_ptr.dtype.element_ty"]),
+    "several-outputs-one-an-op": ("y = y * 0.5\nreturn torch.sigmoid(y), y", ["tl.store(y_out_ptr + ", "tl.sigmoid(acc)"]),
     "several-outputs-kept-by-an-alias": ("pre = y.clone()\ny = torch.relu(y) * 2.0\nreturn pre, y, pre",
                                          ["tl.store(pre_out_ptr + ", "tl.maximum(acc, 0.0)"]),
 }

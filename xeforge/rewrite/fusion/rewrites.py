@@ -419,12 +419,16 @@ def _translate_pool(c: Ctx, ch: Chain, site: LaunchSite, size: ast.expr, line: i
     ch.pool = pool
 
 
+#: the forward name the op inside a returned tuple stands for (``return y, torch.relu(y)``): no source has it
+RETURNED = "__xeforge_returned__"
+
+
 def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = False, outputs: bool = False) -> Chain:
     """The forward statements after ``site`` that translate into its epilogue (raises NotApplicable if none).
 
     ``split``: the chain ends with its first row reduction, computed per tile (see :func:`fuse_split_row_reduction`).
-    ``outputs``: a return of several values of the tile (``return y, torch.relu(y)`` written as ``z =
-    torch.relu(y); return y, z``) ends the chain, each value stored by the kernel (:attr:`Chain.outputs`).
+    ``outputs``: a return of several values of the tile (``z = torch.relu(y); return y, z``, or one op in the tuple:
+    ``return y, torch.relu(y)``) ends the chain, each value stored by the kernel (:attr:`Chain.outputs`).
     """
     c.stmt_of(site)
     ts = tile_store(c.parsed, site.kernel)
@@ -472,15 +476,15 @@ def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = Fals
         return {n.id for s2 in rest if s2.lineno > after for n in ast.walk(s2)
                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
-    def translate(value: ast.expr, lineno: int, target: str | None = None) -> bool:
+    def translate(value: ast.expr, lineno: int, target: str | None = None, keep: frozenset[str] = frozenset()) -> bool:
         """Translate one op on the tile into the epilogue (False, with ``ch.stop`` set, when it does not);
         ``target``: the forward name it assigns (the names that held the value before and are read again later
-        keep it, b.saved)."""
+        keep it, b.saved; ``keep``: names to keep too, read later on the same line)."""
         snap = (len(b.lines), dict(b.operands), dict(b.loaded), len(b.ops), b.var, b.column, b.value_names, ch.pool,
                 dict(b.saved))
         try:
             if target is not None:
-                b.save((live - {target}) & later_reads(lineno))
+                b.save(((live - {target}) & later_reads(lineno)) | (keep & live))
             pool = _avg_pool(value, ch.cur) if split else None
             red = None if pool is not None else _reduction(value, ch.cur)
             if red is not None and red[1] and b.row_reduce is not None and (live - {target}) & later_reads(lineno):
@@ -530,6 +534,15 @@ def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = Fals
                     all(value_of(e) is not None for e in s.value.elts) and \
                     any(value_of(e) in live for e in s.value.elts):
                 ch.ret, ch.outputs = s, [value_of(e) for e in s.value.elts]
+            elif outputs and isinstance(s.value, ast.Tuple) and len(s.value.elts) > 1 and \
+                    sum(value_of(e) is None for e in s.value.elts) == 1 and names & tiles:
+                # `return y, torch.relu(y)`: the one op of the tuple is the result, the other values are kept
+                op = next(e for e in s.value.elts if value_of(e) is None)
+                others = frozenset(value_of(e) for e in s.value.elts if e is not op)
+                state["line"] = s.lineno
+                if translate(op, s.lineno, RETURNED, keep=others):
+                    live, ch.cur, ch.ret = {RETURNED}, RETURNED, s
+                    ch.outputs = [RETURNED if e is op else value_of(e) for e in s.value.elts]
             elif s.value is not None and names & tiles and not (split and ch.reduction is not None):
                 # `return y + residual`: the last op is the return's own expression
                 state["line"] = s.lineno
@@ -817,7 +830,8 @@ def fuse_forward_ops(source: str, problem: Any) -> tuple[str, str]:
                 what += " and the returned expression"
             parts.append(f"{what} ({ops}) after {site.kernel} now run in its epilogue")
             if ch.outputs:
-                parts.append(f"it stores each of the {len(ch.outputs)} returned values ({', '.join(ch.outputs)})")
+                shown = ", ".join("the op in the return" if n == RETURNED else n for n in ch.outputs)
+                parts.append(f"it stores each of the {len(ch.outputs)} returned values ({shown})")
         if absorbed:
             parts.append(f"{site.kernel} writes {c.seg(ch.to_dtype)} directly (no trailing cast pass)")
         return new, "; ".join(parts)
