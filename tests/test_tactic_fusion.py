@@ -309,13 +309,25 @@ def test_row_value_broadcast_over_a_column_vector_is_written_by_the_combine_kern
     assert not verify(kb75, src.replace("w = w + bias", "w = w - bias")).correct
 
 
-def test_split_is_not_proposed_for_a_mean():
-    rowlse = problem(FUSION / "gemm_rowlse")
-    src = rowlse.kernel_source
-    lse = next(line for line in src.splitlines() if "torch.logsumexp(" in line)
-    meaned = src.replace(lse, lse.replace("torch.logsumexp(", "torch.mean("))
-    app = TACTIC["fuse-split-row-reduction"].check(context(rowlse, meaned))
-    assert not app.applies and "mean of tile sums is not the row mean" in app.reason
+def test_a_split_mean_is_the_sum_of_each_tiles_sum_over_n(verify, tmp_path):
+    """A row mean too wide for one tile: each tile stores its columns' sum / N, and forward takes the same mean of
+    the partials times their count (the mean of the tiles' own means would weigh a ragged last tile like a full
+    one)."""
+    for name in ("kernel.py", "reference.py", "spec.yaml"):  # gemm_rowlse with a row mean for its logsumexp
+        text = (FUSION / "gemm_rowlse" / name).read_text()
+        (tmp_path / name).write_text(text.replace("torch.logsumexp(y, dim=1, keepdim=True)",
+                                                  "torch.mean(y, dim=1, keepdim=True)"))
+    rowlse = problem(tmp_path)
+    assert "torch.mean(y, dim=1" in rowlse.kernel_source
+    ctx = context(rowlse)
+    app = TACTIC["fuse-split-row-reduction"].check(ctx)
+    assert app.applies, app.reason
+    out = TACTIC["fuse-split-row-reduction"].propose(ctx)[-1].source
+    fwd = out[out.index("def forward"):]
+    assert "torch.mean(row_part, dim=1, keepdim=True) * row_part.shape[1]" in fwd, fwd
+    assert "axis=1) / N" in out[:out.index("def forward")]
+    verdict = verify(rowlse, out)
+    assert verdict.correct, verdict.feedback()
 
 
 @pytest.mark.parametrize("name,tail,run", [  # three run through the verifier (CI time); all six are rewritten

@@ -619,9 +619,8 @@ def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = Fals
 def _translate_reduction(ch: Chain, red: tuple[str, bool], value: ast.expr, line: int, split: bool = False) -> None:
     kind, keep = red
     b, ts = ch.builder, ch.tile
-    if split and kind not in SPLIT_IDENTITY:
-        raise Unsupported(f"{ast.unparse(value)}: per-tile partials of a {kind} do not combine with the same op "
-                          "(the mean of tile sums is not the row mean)")
+    if split and kind not in SPLIT_IDENTITY and kind != "mean":
+        raise Unsupported(f"{ast.unparse(value)}: per-tile partials of a {kind} do not combine with the same op")
     if ch.reduction is not None:
         # the value is already one per row: a reduction over a size-1 last dim is the identity
         if not ch.reduction["keepdim"]:
@@ -954,10 +953,18 @@ def _apply_split(c: Ctx, ch: Chain, site: LaunchSite) -> tuple[str, str]:
     while not isinstance(call, ast.Call):  # torch.max(y, dim=1)[0] / .values
         call = call.value
     call.args[0] = ast.Name(part)
+    kind = ch.reduction["kind"]
+    if kind == "mean":
+        # each tile's partial is its columns' sum / N, the row mean their sum: the same mean over the S slots (the
+        # empty ones hold 0), times S
+        if not isinstance(combine.value, ast.Call):
+            raise NotApplicable(f"{ch.reduction['src']}: a mean inside a larger expression")
+        slots = ast.Subscript(ast.Attribute(ast.Name(part), "shape"), ast.Constant(1))
+        combine.value = ast.BinOp(combine.value, ast.Mult(), slots)
     edits = Edits()
     edits.insert_after[before[-1].lineno] = statements(
         f"{part} = torch.full(({y}.shape[0], triton.cdiv({y}.shape[-1], {SPLIT_MIN_BLOCK})), "
-        f"{SPLIT_IDENTITY[ch.reduction['kind']]}, device={y}.device, dtype={y}.dtype)")
+        f"{SPLIT_IDENTITY.get(kind, '0.0')}, device={y}.device, dtype={y}.dtype)")
     edits.replace[red_stmt.lineno] = statements(ast.unparse(combine))
     for s in ch.stmts[:-1]:
         edits.replace[s.lineno] = []
