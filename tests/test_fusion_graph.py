@@ -117,6 +117,17 @@ ROW_GRAPHS = {
 }
 
 
+#: reductions over the row whose input is read again after them, with no tile covering the row: split, the tile
+#: stored as before and one partial per row and column tile beside it, forward reducing the partials
+SPLIT_READ_BACK = {
+    "centred": ("m = y.mean(1, keepdim=True)\nreturn y - m", "m = row_part.mean(1, keepdim=True)"),
+    "scaled-then-centred": ("y = y * 2.0\nmu = torch.mean(y, dim=1, keepdim=True)\nd = y - mu\nreturn d * 3.0",
+                            "mu = torch.mean(row_part, dim=1, keepdim=True)"),
+    "softmax-numerator": ("m = y.amax(dim=1, keepdim=True)\nreturn torch.exp(y - m)",
+                          "m = row_part.amax(dim=1, keepdim=True)"),
+}
+
+
 #: the direct style: the launch written in forward itself (the wrapper's body, with the Model's parameters)
 DIRECT = """M, K = x.shape
 N = self.weight.shape[0]
@@ -196,3 +207,23 @@ def test_an_earlier_value_read_after_the_fused_ops_is_refused(tmp_path):
     p = _problem(tmp_path, "original = y.clone()\ny = y * 0.5\nz = original.sum()\nreturn y + z")
     app = next(t for t in fusion.STAGE.tactics if t.name == "fuse-epilogue").check(tactic_context(p))
     assert not app.applies and "original is read after the ops that would be fused" in app.reason
+
+
+@pytest.mark.slow  # about 10 s a graph
+@pytest.mark.parametrize("style", ["wrapper", "direct"])
+@pytest.mark.parametrize("name", sorted(SPLIT_READ_BACK))
+def test_a_row_reduction_read_back_is_split_when_no_tile_covers_the_row(name, style, tmp_path, verify):
+    body, combine = SPLIT_READ_BACK[name]
+    p = _problem(tmp_path, body, style)
+    ctx = tactic_context(p)
+    tactic = next(t for t in fusion.STAGE.tactics if t.name == "fuse-split-row-reduction")
+    app = tactic.check(ctx)
+    assert app.applies, app.reason
+    cand = tactic.propose(ctx)[-1]
+    assert "the tile is still written" in cand.description, cand.description
+    fwd = cand.source[cand.source.index("def forward"):]
+    assert combine in fwd, fwd
+    kernel = cand.source[:cand.source.index("def forward")]
+    assert "tl.store(part_ptr + rm * stride_part" in kernel and "tl.store(y_ptr + rm[:, None]" in kernel
+    verdict = verify(p, cand.source)
+    assert verdict.correct, verdict.feedback()

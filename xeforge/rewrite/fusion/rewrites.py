@@ -13,9 +13,11 @@ Owns:
   the column block becomes ``next_power_of_2(N)`` (one program per row block) and the kernel stores one
   value per row. Not applicable, with the reason, when N at the spec's largest shapes needs a tile wider
   than :data:`MAX_ROW_TILE`.
-- :func:`fuse_split_row_reduction` — the same reduction when no tile covers the row (sum, max, min,
+- :func:`fuse_split_row_reduction` — the same reduction when no tile covers the row (sum, mean, max, min,
   logsumexp): each tile writes its row partial into a small partials buffer and forward's reduction runs on
-  that buffer with the same torch call; the full output is no longer written. An ``avg_pool1d`` over the
+  that buffer with the same torch call (a mean's partial is the tile's sum / N times the slot count); the full
+  output is no longer written, unless forward reads the reduced tile again after it (``m = y.mean(1,
+  keepdim=True)``, then ``y - m``): the kernel then stores the tile as before, and forward's later ops read it. An ``avg_pool1d`` over the
   features before it (stride = window, a power of two up to 16) runs inside the tile as a reshape-and-mean.
 - ``group-norm`` (:mod:`xeforge.rewrite.fusion.norm`) — ``F.group_norm`` and the elementwise ops after it as
   one generated kernel.
@@ -596,6 +598,8 @@ def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = Fals
         if not translate(value, s.lineno, target):
             break
         ch.stmts.append(s)
+        if ch.reduction is not None and ch.reduction["line"] == s.lineno:
+            ch.reduction["reads"] = set(live)  # the names holding the full tile the reduction read
         reads = {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}
         if reads & full and reduction_call(value) is None:
             full.add(target)
@@ -635,12 +639,17 @@ def _translate_reduction(ch: Chain, red: tuple[str, bool], value: ast.expr, line
     row = b.fresh("row")
     b.lines.append(f"{cm} = {offs_n}[None, :] < {n}")
     lines = row_reduce_lines(kind, b.var, cm, row, b.fresh)
-    if kind == "mean":
+    if kind == "mean" and split:
+        # forward takes the same mean over the partials' S = cdiv(N, SPLIT_MIN_BLOCK) slots (those no tile writes
+        # hold 0): each tile's sum / N, times S, makes that mean the row's
+        lines[-1] += f" / {n} * (({ts.cols[1]} + {SPLIT_MIN_BLOCK - 1}) // {SPLIT_MIN_BLOCK})"
+    elif kind == "mean":
         lines[-1] += f" / {n}"
     b.lines += lines
     b.ops.append(kind)
+    tile_var = b.var
     b.var, b.column = row, None
-    ch.reduction = {"kind": kind, "keepdim": keep, "line": line, "src": ast.unparse(value)}
+    ch.reduction = {"kind": kind, "keepdim": keep, "line": line, "src": ast.unparse(value), "tile_var": tile_var}
 
 
 def _alloc_stmt(c: Ctx, name: str, before: int) -> ast.Assign | None:
@@ -903,11 +912,12 @@ def fuse_split_row_reduction(source: str, problem: Any) -> tuple[str, str]:
         ch = op_chain(c, site, allow_reduction=True, split=True)
         if ch.reduction is None:
             raise NotApplicable(ch.stop or "no row reduction follows it")
-        new, part = _apply_split(c, ch, site)
+        new, part, read_back = _apply_split(c, ch, site)
         ops = ", ".join(dict.fromkeys(ch.ops))
         return new, (f"{ch.reduction['src']} split over {site.kernel}'s column tiles ({ops}): each tile writes its "
-                     f"partial {ch.reduction['kind']} per row into {part}, forward reduces the partials; the full "
-                     "output is no longer written")
+                     f"partial {ch.reduction['kind']} per row into {part}, forward reduces the partials; " + (
+                         f"the tile is still written, as forward reads {', '.join(read_back)} again after it"
+                         if read_back else "the full output is no longer written"))
 
     return _first_forward_launch(c, attempt)
 
@@ -928,7 +938,9 @@ def _col_tile_index(c: Ctx, ts: TileStore, block: str) -> str:
     raise NotApplicable(f"{ts.fn}'s column offsets {offs_n} are not `tile * {block} + tl.arange(0, {block})`")
 
 
-def _apply_split(c: Ctx, ch: Chain, site: LaunchSite) -> tuple[str, str]:
+def _apply_split(c: Ctx, ch: Chain, site: LaunchSite) -> tuple[str, str, list[str]]:
+    """The split's source, its partials buffer, and the names forward reads the reduced tile by again (the tile is
+    then still stored)."""
     ts, b, y = ch.tile, ch.builder, ch.y
     if not ts.two_d or ts.rows[1] is None:
         raise NotApplicable(f"{ts.fn}'s store is not a 2D tile with a row bound")
@@ -937,9 +949,12 @@ def _apply_split(c: Ctx, ch: Chain, site: LaunchSite) -> tuple[str, str]:
     red_stmt = ch.stmts[-1]
     rest = c.after(red_stmt.lineno)
     stale = sorted(n for n in (ch.older | {y}) - {ch.cur} if loads(rest, n))
-    if stale:
-        raise NotApplicable(f"{', '.join(stale)} is read after the row reduction (the full output is no longer "
-                            "written)")
+    # read back: the tile the reduction read is read again after it (`m = y.mean(1, keepdim=True)`, then `y - m`):
+    # the kernel stores that tile as before and its partials beside it, so forward's later ops read it from y
+    read_back = [n for n in stale if n in ch.reduction.get("reads", set())]
+    if len(read_back) < len(stale):
+        raise NotApplicable(f"{', '.join(n for n in stale if n not in read_back)} is read after the row reduction, "
+                            "and it is not the tile the reduction read (the full output holds only that one)")
     launch_stmt = c.stmt_of(site)
     before = [s for s in c.fwd if s.lineno < launch_stmt.lineno]
     if not before:
@@ -952,15 +967,12 @@ def _apply_split(c: Ctx, ch: Chain, site: LaunchSite) -> tuple[str, str]:
     call = combine.value
     while not isinstance(call, ast.Call):  # torch.max(y, dim=1)[0] / .values
         call = call.value
-    call.args[0] = ast.Name(part)
+    if isinstance(call.func, ast.Attribute) and not (call.args and isinstance(call.args[0], ast.Name)
+                                                       and call.args[0].id in ch.reduction.get("reads", {ch.cur})):
+        call.func.value = ast.Name(part)  # y.sum(1, keepdim=True): the method of the partials
+    else:
+        call.args[0] = ast.Name(part)
     kind = ch.reduction["kind"]
-    if kind == "mean":
-        # each tile's partial is its columns' sum / N, the row mean their sum: the same mean over the S slots (the
-        # empty ones hold 0), times S
-        if not isinstance(combine.value, ast.Call):
-            raise NotApplicable(f"{ch.reduction['src']}: a mean inside a larger expression")
-        slots = ast.Subscript(ast.Attribute(ast.Name(part), "shape"), ast.Constant(1))
-        combine.value = ast.BinOp(combine.value, ast.Mult(), slots)
     edits = Edits()
     edits.insert_after[before[-1].lineno] = statements(
         f"{part} = torch.full(({y}.shape[0], triton.cdiv({y}.shape[-1], {SPLIT_MIN_BLOCK})), "
@@ -972,12 +984,20 @@ def _apply_split(c: Ctx, ch: Chain, site: LaunchSite) -> tuple[str, str]:
     lines = list(b.lines)
     if not ts.value_is_name:
         lines.insert(0, f"{ch.tile_var} = {ts.value_src}")
+    # the copies kept for forward's later reads of the tile: the tile store below serves them
+    lines = [ln for ln in lines if ln not in {f"{b.saved.get(n)} = {ch.reduction['tile_var']}" for n in read_back}]
     offs_m, m = ts.rows
     store = (f"tl.store({part_ptr} + {offs_m} * {part_stride} + {tile}, {b.var}.to({part_ptr}.dtype.element_ty), "
              f"mask={offs_m} < {m})")
     what = ", ".join(dict.fromkeys(ch.ops))
+    full = [store_with_value(ts, ts.cast(ch.reduction["tile_var"]))] if read_back else []
     edits.replace[ts.line] = _comment_stmts(f"fused from Model.forward: {what}; one partial per row for this column "
-                                            "tile, reduced in forward", [*lines, store])
+                                            "tile, reduced in forward" + ("; the tile itself too, read again there"
+                                                                          if read_back else ""),
+                                            [*lines, store]) + full
+    aliases = [n for n in read_back if n != y]
+    if aliases:  # the names forward reads the tile by, now y's buffer
+        edits.insert_after[launch_stmt.lineno] = statements("\n".join(f"{n} = {y}" for n in aliases))
     if ts.cast_line:
         edits.replace[ts.cast_line] = []
     edits.params[site.kernel] = [q for op in b.operands.values() for q in op.params()] + [part_ptr, part_stride]
@@ -995,8 +1015,8 @@ def _apply_split(c: Ctx, ch: Chain, site: LaunchSite) -> tuple[str, str]:
         new = apply_edits(c.source, edits, c.parsed)
     except LookupError as exc:
         raise NotApplicable(f"could not rewrite the launch: {exc}") from None
-    dead = {n.id for s in ch.stmts[:-1] for n in ast.walk(s) if isinstance(n, ast.Name)}
-    return dead_code(new, dead), part
+    dead = {n.id for s in ch.stmts[:-1] for n in ast.walk(s) if isinstance(n, ast.Name)} - set(read_back)
+    return dead_code(new, dead), part, read_back
 
 
 def _dim_values(c: Ctx, v: Val) -> list[tuple[str, int]]:
