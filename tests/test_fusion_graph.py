@@ -153,16 +153,23 @@ def _problem(tmp_path, body: str, style: str = "wrapper"):
     return load_problem(tmp_path)
 
 
+def _applying(tmp_path, body: str, style: str, tactic_name: str):
+    """(the tactic, its context) on the problem of ``body`` in ``style``, after asserting that the tactic applies."""
+    p = _problem(tmp_path, body, style)
+    ctx = tactic_context(p)
+    tactic = next(t for t in fusion.STAGE.tactics if t.name == tactic_name)
+    app = tactic.check(ctx)
+    assert app.applies, app.reason
+    return tactic, ctx
+
+
 @pytest.mark.slow  # about 10 s a graph (a trace and the verifier on the interpreter)
 @pytest.mark.parametrize("style", ["wrapper", "direct"])
 @pytest.mark.parametrize("name", sorted(GRAPHS))
 def test_a_graph_epilogue_is_fused_and_correct(name, style, tmp_path, verify):
     body, expected = GRAPHS[name]
-    p = _problem(tmp_path, body, style)
-    ctx = tactic_context(p)
-    tactic = next(t for t in fusion.STAGE.tactics if t.name == "fuse-epilogue")
-    app = tactic.check(ctx)
-    assert app.applies, app.reason
+    tactic, ctx = _applying(tmp_path, body, style, "fuse-epilogue")
+    p = ctx.problem
     src = tactic.propose(ctx)[0].source
     kernel = src[src.index("def _mm_bias"):src.index("def linear")] if "def linear" in src else src
     for line in expected:
@@ -214,16 +221,12 @@ def test_an_earlier_value_read_after_the_fused_ops_is_refused(tmp_path):
 @pytest.mark.parametrize("name", sorted(SPLIT_READ_BACK))
 def test_a_row_reduction_read_back_is_split_when_no_tile_covers_the_row(name, style, tmp_path, verify):
     body, combine = SPLIT_READ_BACK[name]
-    p = _problem(tmp_path, body, style)
-    ctx = tactic_context(p)
-    tactic = next(t for t in fusion.STAGE.tactics if t.name == "fuse-split-row-reduction")
-    app = tactic.check(ctx)
-    assert app.applies, app.reason
+    tactic, ctx = _applying(tmp_path, body, style, "fuse-split-row-reduction")
     cand = tactic.propose(ctx)[-1]
     assert "the tile is still written" in cand.description, cand.description
     fwd = cand.source[cand.source.index("def forward"):]
     assert combine in fwd, fwd
     kernel = cand.source[:cand.source.index("def forward")]
     assert "tl.store(part_ptr + rm * stride_part" in kernel and "tl.store(y_ptr + rm[:, None]" in kernel
-    verdict = verify(p, cand.source)
+    verdict = verify(ctx.problem, cand.source)
     assert verdict.correct, verdict.feedback()

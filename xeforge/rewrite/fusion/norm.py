@@ -1,8 +1,8 @@
 """GroupNorm in ``forward`` becomes one generated Triton kernel, with the elementwise ops that follow it.
 
 Owns :func:`group_norm_kernel`: ``z = F.group_norm(y, G, weight, bias, eps)`` on a 2D ``(rows, channels)``
-tensor, followed by elementwise torch ops on ``z`` (lowered by :mod:`xeforge.rewrite.fusion.tl_ops` from the one primitive table) and an
-optional ``return z.to(dtype)``, is replaced by a launch of a kernel written here: one program per row and
+tensor, followed by elementwise torch ops on ``z`` (lowered by :mod:`xeforge.rewrite.fusion.tl_ops` from the one
+primitive table) and an optional ``return z.to(dtype)``, is replaced by a launch of a kernel written here: one program per row and
 block of groups (narrow groups batched up to :data:`PROGRAM_ELEMENTS` channels a program) loads the channels
 once, computes mean and biased variance in fp32 (as PyTorch does), applies the per-channel affine and the
 translated ops, and stores in the output dtype. torch's GroupNorm makes two passes over the tensor and each

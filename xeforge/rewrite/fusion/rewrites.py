@@ -6,8 +6,9 @@ Owns:
   wrote (same tensor, same flat index, same bound) is folded into the producer: its body runs on the
   producer's tile before the producer's one store, the consumer's launch and definition go away.
 - :func:`fuse_forward_ops` — elementwise torch ops after a launch in ``Model.forward`` (translated by
-  :mod:`xeforge.rewrite.fusion.tl_ops`, lowered from one primitive table) become ``tl`` code in the kernel's epilogue; a trailing ``.to(dtype)`` of
-  the result becomes the output buffer's dtype.
+  :mod:`xeforge.rewrite.fusion.tl_ops`, lowered from one primitive table) become ``tl`` code in the kernel's
+  epilogue; a trailing ``.to(dtype)`` of the result becomes the output buffer's dtype; several returned values of
+  the tile are each stored.
 - :func:`fuse_row_reduction` — a row reduction (sum, mean, max, min, amax, amin, logsumexp over the last
   dim) after a 2D-tiled kernel, with the elementwise ops around it, when one tile can cover the row:
   the column block becomes ``next_power_of_2(N)`` (one program per row block) and the kernel stores one
@@ -17,8 +18,8 @@ Owns:
   logsumexp): each tile writes its row partial into a small partials buffer and forward's reduction runs on
   that buffer with the same torch call (a mean's partial is the tile's sum / N times the slot count); the full
   output is no longer written, unless forward reads the reduced tile again after it (``m = y.mean(1,
-  keepdim=True)``, then ``y - m``): the kernel then stores the tile as before, and forward's later ops read it. An ``avg_pool1d`` over the
-  features before it (stride = window, a power of two up to 16) runs inside the tile as a reshape-and-mean.
+  keepdim=True)``, then ``y - m``): the kernel then stores the tile as before, and forward's later ops read it.
+  An ``avg_pool1d`` over the features before it (stride = window, a power of two up to 16) runs inside the tile as a reshape-and-mean.
 - ``group-norm`` (:mod:`xeforge.rewrite.fusion.norm`) — ``F.group_norm`` and the elementwise ops after it as
   one generated kernel.
 - ``combine-partials`` (:mod:`xeforge.rewrite.fusion.combine`) — forward's reduction of a kernel's partials and

@@ -271,7 +271,8 @@ class EpilogueBuilder:
         """How an argument (``node``, translated to ``code``) varies: 'mask' for a comparison, 'tile' for anything
         that reads the value or an operand of the output's shape, 'column', 'element', or 'scalar' for an
         expression of run-time Python scalars only."""
-        if isinstance(node, (ast.Compare, ast.BoolOp)) or (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not)):
+        if isinstance(node, (ast.Compare, ast.BoolOp)) or (isinstance(node, ast.UnaryOp)
+                                                          and isinstance(node.op, ast.Not)):
             return "mask"
         if self._mentions_value(node):
             return "tile"
