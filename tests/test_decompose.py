@@ -59,18 +59,11 @@ CASES = [
 
 
 def _run(code: str, lines: list[str], z: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    env = {"tl": TL, "acc": z, "other": b, "float": float}
-    for line in lines:
-        name, expr = line.split(" = ", 1)
-        env[name] = eval(expr, env)  # noqa: S307 - the lowering's own output, on this test's tensors
-    return torch.as_tensor(eval(code, env), dtype=torch.float64)  # noqa: S307
+    return _run_with(code, lines, {"acc": z, "other": b})
 
 
 def _lower(name, args, kwargs, lines):
-    def bind(code, base):
-        lines.append(f"{base}{len(lines)} = {code}")
-        return f"{base}{len(lines) - 1}"
-    return lower_call(name, False, args + [("const", v) for v in kwargs.values()], tuple(kwargs), bind)
+    return lower_call(name, False, args + [("const", v) for v in kwargs.values()], tuple(kwargs), _binder(lines))
 
 
 @pytest.mark.parametrize("name,fn,consts,kwargs", CASES, ids=[c[0] for c in CASES])

@@ -608,12 +608,10 @@ class Verifier:
             got = self.diagnoser.read(folder, trace, model)
             if self.settings.keep_compiled and folder.is_dir():
                 got["kept"] = str(folder)
-            else:
-                shutil.rmtree(folder, ignore_errors=True)
             shapes.append((name, got))
         # gate 2 ran no variant: nothing was captured, and the diagnosis says why
         out = by_shape(shapes) if shapes else self.diagnoser.read(self._compiled_dir(code, "none"), None, model)
-        if not self.settings.keep_compiled:
+        if not self.settings.keep_compiled:  # every shape's files, read
             shutil.rmtree(self.worker.workdir / "compiled" / code.hash[:16], ignore_errors=True)
         if out.get("available") or self.device.interpreter:
             self._diagnoses[code.hash] = out

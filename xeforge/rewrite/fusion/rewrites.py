@@ -787,14 +787,8 @@ def _extra_outputs(c: Ctx, ch: Chain, alloc: ast.Assign | None, edits: Edits) ->
                             "other outputs' buffers would have no shape to follow")
     if ts.offset_src == "0" or ts.ptr_src.strip() == ts.ptr_param:
         raise NotApplicable(f"{ch.site.kernel}'s store has no offsets from {ts.ptr_param} to store another output at")
-    taken = {n.id for n in ast.walk(c.model.tree) if isinstance(n, ast.Name)} | set(ts.names) | set(ts.params)
-    out: dict[str, tuple[str, str]] = {}
-    for name in earlier:
-        buf = next(f"{name}{s}" for s in ("_out", *(f"_out{i}" for i in range(2, 99))) if f"{name}{s}" not in taken)
-        param = next(f"{name}{s}" for s in ("_out_ptr", *(f"_out{i}_ptr" for i in range(2, 99)))
-                     if f"{name}{s}" not in taken)
-        taken |= {buf, param}
-        out[name] = (param, buf)
+    fresh = fresh_namer({n.id for n in ast.walk(c.model.tree) if isinstance(n, ast.Name)} | ts.names | set(ts.params))
+    out = {name: (fresh(f"{name}_out_ptr"), fresh(f"{name}_out")) for name in earlier}
     edits.insert_after[alloc.lineno] = statements("\n".join(f"{buf} = torch.empty_like({y})"
                                                              for _, buf in out.values()))
     return out
@@ -986,7 +980,8 @@ def _apply_split(c: Ctx, ch: Chain, site: LaunchSite) -> tuple[str, str, list[st
     if not ts.value_is_name:
         lines.insert(0, f"{ch.tile_var} = {ts.value_src}")
     # the copies kept for forward's later reads of the tile: the tile store below serves them
-    lines = [ln for ln in lines if ln not in {f"{b.saved.get(n)} = {ch.reduction['tile_var']}" for n in read_back}]
+    kept = {f"{b.saved.get(n)} = {ch.reduction['tile_var']}" for n in read_back}
+    lines = [ln for ln in lines if ln not in kept]
     offs_m, m = ts.rows
     store = (f"tl.store({part_ptr} + {offs_m} * {part_stride} + {tile}, {b.var}.to({part_ptr}.dtype.element_ty), "
              f"mask={offs_m} < {m})")
