@@ -33,7 +33,11 @@ whose shape argument differs from the primary's by :data:`CLASS_RATIO` or more:
    :func:`xeforge.rewrite.device_tuning.swap_ab.swapped_branch`), the other shapes keeping the kernel as it is;
 8. **split-K for few tiles**: for a class of smaller shapes whose output tiles leave the device's cores idle,
    split-K only in that class (``if M <= 128:`` the split copy of the kernel and its summing or epilogue kernel;
-   ``else:`` the incumbent's launch), sized as the split-k tactic sizes it, at the class's first timed shape.
+   ``else:`` the incumbent's launch), sized as the split-k tactic sizes it, at the class's first timed shape;
+9. **the GEMV form for decode-sized M**: for a class of the tile's rows whose timed shapes have at most
+   :data:`~xeforge.rewrite.device_tuning.gemv.GEMV_ROWS` rows, its branch launching a copy of the kernel whose K
+   loop multiplies and sums instead of ``tl.dot`` (``<kernel>_gemv``: :mod:`xeforge.rewrite.device_tuning.gemv`),
+   with tiles of 1-8 rows.
 
 Where it does not apply, it says why: on the interpreter (nothing to rank), with one timed shape, at an
 ``@triton.autotune``'d kernel (its key already picks a configuration per shape), at a kernel launched from several
@@ -55,7 +59,7 @@ from xeforge.problem import Variant, source_hash
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling.configs import (OPTION_KEYS, apply_config, current_config, describe, kb_configs,
                                             kb_errors, kb_rejects, measured_configs, tunable)
-from xeforge.rewrite.device_tuning import splitk
+from xeforge.rewrite.device_tuning import gemv, splitk
 from xeforge.rewrite.device_tuning.swap_ab import swap_ab, swapped_branch
 from xeforge.rewrite.tiling.dispatch import Branch, dispatch, launch_statement
 from xeforge.rewrite.tiling.grid import _cdiv_args, launch_bindings, launch_grid
@@ -66,6 +70,8 @@ CLASS_RATIO = 4
 CONFIGS_PER_CLASS = 4
 #: of those, how many also go to the class's branch as a swap-AB copy of the kernel
 SWAPPED_PER_CLASS = 2
+#: GEMV-form configurations tried for a class of decode-sized M
+GEMV_PER_CLASS = 3
 #: SPLIT_K values tried for a class whose output tiles leave cores idle (the split runs only in that class)
 SPLIT_PER_CLASS = 2
 #: the launch search's verified trials and the KB's seeds considered per class
@@ -109,8 +115,9 @@ class ShapeClass:
 @dataclass(frozen=True)
 class Proposal:
     """What one candidate of the tactic changes, so its verdict can be combined with another's: ``kind`` "config"
-    (the class's branch launches ``config``), "swap" / "split" (the branch launches a swap-AB or split-K copy; its
-    ``what`` says how) or "else" (``config`` for every shape but the class's, whose branch keeps the incumbent's)."""
+    (the class's branch launches ``config``), "swap" / "split" / "gemv" (the branch launches a swap-AB, split-K or
+    GEMV-form copy; its ``what`` says how) or "else" (``config`` for every shape but the class's, whose branch keeps
+    the incumbent's)."""
 
     cls: ShapeClass
     kind: str
@@ -391,6 +398,7 @@ class PerShapeConfig(Tactic):
                     out.append(cand)
             out.extend(self._swapped(ctx, kernel, cls, cfgs[:SWAPPED_PER_CLASS], current))
             out.extend(self._split(ctx, kernel, cls))
+            out.extend(self._gemv(ctx, plan.site, cls, current))
             out.extend(self._primary_winners(ctx, plan.site, cls, current))
         return out
 
@@ -461,6 +469,40 @@ class PerShapeConfig(Tactic):
                                     Proposal(cls, "split", {}, what)))
         return out
 
+    def _gemv(self, ctx: StageContext, site: LaunchSite, cls: ShapeClass, current: dict[str, Any]) -> list[Candidate]:
+        """For a class of decode-sized rows (every timed shape it serves has at most ``gemv.GEMV_ROWS``): its branch
+        launches the GEMV form of the kernel (``<kernel>_gemv``: the K loop's ``tl.dot`` as a multiply and a sum,
+        tiles of 1-8 rows; :mod:`xeforge.rewrite.device_tuning.gemv`), the other shapes keep the kernel."""
+        if cls.op != "<=" or cls.block is None:
+            return []
+        timed = [v for v in ctx.problem.timed_variants(ctx.device.kind) if v.name in cls.serves]
+        sizes = [v.dims.get(cls.dim) for v in timed]
+        if not sizes or not all(isinstance(n, int) and n <= gemv.GEMV_ROWS for n in sizes):
+            return []
+        kernel = site.kernel
+        try:
+            _, form = gemv.gemv_form(ctx.source, kernel)
+        except NotApplicable:
+            return []
+        if form.rows != cls.block:  # the class must be of the tile's rows
+            return []
+        names = set(tunable(ctx.model, site)) | set(OPTION_KEYS)
+        out = []
+        for cfg in gemv.gemv_configs(form, max(sizes), current, names)[:GEMV_PER_CLASS]:
+            try:
+                src = gemv.gemv_branch(dispatch(ctx.source, kernel, [Branch(cls.test, cfg)]), ctx.source, kernel,
+                                       cls.test)
+            except (NotApplicable, LookupError):
+                return out
+            if kb_errors(ctx, src):
+                continue
+            changed = {k: v for k, v in cfg.items() if current.get(k) != v}
+            what = f"the GEMV form ({kernel}{gemv.SUFFIX}: tl.dot as a multiply and a sum) with {describe(changed)}"
+            desc = f"{kernel}: if {cls.test} ({', '.join(cls.serves)}): {what}; else the incumbent's launch"
+            out.append(self._record(Candidate(src, self.name, desc, kind="search", params={**cfg, "gemv": True},
+                                              time_all_shapes=True), Proposal(cls, "gemv", cfg, what)))
+        return out
+
     def _primary_winners(self, ctx: StageContext, site: LaunchSite, cls: ShapeClass,
                          current: dict[str, Any]) -> list[Candidate]:
         """The other way round: the launch search's verified configurations (fastest at the primary shape first) for
@@ -489,7 +531,7 @@ class PerShapeConfig(Tactic):
 
     def follow_up(self, ctx: StageContext, outcomes: list[TrialOutcome]) -> list[Candidate]:
         """One dispatch with the winner of every part of the shapes that has one, when two parts or more do: each
-        class's best accepted candidate (a configuration, or a swap-AB or split-K copy) and the best configuration for
+        class's best accepted candidate (a configuration, or a swap-AB, split-K or GEMV-form copy) and the best configuration for
         the other shapes (:meth:`_primary_winners`). A copy goes in as the candidate that won (its ``else`` branch then
         takes the other shapes' configuration); with a copy, only one class is combined."""
         best: dict[str, tuple[float, Proposal, Candidate]] = {}  # class test ("" for the other shapes) -> winner

@@ -26,6 +26,7 @@ import libcst as cst
 
 from xeforge.kernel_model import parse_kernel
 from xeforge.rewrite import NotApplicable
+from xeforge.rewrite.device_tuning.branch_copy import branch_copy
 from xeforge.rewrite.cst_tools import Parsed, call_name, code, expr, is_tl, names_in, small, statements, walk
 from xeforge.rewrite.device_tuning.epilogue import k_loops
 
@@ -147,48 +148,8 @@ def swap_ab(source: str, kernel: str) -> tuple[str, SwapPlan]:
     return new.code, SwapPlan(kernel, acc, shape)
 
 
-class _BranchLaunch(cst.CSTTransformer):
-    """In the ``if`` whose test is ``test``: its launch of ``kernel`` launches ``copy`` instead."""
-
-    def __init__(self, test: str, kernel: str, copy: str) -> None:
-        self.test, self.kernel, self.copy, self.done = test, kernel, copy, 0
-
-    def leave_If(self, original: cst.If, updated: cst.If) -> cst.If:
-        if code(original.test) != self.test:
-            return updated
-        rename = _Rename(self.kernel, self.copy, self)
-        body = updated.body.with_changes(body=[s.visit(rename) for s in updated.body.body])
-        return updated.with_changes(body=body)
-
-
-class _Rename(cst.CSTTransformer):
-    def __init__(self, old: str, new: str, owner: _BranchLaunch) -> None:
-        self.old, self.new, self.owner = old, new, owner
-
-    def leave_Subscript(self, original: cst.Subscript, updated: cst.Subscript) -> cst.Subscript:
-        if isinstance(updated.value, cst.Name) and updated.value.value == self.old:
-            self.owner.done += 1
-            return updated.with_changes(value=cst.Name(self.new))
-        return updated
-
-
 def swapped_branch(dispatched: str, original: str, kernel: str, test: str) -> str:
     """``dispatched`` (a per-shape dispatch of ``kernel``) with the branch under ``if <test>:`` launching a swap-AB
     copy of the kernel (``<kernel>_swapab``, made from ``original``'s and placed right after it); the other branches
     keep the kernel as it is. NotApplicable where the kernel cannot be swapped or the branch is not found."""
-    swapped, _ = swap_ab(original, kernel)
-    copy = f"{kernel}_swapab"
-    fn = Parsed.of(swapped).function(kernel)
-    if fn is None:
-        raise NotApplicable(f"{kernel} is not a top-level function")
-    fn = fn.with_changes(name=cst.Name(copy), leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
-    tr = _BranchLaunch(test, kernel, copy)
-    module = cst.parse_module(dispatched).visit(tr)
-    if tr.done != 1:
-        raise NotApplicable(f"no single launch of {kernel} under `if {test}:`")
-    body = list(module.body)
-    at = next((i for i, st in enumerate(body) if isinstance(st, cst.FunctionDef) and st.name.value == kernel), None)
-    if at is None or any(isinstance(st, cst.FunctionDef) and st.name.value == copy for st in body):
-        raise NotApplicable(f"{kernel} is not a top-level function, or {copy} exists already")
-    body.insert(at + 1, fn)
-    return module.with_changes(body=body).code
+    return branch_copy(dispatched, swap_ab(original, kernel)[0], kernel, "_swapab", test)
