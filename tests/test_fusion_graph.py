@@ -230,3 +230,14 @@ def test_a_row_reduction_read_back_is_split_when_no_tile_covers_the_row(name, st
     assert "tl.store(part_ptr + rm * stride_part" in kernel and "tl.store(y_ptr + rm[:, None]" in kernel
     verdict = verify(ctx.problem, cand.source)
     assert verdict.correct, verdict.feedback()
+    # first of all, the chain: then the second pass, the partials' reduction and the read-back in one generated
+    # kernel, which loads the tile
+    first = tactic.propose(ctx)[0]
+    assert "; then " in first.description and "broadcast over the y columns" in first.description, \
+        first.description
+    second = first.source
+    fwd = second[second.index("def forward"):]
+    assert "row_combine_kernel[" in fwd and "y_ptr=y" in fwd and "row_part.mean" not in fwd \
+        and "torch.mean" not in fwd and "amax" not in fwd, fwd
+    verdict = verify(ctx.problem, second)
+    assert verdict.correct, verdict.feedback()

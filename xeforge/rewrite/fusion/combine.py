@@ -13,6 +13,11 @@ rows in the result's dtype.
 When a translated op meets a per-column vector (kb75: ``torch.min(...)[0] + self.bias`` with a ``[1, N]`` bias)
 the ``(rows, 1)`` value broadcasts to ``(rows, N)``; the kernel then loops over blocks of N columns and stores
 the full rows in the result's dtype, where forward wrote an fp32 ``(M, N)`` tensor and cast it in a second pass.
+The same broadcast phase reads back the tile the split kernel stored beside its partials (``y - y.mean(1,
+keepdim=True)``, ``torch.exp(y - y.amax(1, keepdim=True))`` over rows no tile covers): the second pass of a split
+reduction, one kernel where torch ran the partials' reduction and an elementwise launch per op. A mean of the
+partials divides their sum by the slot count (the split scales each partial so; unwritten slots hold 0), and
+forward's ``return <expr>`` may be the last op.
 
 A reduction alone is combined only where torch runs it as several launches (``logsumexp``); a lone ``sum`` or
 ``max`` is one torch launch already.
@@ -32,8 +37,9 @@ from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.context import Ctx, dead_code, fresh_namer, loads
 from xeforge.rewrite.cst_tools import Edits
 from xeforge.rewrite.fusion.common import (SPLIT_IDENTITY, _is_to_dtype, _last_assign, _operand_resolver,
-                                           _reduction, result_lines, row_reduce_lines, with_generated_kernel)
-from xeforge.rewrite.fusion.tl_ops import EpilogueBuilder, Operand, Unsupported
+                                           _reduction, result_lines, row_reduce_lines, traced_shape,
+                                           with_generated_kernel)
+from xeforge.rewrite.fusion.tl_ops import EpilogueBuilder, Operand, Unsupported, reduction_call
 
 #: partials one program holds (fp32, 4 warps): rows per program = this // the padded slot count
 PROGRAM_ELEMENTS = 4096
@@ -79,22 +85,32 @@ def combine_partials(source: str, problem: Any) -> tuple[str, str]:
     for s in c.fwd:
         if not (isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name)):
             continue
-        node = s.value
-        while isinstance(node, (ast.Subscript, ast.Attribute)):
-            node = node.value
-        if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Name)):
-            continue
-        try:
-            red = _reduction(s.value, node.args[0].id)
+        try:  # torch.mean(part, dim=1, keepdim=True), part.mean(1, keepdim=True), torch.max(part, dim=1)[0] ...
+            found = reduction_call(s.value)
         except Unsupported:
             continue
-        if red is None or red[0] not in SPLIT_IDENTITY:
+        if found is None or not isinstance(found[2], ast.Name):
+            continue
+        part = found[2].id
+        red = _reduction(s.value, part)
+        if red is None or (red[0] not in SPLIT_IDENTITY and red[0] != "mean"):
             continue
         try:
-            return _rewrite(c, s, node.args[0].id, red)
+            return _rewrite(c, s, part, red)
         except NotApplicable as exc:
             why.append(f"line {s.lineno}: {exc}")
     raise NotApplicable("; ".join(why) or "no row reduction of a kernel's partials in forward")
+
+
+def _names(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _reduces(node: ast.AST) -> bool:
+    try:
+        return reduction_call(node) is not None
+    except Unsupported:
+        return True
 
 
 def _alloc(c: Ctx, name: str, before: int) -> ast.Assign | None:
@@ -126,9 +142,31 @@ def _rewrite(c: Ctx, s: ast.Assign, part: str, red: tuple[str, bool]) -> tuple[s
     state = {"line": s.lineno}
     b.resolve = _operand_resolver(c, SimpleNamespace(line=s.lineno), pv, fresh_k, {}, state)
     body = [f"    {line}\n" for line in row_reduce_lines(kind, "p", "ok", "v", fresh_k)]
+    if kind == "mean":  # the partials' mean: every slot counts (the split leaves unwritten slots at 0)
+        body.append("    v = v / S\n")
     done, ops, ret, to_dtype, older = [], [kind], None, None, set()
     wide = None  # the builder once the (rows, 1) value has met a per-column vector: (rows, N) from there on
     width: dict[str, Any] = {}
+    resolve_wide = _broadcast_resolver(c, b.resolve, fresh_k, state, width, alloc, writes)
+
+    def translate(value: ast.expr) -> bool:
+        """``value`` (of ``cur``) into the row phase, or into the broadcast phase, entered where it meets a per-column
+        vector or a tensor of the rows' shape; False (nothing added) where it does not translate."""
+        nonlocal wide
+        builder = wide or b
+        before = len(builder.ops)
+        if builder.try_assign(value, {cur}) is not None:
+            if wide is not None or not keep:
+                return False
+            wide = EpilogueBuilder("w", {cur}, resolve_wide, fresh_k, column=("offs_n", "N"), rows=("rows", "M"))
+            if wide.try_assign(value, {cur}) is not None or not width:
+                wide = None
+                return False
+            builder, before = wide, 0
+        ops.extend(builder.ops[before:])
+        return True
+
+    returned = False  # forward's return statement is the last op, translated
     for st in c.after(s.lineno):
         state["line"] = st.lineno
         if isinstance(st, ast.Return):
@@ -136,10 +174,13 @@ def _rewrite(c: Ctx, s: ast.Assign, part: str, red: tuple[str, bool]) -> tuple[s
                 ret = st
             elif st.value is not None and _is_to_dtype(st.value, cur) is not None:
                 ret, to_dtype = st, _is_to_dtype(st.value, cur)
+            elif st.value is not None and cur in _names(st.value) and not _names(st.value) & older \
+                    and not _reduces(st.value) and translate(st.value):
+                ret, returned = st, True
             break
         if not (isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)):
             break
-        names = {n.id for n in ast.walk(st) if isinstance(n, ast.Name)}
+        names = _names(st)
         if cur not in names or names & older:
             break
         try:
@@ -150,24 +191,13 @@ def _rewrite(c: Ctx, s: ast.Assign, part: str, red: tuple[str, bool]) -> tuple[s
             if wide is not None or not (keep and again[1]):  # over the size-1 dim the rows kept: the identity
                 break
             ops.append(f"{again[0]} over a dim of size 1 (identity)")
-        else:
-            builder = wide or b
-            before = len(builder.ops)
-            if builder.try_assign(st.value, {cur}) is not None:
-                if wide is not None or not keep:
-                    break
-                wide = EpilogueBuilder("w", {cur}, _column_resolver(c, b.resolve, fresh_k, state, width), fresh_k,
-                                       column=("offs_n", "N"))
-                if wide.try_assign(st.value, {cur}) is not None or not width:
-                    wide = None
-                    break
-                builder, before = wide, 0
-            ops.extend(builder.ops[before:])
+        elif not translate(st.value):
+            break
         done.append(st)
         if st.targets[0].id != cur:
             older.add(cur)
         cur = st.targets[0].id
-    if not done and to_dtype is None and kind not in SEVERAL_LAUNCHES:
+    if not done and not returned and to_dtype is None and kind not in SEVERAL_LAUNCHES:
         raise NotApplicable(f"nothing after {ast.unparse(s.value)} translates into the kernel: it would only "
                             "replace one torch launch with another")
     last = max([st.lineno for st in done] + [s.lineno])
@@ -209,36 +239,57 @@ def _rewrite(c: Ctx, s: ast.Assign, part: str, red: tuple[str, bool]) -> tuple[s
     new = dead_code(new, {n.id for st in done for n in ast.walk(st) if isinstance(n, ast.Name)})
     cast = f", written as {dtype}" if to_dtype is not None else ""
     spread = f", broadcast over the {width['src']} columns" if wide is not None else ""
-    if not done:
+    if not done and not returned:
         return new, (f"{ast.unparse(s.value)} now runs as one generated Triton kernel ({kernel}: a block of rows per "
                      f"program{cast}), one launch where torch runs a {kind} as several")
-    return new, (f"{ast.unparse(s.value)} and {len(done)} statement(s) after it ({', '.join(dict.fromkeys(ops))}) "
-                 f"now run as one generated Triton kernel ({kernel}: a block of rows per program{spread}{cast}), one "
-                 "launch instead of one or more per statement")
+    return new, (f"{ast.unparse(s.value)} and {len(done) + returned} statement(s) after it "
+                 f"({', '.join(dict.fromkeys(ops))}) now run as one generated Triton kernel ({kernel}: a block of rows "
+                 f"per program{spread}{cast}), one launch instead of one or more per statement")
 
 
-def _column_resolver(c: Ctx, base, fresh, state: dict, width: dict[str, Any]):
-    """Operands of the broadcast phase: what ``base`` resolves (scalars, one-element tensors), and per-column
-    vectors (``[1, L]`` or ``[L]``), all of one length L, which ``width`` records with the first one's source."""
+def _broadcast_resolver(c: Ctx, base, fresh, state: dict, width: dict[str, Any], alloc: ast.Assign,
+                        writes: list) -> Any:
+    """Operands of the broadcast phase: what ``base`` resolves (scalars, one-element tensors), per-column vectors
+    (``[1, L]`` or ``[L]``) and the tile a launch in ``writes`` stored beside the partials, of the rows' shape
+    (``[rows, L]``, read back: ``y - y.mean(1, keepdim=True)`` after the split reduction; the partials buffer
+    ``alloc`` is sized from its rows, ``y.shape[0]``), all of one length L, which ``width`` records with the first
+    one's source. Shapes the static reading of forward does not know come from the start's traces."""
     taken: dict[str, Operand] = {}
+    shape_of = alloc.value.args[0] if isinstance(alloc.value, ast.Call) and alloc.value.args else None
+    first = ast.unparse(shape_of.elts[0]) if isinstance(shape_of, ast.Tuple) and shape_of.elts else None
+
+    def stored(src: str) -> tuple | None:
+        """The traced shape of ``src`` where a launch that writes the partials passes it."""
+        for site in writes:
+            for param, node in c.env.binding(site).items():
+                if isinstance(node, ast.Name) and node.id == src:
+                    return traced_shape(c.problem, launch=(site.kernel, param))
+        return None
 
     def resolve(node: ast.expr) -> Operand | None:
         op = base(node)
-        if op is not None and op.kind != "column":
+        if op is not None and op.kind not in ("column", "tile"):
             return op
         line = state["line"]
         v, src = c.env.eval(node, line), c.env.canonical(node, line)
-        if src is None or not v.is_tensor or v.shape is None:
+        if src is None and isinstance(node, ast.Name) and any(c.env.lookup(node.id, w.line) is v for w in writes):
+            src = node.id  # a forward local a launch that writes the partials stored, not changed since
+        if src is None or not v.is_tensor:
             return None
-        shape = list(v.shape)
-        while len(shape) > 1 and shape[0] == 1:
+        shape = list(v.shape) if v.shape is not None else list(stored(src) or ())
+        tile = len(shape) == 2 and first in (f"{src}.shape[0]", f"{src}.size(0)") and shape[1] != 1
+        while not tile and len(shape) > 1 and shape[0] == 1:
             shape.pop(0)
-        if len(shape) != 1 or shape[0] == 1 or (width and width["dim"] != shape[0]):
+        if not tile and (len(shape) != 1 or shape[0] == 1):
+            return None
+        if width and width["dim"] != shape[-1]:
             return None
         width.setdefault("src", src)
-        width.setdefault("dim", shape[0])
+        width.setdefault("dim", shape[-1])
         if src not in taken:
-            taken[src] = Operand("column", src, fresh(src.removeprefix("self.").replace(".", "_") + "_ptr"))
+            param = fresh(src.removeprefix("self.").replace(".", "_") + "_ptr")
+            strides = (fresh(f"{param[:-4]}_stride_r"), fresh(f"{param[:-4]}_stride_c")) if tile else None
+            taken[src] = Operand("tile" if tile else "column", src, param, strides)
         return taken[src]
 
     return resolve
