@@ -127,6 +127,21 @@ def test_a_batch_or_head_offset_base_and_a_whole_head_dim_take_descriptors(where
     assert not v.correct and v.failed_gate.details.get("variant") == "ci", v.feedback()
 
 
+def test_a_k_loop_that_leaves_k_unmasked_gives_the_descriptor_its_stop_as_the_extent(verify):
+    """int4_dequant_matmul (the corpus): the activations are loaded with a mask on their rows only, the kernel
+    assuming K % BLOCK_K == 0, and the K loop steps over the whole K by BLOCK_K; the descriptor's extent along K is
+    the loop's stop. The packed weight (rows ``offs_k // 8``) stays pointers, and the reason names it."""
+    from tests.realworld import problem_dir
+
+    p = load_problem(problem_dir("int4_dequant_matmul"))
+    app = TACTIC.check(context(p))
+    assert app.applies and "load of QW at line" in app.reason, app.reason
+    src = rewritten(p)
+    assert "tl.make_tensor_descriptor(X, shape=[M, K], strides=[stride_xm, 1], block_shape=[BLOCK_M, BLOCK_K])" in src
+    verdict = verify(p, src)
+    assert verdict.correct, verdict.feedback()
+
+
 def test_tile_coordinates_a_scalar_helper_computes_are_read_through_it(verify):
     """``pid_m, pid_n = _tile_coords(tile_id, ...)`` (a grouped order in a jit helper of scalar arithmetic): each
     name is a scalar of its own, so the K loop's tiles are recognised and read through descriptors made once per

@@ -32,6 +32,7 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 import libcst as cst
 
@@ -174,8 +175,15 @@ def _tile_dims(an: KernelAnalysis, acc: Access, loop_names: set[str]) -> list[Ti
                 # then the descriptor's extent
                 dims.append(TileDim(term.vec.size, term.stride, term.vec.size, term.vec.start))
                 continue
+            extent = _loop_extent(acc, term) if term is not None and not bounds else None
+            if extent is not None:
+                # no bound, the tile stepped by the loop over the whole dim (a K loop whose kernel assumes
+                # K % BLOCK_K == 0 and leaves K unmasked): the loop's stop is the descriptor's extent
+                dims.append(TileDim(extent, term.stride, term.vec.size, term.vec.start))
+                continue
             if term is None or len(bounds) != 1:
-                raise NotApplicable(f"dimension {d} has {len(bounds)} bound(s) in the mask (one expected)")
+                raise NotApplicable(f"dimension {d} has {len(bounds)} bound(s) in the mask (one expected, or the "
+                                    "loop that steps it by its block over the whole dimension)")
             b = bounds[0]
             if b.vec.size != term.vec.size:
                 raise NotApplicable(f"dimension {d}'s mask uses a different arange than its pointers")
@@ -201,6 +209,17 @@ def _tile_dims(an: KernelAnalysis, acc: Access, loop_names: set[str]) -> list[Ti
         if not (td.block.is_const or (blk and blk in an.constexprs)):
             raise NotApplicable(f"dimension {d}'s block {td.block.code()} is not a constexpr")
     return dims
+
+
+def _loop_extent(acc: Access, term: Any) -> Poly | None:
+    """The stop of the loop whose variable is this dimension's tile start, stepping by the tile's block from 0
+    (``for k0 in range(0, K, BLOCK_K)`` with ``k0 + tl.arange(0, BLOCK_K)``), None otherwise."""
+    for lp in acc.loops:
+        if lp.var is None or lp.stop is None or lp.step is None or not (lp.start is None or lp.start.is_zero):
+            continue
+        if (term.vec.start - Poly.sym(lp.var)).is_zero and (lp.step - term.vec.size).is_zero:
+            return lp.stop
+    return None
 
 
 def _offset_of(an: KernelAnalysis, acc: Access, loop_names: set[str]) -> Poly | None:
