@@ -155,7 +155,10 @@ def _problem(tmp_path, body: str, style: str = "wrapper"):
 
 def _applying(tmp_path, body: str, style: str, tactic_name: str):
     """(the tactic, its context) on the problem of ``body`` in ``style``, after asserting that the tactic applies."""
-    p = _problem(tmp_path, body, style)
+    return _applying_to(_problem(tmp_path, body, style), tactic_name)
+
+
+def _applying_to(p, tactic_name: str):
     ctx = tactic_context(p)
     tactic = next(t for t in fusion.STAGE.tactics if t.name == tactic_name)
     app = tactic.check(ctx)
@@ -241,3 +244,43 @@ def test_a_row_reduction_read_back_is_split_when_no_tile_covers_the_row(name, st
         and "torch.mean" not in fwd and "amax" not in fwd, fwd
     verdict = verify(ctx.problem, second)
     assert verdict.correct, verdict.feedback()
+
+
+#: a wrapper as LLM code writes it: leading dims flattened into M, the result reshaped back to them
+FLATTENING = '''    def linear(x, weight, bias):
+        K = x.shape[-1]
+        N = weight.shape[0]
+        x2 = x.reshape(-1, K)
+        M = x2.shape[0]
+        y = torch.empty((M, N), device=x.device, dtype=x.dtype)
+        grid = (triton.cdiv(M, 32), triton.cdiv(N, 32))
+        _mm_bias[grid](x2, weight, bias, y, M, N, K, x2.stride(0), x2.stride(1), weight.stride(1), weight.stride(0),
+                       y.stride(0), y.stride(1), BLOCK_M=32, BLOCK_N=32, BLOCK_K=32)
+        return y.reshape(*x.shape[:-1], N)
+
+'''
+
+
+def test_ops_after_a_reshape_that_keeps_the_last_dim_run_in_the_epilogue(tmp_path, verify):
+    """``return y.reshape(*x.shape[:-1], N)`` in the wrapper, then a GELU, a per-column parameter and a scalar on the
+    3D result: the same elements, so the ops run in the tile and forward returns the buffer reshaped as before."""
+    p = _problem(tmp_path, "return F.gelu(y) * 2.0 + self.bias2")
+    src = KERNEL[:KERNEL.index("def linear")] + textwrap.dedent(FLATTENING) + \
+        p.kernel_source[p.kernel_source.index("\n\nclass Model"):]
+    (tmp_path / "kernel.py").write_text(src)
+    (tmp_path / "spec.yaml").write_text(SPEC.replace("shape: [M, K]", "shape: [B, S, K]").replace(
+        "{M: 48, K: 96, N: 96}", "{B: 2, S: 24, K: 96, N: 96}"))
+    p = load_problem(tmp_path)
+    tactic, ctx = _applying_to(p, "fuse-epilogue")
+    out = tactic.propose(ctx)[0].source
+    kernel, fwd = out[:out.index("class Model")], out[out.index("def forward"):]
+    assert "bias2_ptr + rn" in kernel and "erf(" in kernel, kernel
+    assert fwd.rstrip().endswith(".reshape(*x.shape[:-1], N)") and "F.gelu" not in fwd, fwd
+    verdict = verify(p, out)
+    assert verdict.correct, verdict.feedback()
+
+
+def test_a_reshape_that_changes_the_last_dim_stops_the_chain_with_the_reason(tmp_path):
+    p = _problem(tmp_path, "y = y.reshape(-1, 2, 48)\nreturn torch.relu(y)")
+    app = next(t for t in fusion.STAGE.tactics if t.name == "fuse-epilogue").check(tactic_context(p))
+    assert not app.applies and "y.reshape(-1, 2, 48)" in app.reason, app.reason

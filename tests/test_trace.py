@@ -194,3 +194,54 @@ def test_the_same_source_from_another_file_name_reuses_its_slot(tmp_path):
         assert v.verify(p.kernel_path).correct
         verdict = v.verify(twin)
     assert verdict.correct, verdict.feedback()
+
+
+def test_host_code_that_reads_data_is_traced_on_the_cpu_when_the_meta_device_cannot(tmp_path):
+    """A wrapper that turns routing offsets into a block map with ``.tolist()`` (MoE code) cannot run on the meta
+    device; the trace is taken again on the CPU with real values (launches recorded, not run), so the launch's
+    block sizes, which a host function picks from the data, are known at each variant."""
+    from xeforge.analysis.launches import observed
+    from xeforge.analysis.observe import traces
+    from xeforge.kernel_model import parse_kernel
+
+    (tmp_path / "kernel.py").write_text('''import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale_rows(x_ptr, y_ptr, rows_ptr, n, BLOCK: tl.constexpr):
+    r = tl.load(rows_ptr + tl.program_id(0))
+    offs = tl.arange(0, BLOCK)
+    tl.store(y_ptr + r * n + offs, tl.load(x_ptr + r * n + offs, mask=offs < n) * 2.0, mask=offs < n)
+
+
+def block_for(counts):
+    return 64 if sum(counts) > 32 else 32
+
+
+class Model(torch.nn.Module):
+    def forward(self, x, sel):
+        counts = torch.bincount(sel, minlength=4).tolist()  # data the meta device does not have
+        y = torch.zeros_like(x)
+        rows = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
+        scale_rows[(x.shape[0],)](x, y, rows, x.shape[1], BLOCK=block_for(counts))
+        return y
+''')
+    (tmp_path / "reference.py").write_text("import torch\n\n\nclass Model(torch.nn.Module):\n"
+                                            "    def forward(self, x, sel):\n        return x * 2.0\n")
+    (tmp_path / "spec.yaml").write_text('''kind: elementwise
+inputs:
+  x: {shape: [R, C], dtype: float32}
+  sel: {shape: [R], dtype: int64, range: [0, 4]}
+ci:
+  - {params: [x, sel], dims: {R: 12, C: 32}}
+bench-gpu:
+  - {params: [x, sel], dims: {R: 64, C: 48}}
+''')
+    p = load_problem(tmp_path)
+    got = traces(p)
+    assert all(isinstance(t, Trace) for t in got.values()), got
+    model = parse_kernel(p.kernel_source)
+    seen = observed(model, model.launches[0])
+    assert seen["BLOCK"] == {"ci": 32, "bench-gpu": 64}, seen

@@ -333,6 +333,26 @@ class WorkerState:
                   for tp in (TensorPlan.from_wire(d) for d in plan)]
         return {"ok": True, "trace": record(model, inputs, torch, "src", execute=False)}
 
+    def trace_host(self, source: str, filename: str, init_args: list, dtype: str | None, plan: list) -> dict:
+        """A trace with real values on the CPU, for host code that reads tensor data (routing offsets turned into
+        a block map, ``.item()``, ``.tolist()``), which the meta device cannot run: the Model built on the meta
+        device and given uninitialized CPU storage, floating inputs zeros, integer inputs drawn as a run draws
+        them; launches recorded, not run."""
+
+        torch = self.torch
+        module = self._module(source, filename)
+        with torch.device("meta"):
+            model = module.Model(*init_args)
+        model = model.to_empty(device="cpu")
+        if dtype:
+            model = model.to(dtype=getattr(torch, dtype))
+        model.eval()
+        plans = [TensorPlan.from_wire(d) for d in plan]
+        drawn = iter(generate_inputs([tp for tp in plans if not tp.is_float], 0, "normal", "cpu"))
+        inputs = [torch.zeros(tp.shape, dtype=getattr(torch, tp.dtype)) if tp.is_float else next(drawn)
+                  for tp in plans]
+        return {"ok": True, "trace": record(model, inputs, torch, "src", execute=False)}
+
     # -- the oracle ------------------------------------------------------------------------------
     def reference(self, slot: str, source: str, filename: str, init_args: list, seed: int, dtype: str | None,
                   weights_out: str) -> dict:
@@ -582,7 +602,7 @@ def main(argv: list[str] | None = None) -> int:
         wire.write_message(proto_out, reply)
 
 
-OPS = frozenset({"load", "run", "time", "trace", "trace_meta", "reference", "oracle", "param_shapes", "kernelbench",
+OPS = frozenset({"load", "run", "time", "trace", "trace_meta", "trace_host", "reference", "oracle", "param_shapes", "kernelbench",
                  "profile", "deep"})
 
 

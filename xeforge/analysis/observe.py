@@ -2,14 +2,16 @@
 
 Owns: asking a worker for the trace of a source at each variant of the problem (on the meta device: the real
 host code, shapes, dtypes, constexprs and grids of the bench-sized variants without running a kernel or needing a
-device), caching them per source (and handing each to :func:`xeforge.analysis.launches.remember`), and saying why a variant could not be traced (host code that needs real values,
-such as ``.item()``, fails on the meta device). Runs in the process-wide facts worker (:func:`facts_worker`):
+device; where host code reads tensor data, such as ``.item()``, which fails there, on the CPU with real values),
+caching them per source (and handing each to :func:`xeforge.analysis.launches.remember`), and saying why a
+variant could not be traced. Runs in the process-wide facts worker (:func:`facts_worker`):
 the kernel file is user code, and never runs in this process.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 from xeforge.analysis.launches import remember
@@ -18,16 +20,33 @@ from xeforge.isolation import WorkerFailure, facts_worker
 from xeforge.problem import plan_inputs
 
 
+#: the most input bytes a trace on the CPU with real values may allocate (host code that reads data)
+HOST_TRACE_BYTES = 4 << 30
+_ITEM = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "bfloat16": 2, "float16": 2, "int16": 2}
+
+
 @functools.lru_cache(maxsize=64)
 def _trace(source: str, filename: str, init_args: tuple, dtype: str | None, plan: tuple, variant: str) -> Trace | str:
-    """``plan`` is ((name, shape, dtype, low, high), ...): hashable, for the cache."""
+    """``plan`` is ((name, shape, dtype, low, high), ...): hashable, for the cache. On the meta device first; where
+    the host code reads tensor data there (a MoE wrapper turning routing offsets into a block map), again on the
+    CPU with real values, when the inputs fit :data:`HOST_TRACE_BYTES`."""
     wire_plan = [{"name": n, "shape": list(shape), "dtype": dt, "low": lo, "high": hi} for n, shape, dt, lo, hi in plan]
+    args = dict(source=source, filename=filename, init_args=list(init_args), dtype=dtype, plan=wire_plan)
     try:
-        reply = facts_worker().request("trace_meta", 120.0, source=source, filename=filename,
-                                       init_args=list(init_args), dtype=dtype, plan=wire_plan)
+        reply = facts_worker().request("trace_meta", 120.0, **args)
         return Trace.from_json(variant, reply.get("trace"))
     except WorkerFailure as exc:
-        return f"forward could not be traced on the meta device at {variant}: {exc.detail[:300]}"
+        meta = f"forward could not be traced on the meta device at {variant}: {exc.detail[:300]}"
+    except TraceError as exc:
+        return f"the trace of {variant} was malformed: {exc}"
+    size = sum(math.prod(shape) * _ITEM.get(dt, 1) for _, shape, dt, _, _ in plan)
+    if size > HOST_TRACE_BYTES:
+        return f"{meta}; its inputs ({size / 2**30:.1f} GiB) are too large to trace on the CPU with real values"
+    try:
+        reply = facts_worker().request("trace_host", 300.0, **args)
+        return Trace.from_json(variant, reply.get("trace"))
+    except WorkerFailure as exc:
+        return f"{meta}; nor on the CPU with real values: {exc.detail[:300]}"
     except TraceError as exc:
         return f"the trace of {variant} was malformed: {exc}"
 

@@ -363,6 +363,10 @@ class Chain:
     #: several outputs: the forward names ``return a, b, ...`` returns, each a value of the tile (the result, or an
     #: earlier value the epilogue kept); None for one output
     outputs: list[str] | None = None
+    #: reshapes the chain went through that keep the last dim (``y.reshape(*x.shape[:-1], N)``: a wrapper giving
+    #: back the caller's leading dims): the same elements, so the ops after them run in the tile and the result is
+    #: the buffer seen through them, in order
+    views: list[ast.Call] = field(default_factory=list)
 
 
 def _avg_pool(node: ast.AST, cur: str) -> ast.expr | None:
@@ -518,6 +522,19 @@ def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = Fals
             call = call.func.value
         return call.id if isinstance(call, ast.Name) else None
 
+    def last_dim_view(node: ast.expr) -> str | None:
+        """The tile name ``node`` reshapes keeping its last dim (``y.reshape(*x.shape[:-1], N)``, ``y.view(B, S,
+        N)`` with N the column bound the launch passes), else None."""
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("reshape", "view") and isinstance(node.func.value, ast.Name)
+                and node.func.value.id in live and node.args and not node.keywords and ts.two_d):
+            return None
+        last = node.args[-1]
+        n = bind.get(ts.cols[1])
+        if isinstance(last, ast.Starred) or n is None or ast.dump(last) != ast.dump(n):
+            return None
+        return node.func.value.id
+
     def value_of(node: ast.expr) -> str | None:
         """The tile name ``node`` stands for unchanged: ``y``, ``y.clone()``, ``y.detach()``, ``y.contiguous()``."""
         while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
@@ -583,6 +600,15 @@ def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = Fals
         else:
             ch.stop = f"line {s.lineno}: `{c.seg(s).splitlines()[0]}` is not an assignment of an op on {ch.cur}"
             break
+        viewed = last_dim_view(value) if not (split or allow_reduction) else None
+        if viewed is not None:  # y.reshape(*x.shape[:-1], N): the same elements, the result seen through it
+            ch.stmts.append(s)
+            ch.views.append(value)
+            older |= live
+            live = {target}
+            b.saved.pop(target, None)
+            ch.cur = target
+            continue
         alias = value_of(value)
         if alias is not None:  # y, y.clone(), y.detach(): another name for a value, no kernel code
             ch.stmts.append(s)
@@ -683,6 +709,9 @@ def _apply_chain(c: Ctx, ch: Chain, extra_launch: dict[str, str] | None = None,
             absorb = c.seg(ch.to_dtype)
     if not b.ops and absorb is None:
         raise NotApplicable(ch.stop or f"nothing after {site.kernel}'s launch to fuse")
+    if ch.views and ch.outputs:
+        raise NotApplicable(f"forward returns several values after reshaping {y} "
+                            f"({ast.unparse(ch.views[0])}): one output is fused through a reshape")
     # after the chain, y's buffer holds the chain's result: nothing may still want an earlier value
     last = max([s.lineno for s in ch.stmts] + [site.line])
     rest = [s for s in c.after(last) if s is not ch.ret]
@@ -724,6 +753,8 @@ def _apply_chain(c: Ctx, ch: Chain, extra_launch: dict[str, str] | None = None,
     result = y
     if ch.reduction is not None and not ch.reduction["keepdim"]:
         result = f"{y}.squeeze(1)"
+    for view in ch.views:  # the buffer seen through the chain's reshapes, as forward saw its result
+        result = ast.unparse(ast.Call(ast.Attribute(ast.Name(result), view.func.attr), view.args, []))
     if ch.ret is not None and ch.outputs:
         # each returned value from the buffer that holds it: the result's is y's, an earlier value's its own; a
         # buffer returned again is a copy, as forward returned distinct tensors (y and its clone, say)

@@ -230,6 +230,9 @@ class EpilogueBuilder:
                 return self.expr(args[0])
             if not self._mentions_value(node):
                 return self.operand(node)
+            if key in ("reshape", "view"):
+                raise Unsupported(f"{ast.unparse(node)} changes the tile's shape: a reshape is followed where it keeps "
+                                  "the last dim (its last size the column bound the launch passes)")
             out = self.decomposed(node)
             self.ops.append((key or ast.unparse(node.func)).removesuffix("_"))
             return out
