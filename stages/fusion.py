@@ -65,13 +65,10 @@ class FusionTactic(Tactic):
         except NotApplicable as direct:
             # the launch may be in a wrapper, a method, an autograd Function or a torch.library op: inline the
             # calls that lead to it into forward, then fuse there (the reason names the call that cannot be)
-            try:
-                inlined = inline.into_forward(ctx.source)
-            except NotApplicable:
-                alone = _one_kernel_and_nothing_after(ctx)
-                if alone:  # whether the wrapper could be inlined does not matter: there is nothing to fuse
-                    raise NotApplicable(alone) from None
-                raise
+            alone = _one_kernel_and_nothing_after(ctx)
+            if alone:  # whether the wrapper can be inlined, or its store read, does not matter: nothing to fuse
+                raise NotApplicable(alone) from None
+            inlined = inline.into_forward(ctx.source)
             if inlined is None:
                 raise direct
             source, notes = inlined

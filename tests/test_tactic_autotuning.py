@@ -232,3 +232,16 @@ def test_autotuning_composes_with_heuristics(verify, tmp_path):
                                                                            "@triton.heuristics", 1)
     with pytest.raises(autotune.NotApplicable, match="keys are not a literal dict"):
         autotune.rewrite(opaque, [], "cuda")
+
+
+def test_sizes_a_heuristic_sets_are_named_as_the_heuristics_not_as_missing(tmp_path):
+    """A launch whose block size and warps come from @triton.heuristics (swiglu in the corpus's training-library
+    form) leaves the autotuner nothing; the reason says where they come from, not that they are not passed."""
+    src = VADD_HEURISTICS.replace('@triton.heuristics({"EVEN": lambda args: args["n"] % args["BLOCK"] == 0})',
+                                  '@triton.heuristics({"EVEN": lambda args: args["n"] % args["BLOCK"] == 0, '
+                                  '"BLOCK": lambda args: 64, "num_warps": lambda args: 4})')
+    src = src.replace("BLOCK=64, num_warps=4)", ")")
+    with pytest.raises(autotune.NotApplicable) as exc:
+        autotune.rewrite(src, [], "cuda")
+    assert "BLOCK, EVEN, num_warps come from add_kernel's @triton.heuristics" in str(exc.value)
+    assert "not passed" not in str(exc.value), exc.value

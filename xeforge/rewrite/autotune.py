@@ -119,7 +119,11 @@ def plan_autotune(model: KernelModel, kernel: str, configs: list[dict[str, Any]]
     launch_opts = {**launch_options(model, site),
                    **{k: v for k, v in values.items() if k in OPTION_KEYS and k in made and k not in in_dict}}
     if not names and not launch_opts:
-        left = [b.why for b in bindings(model, site).values() if b.why and not b.constant and b.how != "default"]
+        left = [b.why for n, b in bindings(model, site).items()
+                if b.why and not b.constant and b.how != "default" and n not in heuristic]
+        if heuristic:
+            left.append(f"{', '.join(sorted(heuristic))} come from {kernel}'s @triton.heuristics, which an autotuner "
+                        "above it leaves to it")
         raise NotApplicable(f"{kernel}'s launch has no block sizes or launch options with one value to tune"
                             + (f" ({'; '.join(left)})" if left else ""))
     xpu = device_kind == "xpu"
