@@ -442,6 +442,28 @@ def test_blas_baseline_times_the_gemm_alone_and_ignores_the_problems_weights(tmp
                                .variant("ci"), tmp_path) is None
 
 
+def test_blas_baseline_takes_the_problems_compute_dtype_where_the_variant_names_none(tmp_path):
+    """A problem brought in with `xeforge new` gives its dtype through its inputs (bfloat16 here), not its variants:
+    the vendor GEMM is timed in bfloat16, not in the float32 its buffers are drawn in (on an H100 that was 52
+    TFLOP/s against about 600)."""
+    import torch
+
+    from tests.realworld import problem_dir
+    from xeforge.problem import load_problem
+
+    p = load_problem(problem_dir("matmul_config_by_m"))
+    v = p.variant("bench-gpu")
+    assert v.dtype is None and p.compute_dtype(v) == "bfloat16"
+    path = bench.blas_baseline(p, v, tmp_path)
+    assert "DTYPE = torch.bfloat16" in path.read_text()
+    small = bench.blas_baseline(load_problem(ROOT / "kernels" / "gemm_relu"), load_problem(ROOT / "kernels" /
+                                                                                         "gemm_relu").variant("ci"),
+                                tmp_path)
+    ns: dict = {}
+    exec(compile(small.read_text(), str(small), "exec"), ns)
+    assert ns["Model"]().a.dtype == torch.float32  # ci is a float32 variant
+
+
 def test_gpu_bench_times_every_timed_shape_and_says_where_the_port_is_slower(gpu_report):
     """A problem with a second timed shape is timed again there (no BLAS baseline: it is sized for the primary);
     the geomeans per shape name, and the summary names a shape where the port result is slower than its start."""
@@ -652,3 +674,33 @@ def test_an_out_of_memory_row_with_lanes_sharing_a_gpu_names_the_lanes_and_the_f
     assert not _out_of_memory({"error": None, "entries": {"start": {"verification": "correct on every variant"}}})
     note = lanes_oom_note(4, "geglu_tanh")
     assert "--lanes-per-gpu 4" in note and "--redo geglu_tanh --lanes-per-gpu 1" in note
+
+
+def test_a_reference_that_computes_wider_than_the_problem_is_named_and_left_out_of_the_geomeans(tmp_path):
+    """An oracle-style reference (``x.float() @ w.float()`` on bfloat16 inputs) makes eager and torch.compile time an
+    fp32 GEMM: the bench says so in the row's notes, marks those ratios and leaves them out of the geomeans."""
+    import shutil
+
+    from xeforge.problem import load_problem
+
+    folder = tmp_path / "gemm_relu"
+    shutil.copytree(ROOT / "kernels" / "gemm_relu", folder)
+    p = load_problem(folder)
+    assert bench.reference_widening(p, p.variant("bench-gpu")) is None  # torch.relu(self.linear(x)) in bf16
+    ref = folder / "reference.py"
+    ref.write_text(ref.read_text().replace("return torch.relu(self.linear(x))",
+                                           "return torch.relu(x.float() @ self.linear.weight.float().t()).to(x.dtype)"))
+    p = load_problem(folder)
+    why = bench.reference_widening(p, p.variant("bench-gpu"))
+    assert why and "matmul (Model.forward, line 12) in float32 where the problem computes in bfloat16" in why, why
+    assert bench.reference_widening(p, p.variant("ci")) is None  # ci is a float32 variant: nothing wider
+    fast, wide = {"value": 1.5}, {"value": 9.0, "unlike": True}
+    rep = {"problems": [{"problem": "a", "status": "ok", "speedups": {"final_vs_compile": fast}, "shapes": []},
+                        {"problem": "b", "status": "ok", "speedups": {"final_vs_compile": wide}, "shapes": []}],
+           "timed": True, "status": "done", "device": {"kind": "cuda", "name": "a GPU"}}
+    bench.finalize(rep)
+    gm = rep["geomean"]["final_vs_compile"]
+    assert gm["value"] == pytest.approx(1.5) and gm["n"] == 1 and gm["left_out_wider_ref"] == 1
+    assert "1 vs torch.compile ratio(s) left out: the reference computes wider" in rep["summary"]
+    from xeforge.report_views import speedup_text
+    assert speedup_text(wide) == "9.00x (wider ref)"

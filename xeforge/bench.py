@@ -439,6 +439,11 @@ def _bench_problem(path: Path, ctx: BenchContext, row: dict, workdir: Path) -> N
         if ref is None:
             e["not_timed"] = "no reference.py"
         entries[key] = e
+    widened = reference_widening(problem, variant) if ref is not None and device.can_time else None
+    if widened:
+        row["notes"].append(widened)
+        for key in ("eager", "compile"):
+            entries[key]["unlike"] = widened
 
     workdir.mkdir(parents=True, exist_ok=True)
     blas = blas_baseline(problem, variant, workdir) if device.can_time else None
@@ -494,14 +499,15 @@ _BLAS_MODEL = """\
 import torch
 
 M, N, K = {M}, {N}, {K}
+DTYPE = torch.{dtype}  # the problem's compute dtype at this variant (a variant without a dtype of its own too)
 
 
 class Model(torch.nn.Module):
     def __init__(self, *args, **kwargs):
         super().__init__()
         g = torch.Generator().manual_seed(0)
-        self.register_buffer("a", torch.randn(M, K, generator=g), persistent=False)
-        self.register_buffer("b", torch.randn(K, N, generator=g), persistent=False)
+        self.register_buffer("a", torch.randn(M, K, generator=g).to(DTYPE), persistent=False)
+        self.register_buffer("b", torch.randn(K, N, generator=g).to(DTYPE), persistent=False)
 
     def load_state_dict(self, state_dict, strict=True, assign=False):
         return None  # the problem's weights belong to its own Model, not to this baseline
@@ -511,13 +517,46 @@ class Model(torch.nn.Module):
 """
 
 
+#: torch ops that run a matrix product (their input dtype decides the speed class: tensor cores or not)
+MATMUL_OPS = frozenset({"mm", "bmm", "matmul", "addmm", "baddbmm", "linear", "einsum", "scaled_dot_product_attention"})
+
+
+def reference_widening(problem, variant) -> str | None:
+    """Why the reference is not a like-for-like speed baseline at ``variant``, or None: a reference that computes its
+    matrix products in a wider dtype than the problem's (an oracle-style ``x.float() @ w.float()`` on bfloat16
+    inputs) makes eager and torch.compile time an fp32 GEMM where the kernel runs a bf16 one. Read from the
+    reference's trace at the variant (on the meta device, or the CPU where its host code reads data)."""
+    from xeforge.analysis.observe import trace_at  # lazy: the facts worker, only for a problem with a reference
+
+    dtype = problem.compute_dtype(variant)
+    if problem.reference_source is None or dtype not in ("bfloat16", "float16"):
+        return None
+    trace = trace_at(problem, variant, problem.reference_source)
+    if isinstance(trace, str):
+        return None
+    for op in trace.ops:
+        name = op.op.rsplit(".", 1)[-1].strip("_")
+        wide = sorted({a.dtype for a in op.inputs if a.kind == "tensor" and a.dtype in ("float32", "float64")})
+        if name in MATMUL_OPS and wide:
+            at = f" ({op.stack[-1].function}, line {op.stack[-1].line})" if op.stack else ""
+            return (f"the reference runs its {name}{at} in {', '.join(wide)} where the problem computes in {dtype}: "
+                    "eager and torch.compile time that wider product, not a like-for-like baseline (a reference "
+                    f"that computes in {dtype} gives one; the oracle runs it in float64 either way)")
+    return None
+
+
 def blas_baseline(problem, variant, workdir: Path) -> Path | None:
-    """A Model file timing the problem's GEMM alone with ``torch.matmul`` (None unless a gemm with M, N, K)."""
+    """A Model file timing the problem's GEMM alone with ``torch.matmul`` in the variant's compute dtype (its own, else
+    its first floating input's: a bf16 problem whose variants name no dtype is timed against a bf16 GEMM, not an
+    fp32 one); None unless a gemm with M, N, K."""
     dims = variant.dims
     if problem.spec.kind != "gemm" or not all(isinstance(dims.get(d), int) for d in "MNK"):
         return None
+    dtype = problem.compute_dtype(variant) or "float32"
+    if not dtype.startswith(("float", "bfloat")):
+        return None
     path = workdir / "blas_gemm.py"
-    atomic_write(path, _BLAS_MODEL.format(problem=problem.name, M=dims["M"], N=dims["N"], K=dims["K"]))
+    atomic_write(path, _BLAS_MODEL.format(problem=problem.name, M=dims["M"], N=dims["N"], K=dims["K"], dtype=dtype))
     return path
 
 
@@ -556,6 +595,8 @@ def _time_row(v, problem, variant, row: dict, ctx: BenchContext) -> None:
         if base in times and new in times:
             sp = speedup_of(times[base], times[new])
             sp["flagged_over"] = ctx.settings.speedup_flag if sp["value"] > ctx.settings.speedup_flag else None
+            if entries[base].get("unlike"):
+                sp["unlike"] = True  # against a reference that computes wider than the problem (row's notes)
             row["speedups"][name] = sp
 
 
@@ -580,11 +621,13 @@ def _time_shapes(v, variants: list, row: dict, ctx: BenchContext) -> None:
         times, errors = time_entries_robust(v, todo, var, pairs)
         if same and "start" in times and "final" in keys:
             times["final"] = times["start"]
+        speedups = {n: speedup_of(times[SPEEDUPS[n][0]], times[SPEEDUPS[n][1]]) for n in SHAPE_SPEEDUPS
+                    if SPEEDUPS[n][0] in times and SPEEDUPS[n][1] in times}
+        for n, sp in speedups.items():
+            if entries[SPEEDUPS[n][0]].get("unlike"):
+                sp["unlike"] = True
         shapes.append({"variant": var.name, "dims": dict(var.dims),
-                       "times": {k: time_stats(t) for k, t in times.items()},
-                       "speedups": {n: speedup_of(times[SPEEDUPS[n][0]], times[SPEEDUPS[n][1]]) for n in SHAPE_SPEEDUPS
-                                    if SPEEDUPS[n][0] in times and SPEEDUPS[n][1] in times},
-                       "errors": errors})
+                       "times": {k: time_stats(t) for k, t in times.items()}, "speedups": speedups, "errors": errors})
     row["shapes"] = shapes
 
 
@@ -704,15 +747,19 @@ def finalize(report: dict) -> dict:
     """Geomeans, counts and the one-line summary, from the rows (used again by ``xeforge report``)."""
     rows = report["problems"]
     gm = {}
-    for name in SPEEDUPS:
-        vals = [r["speedups"][name]["value"] for r in rows if name in (r.get("speedups") or {})]
+    for name in SPEEDUPS:  # a ratio against a reference that computes wider than the problem is left out (noted)
+        got = [r["speedups"][name] for r in rows if name in (r.get("speedups") or {})]
+        vals = [sp["value"] for sp in got if not sp.get("unlike")]
         gm[name] = {"value": geomean(vals), "n": len(vals)}
+        if len(vals) < len(got):
+            gm[name]["left_out_wider_ref"] = len(got) - len(vals)
     report["geomean"] = gm
     by_shape: dict[str, dict] = {}  # timed-shape name (bench-gpu, bench-gpu-1, ...) -> speedup -> geomean
     for r in rows:
         for sh in r.get("shapes") or []:
             for name, sp in (sh.get("speedups") or {}).items():
-                by_shape.setdefault(sh["variant"], {}).setdefault(name, []).append(sp["value"])
+                if not sp.get("unlike"):
+                    by_shape.setdefault(sh["variant"], {}).setdefault(name, []).append(sp["value"])
     report["geomean_by_shape"] = {k: {n: {"value": geomean(v), "n": len(v)} for n, v in d.items()}
                                   for k, d in sorted(by_shape.items())}
     slower = [f"{r['problem']} at {sh['variant']} ({_ratio_text(sh['speedups']['final_vs_start'])})"
@@ -756,6 +803,9 @@ def finalize(report: dict) -> dict:
             g = gm[name]
             if g["value"] is not None:
                 parts.append(f"geomean {label} {g['value']:.3f}x (n={g['n']})")
+            if g.get("left_out_wider_ref"):
+                parts.append(f"{g['left_out_wider_ref']} {label} ratio(s) left out: the reference computes wider "
+                             "than the problem (see the rows' notes)")
         if report["geomean_by_shape"]:
             parts.append(f"port result slower than its start at {len(slower)} shape(s)"
                          + (f": {', '.join(slower)}" if slower else ""))

@@ -37,7 +37,8 @@ def num(x: float | None, digits: int = 4) -> str:
 def speedup_text(sp: dict | None) -> str:
     if not sp or sp.get("value") is None:
         return DASH
-    return f"{sp['value']:.2f}x" + (" (!)" if sp.get("flagged_over") else "")
+    return f"{sp['value']:.2f}x" + (" (!)" if sp.get("flagged_over") else "") + (" (wider ref)" if sp.get("unlike")
+                                                                                 else "")
 
 
 def rate_text(ach: dict | None, bound: str | None) -> str:
