@@ -261,6 +261,7 @@ FLATTENING = '''    def linear(x, weight, bias):
 '''
 
 
+@pytest.mark.slow  # about 20 s (two traces and the verifier on the interpreter)
 def test_ops_after_a_reshape_that_keeps_the_last_dim_run_in_the_epilogue(tmp_path, verify):
     """``return y.reshape(*x.shape[:-1], N)`` in the wrapper, then a GELU, a per-column parameter and a scalar on the
     3D result: the same elements, so the ops run in the tile and forward returns the buffer reshaped as before."""

@@ -455,7 +455,8 @@ def test_single_kernel_without_torch_ops_has_nothing_to_fuse():
     reasons = {t.name: t.check(ctx) for t in fusion.STAGE.tactics}
     assert all(not a.applies for a in reasons.values())
     assert "one kernel" in reasons["fuse-elementwise-chain"].reason
-    assert "nothing after add_kernel" in reasons["fuse-epilogue"].reason
+    assert "forward runs one kernel, add_kernel" in reasons["fuse-epilogue"].reason
+    assert "nothing to fuse into it" in reasons["fuse-epilogue"].reason
     assert fusion.STAGE.detect(ctx) == []
 
 

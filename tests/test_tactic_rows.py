@@ -48,6 +48,7 @@ def row_counts(p, kernel: str) -> list[tuple[str, int]]:
     return [(v.name, launch_facts(model, site, p, v)[1][0]) for v in [ci, *p.ragged_variants(ci)]]
 
 
+@pytest.mark.slow  # about 30 s: every correctness shape of rotary on the interpreter
 def test_rotary_is_batched_and_correct_on_ragged_row_counts(verify):
     p = load_problem(KERNELS / "rotary")
     cand = rewritten(p)

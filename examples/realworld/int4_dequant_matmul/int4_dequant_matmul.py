@@ -157,7 +157,7 @@ def int4_matmul(
 
 
 def int4_matmul_ref(x, qweight, scales, qzeros=None, group_size=128):
-    cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+    cdt = x.dtype
     K, N = x.shape[1], qweight.shape[1]
     w_int = _unpack_int4_rows(qweight)  # [K, N]
     if qzeros is not None:
@@ -166,4 +166,4 @@ def int4_matmul_ref(x, qweight, scales, qzeros=None, group_size=128):
         zeros = torch.full((K // group_size, N), _DEFAULT_ZERO, device=x.device, dtype=torch.int32)
     zeros = zeros.repeat_interleave(group_size, dim=0)
     w = (w_int - zeros).to(cdt) * scales.to(cdt).repeat_interleave(group_size, dim=0)
-    return torch.matmul(x.to(cdt), w).to(x.dtype)
+    return torch.matmul(x, w)

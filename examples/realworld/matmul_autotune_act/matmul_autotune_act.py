@@ -115,10 +115,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, activation: str = "silu") -> torch.
 
 
 def matmul_ref(a: torch.Tensor, b: torch.Tensor, activation: str = "silu") -> torch.Tensor:
-    acc_dtype = torch.float64 if a.dtype == torch.float64 else torch.float32
-    y = a.to(acc_dtype) @ b.to(acc_dtype)
+    y = a @ b
     if activation == "leaky_relu":
         y = torch.nn.functional.leaky_relu(y, _LEAKY_SLOPE)
     elif activation == "silu":
         y = torch.nn.functional.silu(y)
-    return y.to(a.dtype)
+    return y
