@@ -123,7 +123,7 @@ def gqa_decode_attention_ref(q, k, v, sm_scale=None):
     group = num_heads // k.shape[2]
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(head_dim)
-    cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    cdt = q.dtype  # as a bf16 model computes (the oracle runs this in float64)
     kk = k.to(cdt).repeat_interleave(group, dim=2)  # [B, T, H, D]
     vv = v.to(cdt).repeat_interleave(group, dim=2)
     scores = torch.einsum("bhd,bthd->bht", q.to(cdt), kk) * sm_scale
