@@ -11,7 +11,8 @@ median of ``triton.testing.do_bench`` over the whole ``Model.forward`` (no L2 fl
 is against the case's first file. BENCHMARKS.md's issue-34 probe came from this.
 
 GEMV cases (``gemv <problem>``): the problem as written, and its GEMV form (:mod:`xeforge.rewrite.device_tuning.gemv`)
-launched where M <= 64 with each configuration ``gemv_configs`` gives a 16-row class, at M = 1, 8 and 16; ``cublas``
+launched where M <= 64 with each configuration ``gemv_configs`` gives, at M = 1, 2 and 4 (1, 8 and 16 before
+2026-12-06's change to one row a program); ``cublas``
 is ``torch.matmul`` of the same bf16 operands alone (the GEMM without the problem's epilogue).
 """
 
@@ -29,10 +30,10 @@ CASES = {
 }
 #: GEMV-form cases: problem folder -> (file prefix, its kernel, shapes (M, K, N))
 GEMV = {
-    "gemm_skinny_m": ("skinny", "skinny_matmul_kernel", [(1, 8192, 8192), (8, 8192, 8192), (16, 8192, 8192)]),
-    "gemm_square": ("gsq", "matmul_kernel", [(1, 4096, 4096), (8, 4096, 4096), (16, 4096, 4096)]),
+    "gemm_skinny_m": ("skinny", "skinny_matmul_kernel", [(1, 8192, 8192), (2, 8192, 8192), (4, 8192, 8192)]),
+    "gemm_square": ("gsq", "matmul_kernel", [(1, 4096, 4096), (2, 4096, 4096), (4, 4096, 4096)]),
     "kb09_matmul_subtract_multiply_relu": ("kb09", "matmul_bias_kernel",
-                                           [(1, 8192, 8192), (8, 8192, 8192), (16, 8192, 8192)]),
+                                           [(1, 8192, 8192), (2, 8192, 8192), (4, 8192, 8192)]),
 }
 
 
@@ -75,7 +76,7 @@ def write_gemv(out: Path) -> None:
         names = set(tunable(model, site)) | set(OPTION_KEYS)
         files = [f"{prefix}_start"]
         (out / f"{prefix}_start.py").write_text(src)
-        for i, cfg in enumerate(gemv.gemv_configs(plan, 16, current_config(model, site), names)):
+        for i, cfg in enumerate(gemv.gemv_configs(plan, current_config(model, site), names)):
             name = f"{prefix}_gemv{i}"
             (out / f"{name}.py").write_text(gemv.gemv_branch(dispatch(src, kernel, [Branch("M <= 64", cfg)]), src,
                                                              kernel, "M <= 64"))

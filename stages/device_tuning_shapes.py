@@ -37,7 +37,7 @@ whose shape argument differs from the primary's by :data:`CLASS_RATIO` or more:
 9. **the GEMV form for decode-sized M**: for a class of the tile's rows whose timed shapes have at most
    :data:`~xeforge.rewrite.device_tuning.gemv.GEMV_ROWS` rows, its branch launching a copy of the kernel whose K
    loop multiplies and sums instead of ``tl.dot`` (``<kernel>_gemv``: :mod:`xeforge.rewrite.device_tuning.gemv`),
-   with tiles of 1-8 rows.
+   one row a program.
 
 Where it does not apply, it says why: on the interpreter (nothing to rank), with one timed shape, at an
 ``@triton.autotune``'d kernel (its key already picks a configuration per shape), at a kernel launched from several
@@ -472,7 +472,7 @@ class PerShapeConfig(Tactic):
     def _gemv(self, ctx: StageContext, site: LaunchSite, cls: ShapeClass, current: dict[str, Any]) -> list[Candidate]:
         """For a class of decode-sized rows (every timed shape it serves has at most ``gemv.GEMV_ROWS``): its branch
         launches the GEMV form of the kernel (``<kernel>_gemv``: the K loop's ``tl.dot`` as a multiply and a sum,
-        tiles of 1-8 rows; :mod:`xeforge.rewrite.device_tuning.gemv`), the other shapes keep the kernel."""
+        one row a program; :mod:`xeforge.rewrite.device_tuning.gemv`), the other shapes keep the kernel."""
         if cls.op != "<=" or cls.block is None:
             return []
         timed = [v for v in ctx.problem.timed_variants(ctx.device.kind) if v.name in cls.serves]
@@ -488,7 +488,7 @@ class PerShapeConfig(Tactic):
             return []
         names = set(tunable(ctx.model, site)) | set(OPTION_KEYS)
         out = []
-        for cfg in gemv.gemv_configs(form, max(sizes), current, names)[:GEMV_PER_CLASS]:
+        for cfg in gemv.gemv_configs(form, current, names)[:GEMV_PER_CLASS]:
             try:
                 src = gemv.gemv_branch(dispatch(ctx.source, kernel, [Branch(cls.test, cfg)]), ctx.source, kernel,
                                        cls.test)

@@ -1,8 +1,9 @@
-"""The GEMV form for decode-sized M (issue 34): the K loop's ``tl.dot`` as a multiply and a sum, tiles of 1-8 rows,
-launched by the per-shape dispatch's branch for a class of at most 16 rows. On the interpreter: the rewrite of each
+"""The GEMV form for decode-sized M (issue 34): the K loop's ``tl.dot`` as a multiply and a sum, one row a program,
+launched by the per-shape dispatch's branch for a class of one or two rows. On the interpreter: the rewrite of each
 accumulation form, its refusals with the reason, its configurations, and dispatches verified against the reference
-at the ci shape and the ragged ones (the branch taking M = 17 and 31 with 8- and 1-row tiles, a K and an N that are
-not multiples of the tile); on a stand-in H200, that the per-shape tactic proposes it for gemm_relu's M = 16."""
+at the ci shape and the ragged ones (the branch taking M = 17 and 31 with 1- and 8-row tiles, a K and an N that are
+not multiples of the tile); on a stand-in H200, that the per-shape tactic proposes it for gemm_skinny_m's M = 1 and
+not for gemm_relu's M = 16."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ from tests.conftest import ROOT, tactic_context
 from xeforge.kernel_model import parse_kernel
 from xeforge.problem import load_problem
 from xeforge.rewrite import NotApplicable
-from xeforge.rewrite.device_tuning.gemv import MAX_ROWS, PRODUCT_ELEMENTS, gemv_branch, gemv_configs, gemv_form
+from xeforge.rewrite.device_tuning.gemv import GEMV_ROWS, PRODUCT_ELEMENTS, gemv_branch, gemv_configs, gemv_form
 from xeforge.rewrite.tiling.configs import current_config
 from xeforge.rewrite.tiling.dispatch import Branch, dispatch
 
 GEMM_RELU = ROOT / "kernels" / "gemm_relu"
+SKINNY = ROOT / "kernels" / "gemm_skinny_m"
 PER_SHAPE = next(t for t in STAGE.tactics if t.name == "per-shape-config")
 
 KERNEL = '''
@@ -66,23 +68,25 @@ def test_what_it_cannot_rewrite_is_refused_with_the_reason(source, says):
         gemv_form(source, "k")
 
 
-def test_configurations_keep_the_product_within_the_registers_and_fit_the_rows():
+def test_configurations_take_one_row_a_program_and_keep_the_product_within_the_registers():
+    """One row a program (tiles of 8 rows ran 2.5-6x slower on the H100, their product's registers), the K tile
+    where a constexpr steps the K loop, the fastest measured tile first."""
     _, plan = gemv_form(KERNEL.replace("UPDATE", "acc += tl.dot(a, b)"), "k")
     current = {"BM": 64, "BN": 64, "BK": 32, "num_warps": 8}
-    for size, top in [(1, 1), (4, 4), (16, MAX_ROWS)]:
-        cfgs = gemv_configs(plan, size, current, {"BM", "BN", "BK", "num_warps", "num_stages"})
-        assert cfgs and cfgs[0]["BM"] == top and {c["BM"] for c in cfgs} <= {top, 1}
-        for c in cfgs:
-            assert c["BM"] * c["BN"] * c["BK"] <= PRODUCT_ELEMENTS and c["num_warps"] == 4
+    cfgs = gemv_configs(plan, current, {"BM", "BN", "BK", "num_warps", "num_stages"})
+    assert cfgs[0] == {"BM": 1, "BN": 64, "BK": 256, "num_warps": 4, "num_stages": 3}
+    for c in cfgs:
+        assert c["BM"] == 1 and c["BM"] * c["BN"] * c["BK"] <= PRODUCT_ELEMENTS and c["num_warps"] == 4
     # a launch option the launch may not take is not added
-    assert all("num_stages" not in c for c in gemv_configs(plan, 4, current, {"BM", "BN", "BK"}))
+    assert all("num_stages" not in c for c in gemv_configs(plan, current, {"BM", "BN", "BK"}))
 
 
 @pytest.mark.parametrize("cfg", [{"BLOCK_M": 8, "BLOCK_N": 64, "BLOCK_K": 32}, {"BLOCK_M": 1, "BLOCK_N": 16,
                                                                                 "BLOCK_K": 64}])
 def test_the_gemv_branch_verifies_at_the_shapes_it_serves(cfg, verify):
     """gemm_relu on the interpreter: ci (M=32) takes the incumbent's launch, the ragged M=31 and 17 the GEMV form
-    (8 or 1 rows a program; the ragged shapes' K and N are not multiples of the tile either)."""
+    (the configuration's 1 row a program, and 8 to show the form holds for any rows; the ragged shapes' K and N are
+    not multiples of the tile either)."""
     p = load_problem(GEMM_RELU)
     src = p.kernel_source
     out = gemv_branch(dispatch(src, "matmul_kernel", [Branch("M <= 31", cfg)]), src, "matmul_kernel", "M <= 31")
@@ -93,30 +97,24 @@ def test_the_gemv_branch_verifies_at_the_shapes_it_serves(cfg, verify):
     assert verdict.correct, verdict.feedback()
 
 
-def test_the_per_shape_tactic_proposes_it_for_a_decode_class():
-    """gemm_relu on a stand-in H200: M = 16 (bench-gpu-1) is a class of its own (M <= 128); its GEMV candidates
-    launch the copy in that branch only, with 8 and 1 rows a program, and gate 3 times them at every shape."""
-    p = load_problem(GEMM_RELU)
+def test_the_per_shape_tactic_proposes_it_for_a_one_row_class(tmp_path):
+    """gemm_skinny_m on a stand-in H200: M = 1 (bench-gpu-1) is a class of its own beside M = 16; its GEMV
+    candidates launch the copy in that branch only, one row a program, and gate 3 times them at every shape."""
+    p = load_problem(SKINNY)
     ctx = tactic_context(p, kind="cuda", target="h200", cores=132)
     cands = [c for c in PER_SHAPE.propose(ctx) if c.params.get("gemv")]
     assert cands
-    site = next(s for s in ctx.model.launches if s.kernel == "matmul_kernel")
-    assert current_config(ctx.model, site)["BLOCK_M"] == 32
     for c in cands:
-        assert c.time_all_shapes and "if M <= 128 (bench-gpu-1): the GEMV form" in c.description
+        assert c.time_all_shapes and "(bench-gpu-1): the GEMV form" in c.description, c.description
         kernels = [s.kernel for s in parse_kernel(c.source).launches]
-        assert kernels.count("matmul_kernel_gemv") == 1 and kernels.count("matmul_kernel") == 1
-    assert {c.params["BLOCK_M"] for c in cands} == {8, 1}
+        assert kernels.count("skinny_matmul_kernel_gemv") == 1 and kernels.count("skinny_matmul_kernel") == 1
+    assert {c.params["BLOCK_M"] for c in cands} == {1}
 
 
-def test_a_class_of_more_rows_gets_no_gemv_form(tmp_path):
-    """M = 64 at the decode shape: tl.dot's 16-row tile is already full there."""
-    import shutil
-
-    folder = tmp_path / "p"
-    shutil.copytree(GEMM_RELU, folder)
-    spec = folder / "spec.yaml"
-    spec.write_text(spec.read_text().replace("dims: {M: 16, K: 4096, N: 4096}", "dims: {M: 64, K: 4096, N: 4096}"))
-    ctx = tactic_context(load_problem(folder), kind="cuda", target="h200", cores=132)
+def test_a_class_of_more_rows_gets_no_gemv_form():
+    """gemm_relu's decode shape has M = 16: one row a program would stream the weight 16 times (on the H100 the form
+    lost at M = 8 already)."""
+    assert GEMV_ROWS < 16
+    ctx = tactic_context(load_problem(GEMM_RELU), kind="cuda", target="h200", cores=132)
     every = PER_SHAPE.propose(ctx)
     assert every and not [c for c in every if c.params.get("gemv")]

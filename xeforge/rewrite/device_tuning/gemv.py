@@ -2,9 +2,9 @@
 
 Owns :func:`gemv_form` (the rewrite), :func:`gemv_configs` (its tiles) and :func:`gemv_branch` (one branch of a
 per-shape dispatch launching it). ``tl.dot`` needs a tile of at least 16 rows on the GPUs xeforge targets, so at
-M = 1-16 a GEMM's tile computes mostly padding and its few programs each stream a wide slice of the weight. The
-form the serving libraries use for decode instead reduces with ``tl.sum``: no matrix unit, any power-of-two tile
-(1, 2, 4, 8 rows), and more programs over N, each streaming its columns of the weight once. The rewrite changes
+M = 1 a GEMM's tile computes mostly padding and its few programs each stream a wide slice of the weight. The
+form the serving libraries use for decode instead reduces with ``tl.sum``: no matrix unit, one row a program, and
+more programs over N, each streaming its columns of the weight once. The rewrite changes
 one expression of the kernel, the K loop's product::
 
     acc += tl.dot(a, b)        ->  acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
@@ -32,15 +32,15 @@ from xeforge.rewrite.device_tuning.epilogue import k_loops
 
 #: the copy's name: ``<kernel><SUFFIX>``
 SUFFIX = "_gemv"
-#: a class of at most this many rows may take the GEMV form (tl.dot's smallest tile is 16 rows)
-GEMV_ROWS = 16
-#: the most rows one program of the form takes (more would multiply the product's registers)
-MAX_ROWS = 8
+#: a class of at most this many rows may take the GEMV form. On an H100 (docs/measurements/gemv-probe-h100-2026-12-06)
+#: one row a program won at M = 1 (1.56-1.61x over kb09's and gemm_square's dot tiles) and lost at M = 8 (0.49-0.97x):
+#: each row's program streams the weight again
+GEMV_ROWS = 2
 #: elements of the ``[rows, BLOCK_K, BLOCK_N]`` product per 4 warps (128 fp32 registers a thread)
 PRODUCT_ELEMENTS = 16384
-#: the (BLOCK_N, BLOCK_K) shapes tried, widest N first, for a given rows-per-program (their product x rows stays
-#: within PRODUCT_ELEMENTS)
-TILES = {1: ((128, 128), (64, 256)), 2: ((64, 128),), 4: ((64, 64),), 8: ((64, 32), (32, 64))}
+#: the (BLOCK_N, BLOCK_K) shapes tried with one row a program, the H100's fastest at M = 1 first (64 x 256, then
+#: 128 x 128; 32 x 512 not measured). Tiles of 8 rows ran 2.5-6x slower there: the product's registers
+TILES = ((64, 256), (128, 128), (32, 512))
 #: launch options of every configuration
 OPTIONS = {"num_warps": 4, "num_stages": 3}
 
@@ -54,7 +54,7 @@ class GemvPlan:
 
     def describe(self) -> str:
         return (f"{self.kernel}{SUFFIX}: the K loop's tl.dot as tl.sum(a[:, :, None] * b[None, :, :], axis=1) in "
-                "fp32, tiles of 1-8 rows (the GEMV form for decode-sized M)")
+                "fp32, one row a program (the GEMV form for M = 1-2)")
 
 
 def _operand(node: cst.BaseExpression, dtype: str) -> str:
@@ -139,22 +139,19 @@ def gemv_form(source: str, kernel: str) -> tuple[str, GemvPlan]:
     return new.code, GemvPlan(kernel, rows, cols, stepped[0] if len(stepped) == 1 else None)
 
 
-def gemv_configs(plan: GemvPlan, size: int, current: dict[str, Any], names: set[str]) -> list[dict[str, Any]]:
-    """The form's configurations for a class whose largest timed size of the rows' dim is ``size``: the most rows
-    a program needs (up to :data:`MAX_ROWS`) and one row a program, each with :data:`TILES`' column and K tiles
-    (the K tile only where a constexpr steps the K loop; otherwise the kernel's own), the rest of ``current`` kept.
-    Only ``names`` (the launch's tunable block sizes and options) change."""
-    top = min(MAX_ROWS, 1 << max(0, (int(size) - 1).bit_length()))
+def gemv_configs(plan: GemvPlan, current: dict[str, Any], names: set[str]) -> list[dict[str, Any]]:
+    """The form's configurations: one row a program, each of :data:`TILES`' column and K tiles (the K tile only where
+    a constexpr steps the K loop; otherwise the kernel's own), the rest of ``current`` kept. Only ``names`` (the
+    launch's tunable block sizes and options) change."""
     out: list[dict[str, Any]] = []
-    for rows in dict.fromkeys((top, 1)):
-        for n, k in TILES[rows]:
-            cfg = {**current, plan.rows: rows, plan.cols: n}
-            if plan.depth is not None:
-                cfg[plan.depth] = k
-            cfg.update({o: v for o, v in OPTIONS.items() if o in names})
-            cfg = {key: v for key, v in cfg.items() if key in names or key in current}
-            if cfg not in out:
-                out.append(cfg)
+    for n, k in TILES:
+        cfg = {**current, plan.rows: 1, plan.cols: n}
+        if plan.depth is not None:
+            cfg[plan.depth] = k
+        cfg.update({o: v for o, v in OPTIONS.items() if o in names})
+        cfg = {key: v for key, v in cfg.items() if key in names or key in current}
+        if cfg not in out:
+            out.append(cfg)
     return out
 
 
