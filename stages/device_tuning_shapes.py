@@ -419,18 +419,28 @@ class PerShapeConfig(Tactic):
             return []
         if rows != cls.block:  # few columns are not what swapping helps: the class must be of the tile's rows
             return []
-        out = []
+        return self._copies(ctx, kernel, cls, cfgs, current, swapped_branch, "swap",
+                            f"a swap-AB copy ({kernel}_swapab)")
+
+    def _copies(self, ctx: StageContext, kernel: str, cls: ShapeClass, cfgs: list[dict[str, Any]],
+                current: dict[str, Any], branch: Callable[[str, str, str, str], str], kind: str,
+                copy: str) -> list[Candidate]:
+        """One candidate per configuration: the class's branch launching a rewritten copy of the kernel (``branch``:
+        :func:`swapped_branch`, :func:`gemv.gemv_branch`) with it, the other shapes keeping the incumbent's launch;
+        a copy the knowledge base refuses is left out."""
+        out, flag = [], {"swap": "swap_ab", "gemv": "gemv"}[kind]
         for cfg in cfgs:
             try:
-                src = swapped_branch(dispatch(ctx.source, kernel, [Branch(cls.test, cfg)]), ctx.source, kernel,
-                                     cls.test)
+                src = branch(dispatch(ctx.source, kernel, [Branch(cls.test, cfg)]), ctx.source, kernel, cls.test)
             except (NotApplicable, LookupError):
                 return out
+            if kb_errors(ctx, src):
+                continue
             changed = {k: v for k, v in cfg.items() if current.get(k) != v}
-            what = f"a swap-AB copy ({kernel}_swapab) with {describe(changed) or 'the incumbent configuration'}"
+            what = f"{copy} with {describe(changed) or 'the incumbent configuration'}"
             desc = f"{kernel}: if {cls.test} ({', '.join(cls.serves)}): {what}; else the incumbent's launch"
-            out.append(self._record(Candidate(src, self.name, desc, kind="search", params={**cfg, "swap_ab": True},
-                                              time_all_shapes=True), Proposal(cls, "swap", cfg, what)))
+            out.append(self._record(Candidate(src, self.name, desc, kind="search", params={**cfg, flag: True},
+                                              time_all_shapes=True), Proposal(cls, kind, cfg, what)))
         return out
 
     def _split(self, ctx: StageContext, kernel: str, cls: ShapeClass) -> list[Candidate]:
@@ -487,21 +497,9 @@ class PerShapeConfig(Tactic):
         if form.rows != cls.block:  # the class must be of the tile's rows
             return []
         names = set(tunable(ctx.model, site)) | set(OPTION_KEYS)
-        out = []
-        for cfg in gemv.gemv_configs(form, current, names)[:GEMV_PER_CLASS]:
-            try:
-                src = gemv.gemv_branch(dispatch(ctx.source, kernel, [Branch(cls.test, cfg)]), ctx.source, kernel,
-                                       cls.test)
-            except (NotApplicable, LookupError):
-                return out
-            if kb_errors(ctx, src):
-                continue
-            changed = {k: v for k, v in cfg.items() if current.get(k) != v}
-            what = f"the GEMV form ({kernel}{gemv.SUFFIX}: tl.dot as a multiply and a sum) with {describe(changed)}"
-            desc = f"{kernel}: if {cls.test} ({', '.join(cls.serves)}): {what}; else the incumbent's launch"
-            out.append(self._record(Candidate(src, self.name, desc, kind="search", params={**cfg, "gemv": True},
-                                              time_all_shapes=True), Proposal(cls, "gemv", cfg, what)))
-        return out
+        return self._copies(ctx, kernel, cls, gemv.gemv_configs(form, current, names)[:GEMV_PER_CLASS], current,
+                            gemv.gemv_branch, "gemv", f"the GEMV form ({kernel}{gemv.SUFFIX}: tl.dot as a multiply "
+                            "and a sum)")
 
     def _primary_winners(self, ctx: StageContext, site: LaunchSite, cls: ShapeClass,
                          current: dict[str, Any]) -> list[Candidate]:

@@ -11,6 +11,7 @@ import pytest
 
 from stages.device_tuning import STAGE
 from tests.conftest import ROOT, tactic_context
+from tests.test_tactic_swap_ab import KERNEL  # one GEMM, its K-loop update left to each test (UPDATE)
 from xeforge.kernel_model import parse_kernel
 from xeforge.problem import load_problem
 from xeforge.rewrite import NotApplicable
@@ -22,23 +23,6 @@ GEMM_RELU = ROOT / "kernels" / "gemm_relu"
 SKINNY = ROOT / "kernels" / "gemm_skinny_m"
 PER_SHAPE = next(t for t in STAGE.tactics if t.name == "per-shape-config")
 
-KERNEL = '''
-import triton
-import triton.language as tl
-
-
-@triton.jit
-def k(a_ptr, b_ptr, c_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    rm = tl.program_id(0) * BM + tl.arange(0, BM)
-    rn = tl.program_id(1) * BN + tl.arange(0, BN)
-    rk = tl.arange(0, BK)
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        a = tl.load(a_ptr + rm[:, None] * K + (k0 + rk)[None, :])
-        b = tl.load(b_ptr + (k0 + rk)[:, None] * N + rn[None, :])
-        UPDATE
-    tl.store(c_ptr + rm[:, None] * N + rn[None, :], acc)
-'''
 SUM = "tl.sum(a.to({t})[:, :, None] * b.to({t})[None, :, :], axis=1)"
 
 

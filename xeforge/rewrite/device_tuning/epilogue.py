@@ -94,6 +94,23 @@ def k_loops(fn: cst.FunctionDef) -> dict[cst.For, str]:
     return loops
 
 
+def one_k_loop(source: str, kernel: str, what: str) -> tuple[Parsed, cst.FunctionDef, cst.For, str]:
+    """(the parsed source, ``kernel``'s function, its one K loop, the accumulator) for a rewrite (``what``: its name
+    in the reason) of a kernel with exactly one K loop; NotApplicable otherwise."""
+    if kernel not in parse_kernel(source).functions:
+        raise NotApplicable(f"{kernel} is not a @triton.jit function of this file")
+    parsed = Parsed.of(source)
+    fn = parsed.function(kernel)
+    if fn is None:
+        raise NotApplicable(f"{kernel} is not a top-level function")
+    loops = k_loops(fn)
+    if len(loops) != 1:
+        raise NotApplicable(f"{kernel}: {'no' if not loops else len(loops)} K loop(s) accumulating tl.dot into a "
+                            f"tile ({what} rewrites one)")
+    (loop, acc), = loops.items()
+    return parsed, fn, loop, acc
+
+
 def _k_loop_calls(fn: cst.FunctionDef, parsed: Parsed) -> dict[cst.CSTNode, str]:
     """Statements that run a K loop in a @triton.jit helper: ``acc, l_i, m_i = _attn_inner(acc, ...)``, the
     helper's loop accumulating into its parameter at the position ``acc`` is passed at (flash attention's

@@ -26,9 +26,9 @@ import libcst as cst
 
 from xeforge.kernel_model import parse_kernel
 from xeforge.rewrite import NotApplicable
-from xeforge.rewrite.cst_tools import Parsed, arg, call_name, code, expr, is_tl, names_in, walk
+from xeforge.rewrite.cst_tools import arg, call_name, code, expr, is_tl, names_in, walk
 from xeforge.rewrite.device_tuning.branch_copy import branch_copy
-from xeforge.rewrite.device_tuning.epilogue import k_loops
+from xeforge.rewrite.device_tuning.epilogue import one_k_loop
 
 #: the copy's name: ``<kernel><SUFFIX>``
 SUFFIX = "_gemv"
@@ -106,18 +106,8 @@ def _zeros_dims(fn: cst.FunctionDef, acc: str) -> tuple[str, str] | None:
 
 def gemv_form(source: str, kernel: str) -> tuple[str, GemvPlan]:
     """``source`` with ``kernel``'s K-loop ``tl.dot`` as a multiply and a sum, and the block sizes that tile it."""
+    parsed, fn, loop, acc = one_k_loop(source, kernel, "the GEMV form")
     model = parse_kernel(source)
-    if kernel not in model.functions:
-        raise NotApplicable(f"{kernel} is not a @triton.jit function of this file")
-    parsed = Parsed.of(source)
-    fn = parsed.function(kernel)
-    if fn is None:
-        raise NotApplicable(f"{kernel} is not a top-level function")
-    loops = k_loops(fn)
-    if len(loops) != 1:
-        raise NotApplicable(f"{kernel}: {'no' if not loops else len(loops)} K loop(s) accumulating tl.dot into a "
-                            "tile (the GEMV form rewrites one)")
-    (loop, acc), = loops.items()
     dots = [n for n in walk(fn) if isinstance(n, cst.Call) and is_tl(call_name(n), "dot")]
     in_loop = [n for n in walk(loop.body) if isinstance(n, cst.Call) and is_tl(call_name(n), "dot")]
     if len(in_loop) != 1 or len(dots) != 1:

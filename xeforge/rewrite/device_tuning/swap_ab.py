@@ -24,11 +24,10 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from xeforge.kernel_model import parse_kernel
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.device_tuning.branch_copy import branch_copy
-from xeforge.rewrite.cst_tools import Parsed, call_name, code, expr, is_tl, names_in, small, statements, walk
-from xeforge.rewrite.device_tuning.epilogue import k_loops
+from xeforge.rewrite.cst_tools import call_name, code, expr, is_tl, names_in, small, statements, walk
+from xeforge.rewrite.device_tuning.epilogue import one_k_loop
 
 
 @dataclass(frozen=True)
@@ -115,17 +114,7 @@ class _Swap(cst.CSTTransformer):
 
 
 def swap_ab(source: str, kernel: str) -> tuple[str, SwapPlan]:
-    if kernel not in parse_kernel(source).functions:
-        raise NotApplicable(f"{kernel} is not a @triton.jit function of this file")
-    parsed = Parsed.of(source)
-    fn = parsed.function(kernel)
-    if fn is None:
-        raise NotApplicable(f"{kernel} is not a top-level function")
-    loops = k_loops(fn)
-    if len(loops) != 1:
-        raise NotApplicable(f"{kernel}: {'no' if not loops else len(loops)} K loop(s) accumulating tl.dot into a "
-                            "tile (swap-AB rewrites one)")
-    (loop, acc), = loops.items()
+    parsed, fn, loop, acc = one_k_loop(source, kernel, "swap-AB")
     # the block the K loop is a statement of (the kernel's body, or a persistent kernel's tile loop)
     block = next((b for b in walk(fn) if isinstance(b, cst.IndentedBlock) and any(st is loop for st in b.body)), None)
     inits = [s for s in (block.body if block is not None else []) if _zeros_shape(s, acc)]
