@@ -16,7 +16,6 @@ from xeforge.kernel_model import parse_kernel
 from xeforge.problem import load_problem
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.device_tuning.gemv import GEMV_ROWS, PRODUCT_ELEMENTS, gemv_branch, gemv_configs, gemv_form
-from xeforge.rewrite.tiling.configs import current_config
 from xeforge.rewrite.tiling.dispatch import Branch, dispatch
 
 GEMM_RELU = ROOT / "kernels" / "gemm_relu"
