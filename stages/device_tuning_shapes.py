@@ -529,9 +529,9 @@ class PerShapeConfig(Tactic):
 
     def follow_up(self, ctx: StageContext, outcomes: list[TrialOutcome]) -> list[Candidate]:
         """One dispatch with the winner of every part of the shapes that has one, when two parts or more do: each
-        class's best accepted candidate (a configuration, or a swap-AB, split-K or GEMV-form copy) and the best configuration for
-        the other shapes (:meth:`_primary_winners`). A copy goes in as the candidate that won (its ``else`` branch then
-        takes the other shapes' configuration); with a copy, only one class is combined."""
+        class's best accepted candidate (a configuration, or a swap-AB, split-K or GEMV-form copy) and the best
+        configuration for the other shapes (:meth:`_primary_winners`). A copy goes in as the candidate that won (its
+        ``else`` branch then takes the other shapes' configuration); with a copy, only one class is combined."""
         best: dict[str, tuple[float, Proposal, Candidate]] = {}  # class test ("" for the other shapes) -> winner
         for o in outcomes:
             got = self._proposed.get(source_hash(o.candidate.source))

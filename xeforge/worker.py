@@ -602,8 +602,8 @@ def main(argv: list[str] | None = None) -> int:
         wire.write_message(proto_out, reply)
 
 
-OPS = frozenset({"load", "run", "time", "trace", "trace_meta", "trace_host", "reference", "oracle", "param_shapes", "kernelbench",
-                 "profile", "deep"})
+OPS = frozenset({"load", "run", "time", "trace", "trace_meta", "trace_host", "reference", "oracle", "param_shapes",
+                 "kernelbench", "profile", "deep"})
 
 
 def failure_reply(exc: BaseException, state: Any) -> dict:

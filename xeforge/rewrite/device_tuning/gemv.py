@@ -1,11 +1,11 @@
 """The GEMV form of a GEMM kernel, for decode-sized M: the K loop's ``tl.dot`` as a multiply and a sum.
 
 Owns :func:`gemv_form` (the rewrite), :func:`gemv_configs` (its tiles) and :func:`gemv_branch` (one branch of a
-per-shape dispatch launching it). ``tl.dot`` needs a tile of at least 16 rows on the GPUs xeforge targets, so at
-M = 1 a GEMM's tile computes mostly padding and its few programs each stream a wide slice of the weight. The
+per-shape dispatch launching it). ``tl.dot`` needs a tile of at least 16 rows on NVIDIA GPUs (8 on Intel's DPAS),
+so at M = 1 a GEMM's tile computes mostly padding and its few programs each stream a wide slice of the weight. The
 form the serving libraries use for decode instead reduces with ``tl.sum``: no matrix unit, one row a program, and
-more programs over N, each streaming its columns of the weight once. The rewrite changes
-one expression of the kernel, the K loop's product::
+more programs over N, each streaming its columns of the weight once. The rewrite changes one expression of the
+kernel, the K loop's product::
 
     acc += tl.dot(a, b)        ->  acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
     acc = tl.dot(a, b, acc)    ->  acc = acc + tl.sum(...)
@@ -33,7 +33,7 @@ from xeforge.rewrite.device_tuning.epilogue import one_k_loop
 #: the copy's name: ``<kernel><SUFFIX>``
 SUFFIX = "_gemv"
 #: a class of at most this many rows may take the GEMV form. On an H100 (docs/measurements/gemv-probe-h100-2026-12-06)
-#: one row a program won at M = 1 (1.56-1.61x over kb09's and gemm_square's dot tiles) and lost at M = 8 (0.49-0.97x):
+#: one row a program won at M = 1 (1.56-1.61x over kb09's and gemm_square's dot tiles) and lost at M = 8 (0.28-0.97x):
 #: each row's program streams the weight again
 GEMV_ROWS = 2
 #: elements of the ``[rows, BLOCK_K, BLOCK_N]`` product per 4 warps (128 fp32 registers a thread)
