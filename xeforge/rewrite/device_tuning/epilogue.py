@@ -1,6 +1,7 @@
 """A GEMM's epilogue in two column halves of its accumulator: fewer live registers after the K loop.
 
-Owns :func:`split_epilogue`. After a GEMM's K loop the epilogue (bias, an activation, a residual read, the store)
+Owns :func:`split_epilogue`, and the K loops of a kernel (:func:`k_loops`; :func:`one_k_loop` for the rewrites of
+one loop, swap-AB and the GEMV form). After a GEMM's K loop the epilogue (bias, an activation, a residual read, the store)
 holds the whole ``[BM, BN]`` fp32 accumulator and every temporary of its size at once: at 128 x 256 with 8 warps
 that is 128 registers a thread for the accumulator alone, and an exact GELU plus a residual read on top of it
 spilled (H200, Triton 3.6: 255 registers, 102 spilled; docs/measurements/h200-epilogue/). Here the accumulator is
