@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Problem folders of the epilogue-graph cases (issue 33) for a GPU bench: each case of tests/test_fusion_graph.py's
 GRAPHS (residuals, gates reading their input, in-place ops, where, ops torch decomposes, a parameter only
-the trace knows, the input as residual) over the test's GEMM + bias wrapper, in the wrapper and the direct style,
-with bf16 bench shapes: a large one (4096 x 4096 x 4096) and a decode-sized one (M = 16). The reference is the same
+the trace knows, the input as residual) and SPLIT_READ_BACK (a row mean or max read back over rows no tile
+covers: the split reduction and its generated second pass) over the test's GEMM + bias wrapper, in the wrapper and
+the direct style, with bf16 bench shapes: a large one (4096 x 4096 x 4096) and a decode-sized one (M = 16). The reference is the same
 Model over torch's F.linear. scripts/h200-epilogues.sh ports and benches them.
 
 Usage (repo root): python3 scripts/epilogue_problems.py OUTDIR [CASE ...]
@@ -14,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.test_fusion_graph import GRAPHS, SPEC, _problem  # noqa: E402  (the cases live with their test)
+from tests.test_fusion_graph import GRAPHS, SPEC, SPLIT_READ_BACK, _problem  # noqa: E402  (the cases: the test's)
 
 BENCH = """bench-gpu:
   - {params: [x], dtype: bfloat16, dims: {M: 4096, K: 4096, N: 4096}, flop: "2*M*N*K", bytes: "2*(M*K + N*K + M*N)"}
@@ -28,12 +29,17 @@ def main() -> int:
         print(__doc__, file=sys.stderr)
         return 2
     out = Path(sys.argv[1])
-    names = sys.argv[2:] or sorted(GRAPHS)
+    cases = {**{n: b for n, (b, _) in GRAPHS.items()}, **{n: b for n, (b, _) in SPLIT_READ_BACK.items()}}
+    names = sys.argv[2:] or sorted(cases)
+    unknown = [n for n in names if n not in cases]
+    if unknown:
+        print(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(sorted(cases))}", file=sys.stderr)
+        return 2
     for name in names:
         for style in ("wrapper", "direct"):
             d = out / f"{name}-{style}"
             d.mkdir(parents=True, exist_ok=True)
-            _problem(d, GRAPHS[name][0], style)
+            _problem(d, cases[name], style)
             (d / "spec.yaml").write_text(f"description: \"GEMM + bias, then the epilogue graph '{name}' ({style} "
                                          f"style)\"\nprecision: tf32\n{SPEC}{BENCH}")
             print(d)
