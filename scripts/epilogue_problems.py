@@ -3,8 +3,8 @@
 GRAPHS (residuals, gates reading their input, in-place ops, where, ops torch decomposes, a parameter only
 the trace knows, the input as residual) and SPLIT_READ_BACK (a row mean or max read back over rows no tile
 covers: the split reduction and its generated second pass) over the test's GEMM + bias wrapper, in the wrapper and
-the direct style, with bf16 bench shapes: a large one (4096 x 4096 x 4096) and a decode-sized one (M = 16). The reference is the same
-Model over torch's F.linear. scripts/h200-epilogues.sh ports and benches them.
+the direct style, with bf16 bench shapes: a large one (4096 x 4096 x 4096) and a decode-sized one (M = 16). The
+reference is the same Model over torch's F.linear. scripts/h200-epilogues.sh ports and benches them.
 
 Usage (repo root): python3 scripts/epilogue_problems.py OUTDIR [CASE ...]
 """
