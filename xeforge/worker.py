@@ -323,15 +323,23 @@ class WorkerState:
         """A trace on the meta device: the Model built and called there, launches recorded but not run."""
 
         torch = self.torch
-        module = self._module(source, filename)
-        with torch.device("meta"):
-            model = module.Model(*init_args)
-        if dtype:
-            model = model.to(dtype=getattr(torch, dtype))
-        model.eval()
+        model = self._meta_model(source, filename, init_args, dtype)
         inputs = [torch.empty(tp.shape, dtype=getattr(torch, tp.dtype), device="meta")
                   for tp in (TensorPlan.from_wire(d) for d in plan)]
         return {"ok": True, "trace": record(model, inputs, torch, "src", execute=False)}
+
+    def _meta_model(self, source: str, filename: str, init_args: list, dtype: str | None, on: str | None = None):
+        """The Model built on the meta device in the variant dtype, in eval mode; ``on``: then given uninitialized
+        storage there (``to_empty``)."""
+        torch = self.torch
+        module = self._module(source, filename)
+        with torch.device("meta"):
+            model = module.Model(*init_args)
+        if on is not None:
+            model = model.to_empty(device=on)
+        if dtype:
+            model = model.to(dtype=getattr(torch, dtype))
+        return model.eval()
 
     def trace_host(self, source: str, filename: str, init_args: list, dtype: str | None, plan: list) -> dict:
         """A trace with real values on the CPU, for host code that reads tensor data (routing offsets turned into
@@ -340,13 +348,7 @@ class WorkerState:
         them; launches recorded, not run."""
 
         torch = self.torch
-        module = self._module(source, filename)
-        with torch.device("meta"):
-            model = module.Model(*init_args)
-        model = model.to_empty(device="cpu")
-        if dtype:
-            model = model.to(dtype=getattr(torch, dtype))
-        model.eval()
+        model = self._meta_model(source, filename, init_args, dtype, on="cpu")
         plans = [TensorPlan.from_wire(d) for d in plan]
         drawn = iter(generate_inputs([tp for tp in plans if not tp.is_float], 0, "normal", "cpu"))
         inputs = [torch.zeros(tp.shape, dtype=getattr(torch, tp.dtype)) if tp.is_float else next(drawn)

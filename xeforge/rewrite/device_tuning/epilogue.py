@@ -1,8 +1,8 @@
 """A GEMM's epilogue in two column halves of its accumulator: fewer live registers after the K loop.
 
-Owns :func:`split_epilogue`, and the K loops of a kernel (:func:`k_loops`; :func:`one_k_loop` for the rewrites of
-one loop, swap-AB and the GEMV form). After a GEMM's K loop the epilogue (bias, an activation, a residual read, the store)
-holds the whole ``[BM, BN]`` fp32 accumulator and every temporary of its size at once: at 128 x 256 with 8 warps
+Owns :func:`split_epilogue`, and the K loops of a kernel (:func:`k_loops`; :func:`one_k_loop` and the accumulator's
+``tl.zeros`` shape, :func:`zeros_shape`, for the rewrites of one loop: swap-AB and the GEMV form). After a GEMM's K
+loop the epilogue (bias, an activation, a residual read, the store) holds the whole ``[BM, BN]`` fp32 accumulator and every temporary of its size at once: at 128 x 256 with 8 warps
 that is 128 registers a thread for the accumulator alone, and an exact GELU plus a residual read on top of it
 spilled (H200, Triton 3.6: 255 registers, 102 spilled; docs/measurements/h200-epilogue/). Here the accumulator is
 split into its two ``[BM, BN // 2]`` column halves right after the K loop (``tl.reshape`` -> ``tl.permute`` ->
@@ -93,6 +93,17 @@ def k_loops(fn: cst.FunctionDef) -> dict[cst.For, str]:
                     raise NotApplicable(f"{fn.name.value}: one K loop accumulates into {', '.join(sorted(accs))}")
                 loops[node] = accs.pop()
     return loops
+
+
+def zeros_shape(stmt: cst.CSTNode, acc: str) -> tuple[cst.Call, cst.Tuple] | None:
+    """``(call, shape tuple)`` of ``acc = tl.zeros((A, B), ...)``."""
+    s = small(stmt)
+    if isinstance(s, cst.Assign) and len(s.targets) == 1 and isinstance(s.targets[0].target, cst.Name) and \
+            s.targets[0].target.value == acc and isinstance(s.value, cst.Call) and is_tl(call_name(s.value), "zeros") \
+            and s.value.args and isinstance(s.value.args[0].value, (cst.Tuple, cst.List)) \
+            and len(s.value.args[0].value.elements) == 2:
+        return s.value, s.value.args[0].value
+    return None
 
 
 def one_k_loop(source: str, kernel: str, what: str) -> tuple[Parsed, cst.FunctionDef, cst.For, str]:

@@ -28,7 +28,7 @@ from xeforge.kernel_model import parse_kernel
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.cst_tools import arg, call_name, code, expr, is_tl, names_in, walk
 from xeforge.rewrite.device_tuning.branch_copy import branch_copy
-from xeforge.rewrite.device_tuning.epilogue import one_k_loop
+from xeforge.rewrite.device_tuning.epilogue import one_k_loop, zeros_shape
 
 #: the copy's name: ``<kernel><SUFFIX>``
 SUFFIX = "_gemv"
@@ -93,17 +93,6 @@ class _Sum(cst.CSTTransformer):
         return updated
 
 
-def _zeros_dims(fn: cst.FunctionDef, acc: str) -> tuple[str, str] | None:
-    for node in walk(fn):
-        if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name) \
-                and node.targets[0].target.value == acc and isinstance(node.value, cst.Call) \
-                and is_tl(call_name(node.value), "zeros") and node.value.args \
-                and isinstance(node.value.args[0].value, (cst.Tuple, cst.List)) \
-                and len(node.value.args[0].value.elements) == 2:
-            return tuple(code(e.value) for e in node.value.args[0].value.elements)  # type: ignore[return-value]
-    return None
-
-
 def gemv_form(source: str, kernel: str) -> tuple[str, GemvPlan]:
     """``source`` with ``kernel``'s K-loop ``tl.dot`` as a multiply and a sum, and the block sizes that tile it."""
     parsed, fn, loop, acc = one_k_loop(source, kernel, "the GEMV form")
@@ -114,11 +103,11 @@ def gemv_form(source: str, kernel: str) -> tuple[str, GemvPlan]:
         raise NotApplicable(f"{kernel} has {len(dots)} tl.dot call(s), {len(in_loop)} in its K loop: the GEMV form "
                             "rewrites a kernel whose one tl.dot is the K loop's (a tile of fewer than 16 rows "
                             "cannot reach another)")
-    dims = _zeros_dims(fn, acc)
-    if dims is None:
+    made = next((z for st in walk(fn) if (z := zeros_shape(st, acc))), None)
+    if made is None:
         raise NotApplicable(f"{kernel}: {acc} is not made by tl.zeros((BM, BN), ...)")
     constexprs = set(model.functions[kernel].constexpr_params)
-    rows, cols = dims
+    rows, cols = (code(e.value) for e in made[1].elements)
     if rows not in constexprs or cols not in constexprs:
         raise NotApplicable(f"{kernel}: the tile ({rows}, {cols}) is not sized by constexpr block sizes")
     stepped = [n for n in names_in(loop.iter) if n in constexprs and n not in (rows, cols)]

@@ -27,7 +27,7 @@ import libcst as cst
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.device_tuning.branch_copy import branch_copy
 from xeforge.rewrite.cst_tools import call_name, code, expr, is_tl, names_in, small, statements, walk
-from xeforge.rewrite.device_tuning.epilogue import one_k_loop
+from xeforge.rewrite.device_tuning.epilogue import one_k_loop, zeros_shape
 
 
 @dataclass(frozen=True)
@@ -40,17 +40,6 @@ class SwapPlan:
         return (f"{self.kernel}: the tile computed transposed, acc[{self.shape[1]}, {self.shape[0]}] += "
                 f"dot(trans(b), trans(a)), transposed back after the K loop (N on the MMA's M side: swap-AB for "
                 "few rows)")
-
-
-def _zeros_shape(stmt: cst.CSTNode, acc: str) -> tuple[cst.Call, cst.Tuple] | None:
-    """``(call, shape tuple)`` of ``acc = tl.zeros((A, B), ...)``."""
-    s = small(stmt)
-    if isinstance(s, cst.Assign) and len(s.targets) == 1 and isinstance(s.targets[0].target, cst.Name) and \
-            s.targets[0].target.value == acc and isinstance(s.value, cst.Call) and is_tl(call_name(s.value), "zeros") \
-            and s.value.args and isinstance(s.value.args[0].value, (cst.Tuple, cst.List)) \
-            and len(s.value.args[0].value.elements) == 2:
-        return s.value, s.value.args[0].value
-    return None
 
 
 def _plain_update(stmt: cst.CSTNode, acc: str, dot: cst.Call) -> bool:
@@ -98,7 +87,7 @@ class _Swap(cst.CSTTransformer):
 
     def leave_SimpleStatementLine(self, original, updated):
         if original is self.init:
-            call, shape = _zeros_shape(updated, self.acc)
+            call, shape = zeros_shape(updated, self.acc)
             els = list(shape.elements)
             new_shape = shape.with_changes(elements=[els[0].with_changes(value=els[1].value),
                                                      els[1].with_changes(value=els[0].value)])
@@ -117,7 +106,7 @@ def swap_ab(source: str, kernel: str) -> tuple[str, SwapPlan]:
     parsed, fn, loop, acc = one_k_loop(source, kernel, "swap-AB")
     # the block the K loop is a statement of (the kernel's body, or a persistent kernel's tile loop)
     block = next((b for b in walk(fn) if isinstance(b, cst.IndentedBlock) and any(st is loop for st in b.body)), None)
-    inits = [s for s in (block.body if block is not None else []) if _zeros_shape(s, acc)]
+    inits = [s for s in (block.body if block is not None else []) if zeros_shape(s, acc)]
     if len(inits) != 1:
         raise NotApplicable(f"{kernel}: {acc} is not made once by tl.zeros((BM, BN), ...) in the K loop's block")
     dots = [n for n in walk(loop.body) if isinstance(n, cst.Call) and is_tl(call_name(n), "dot")]
@@ -129,7 +118,7 @@ def swap_ab(source: str, kernel: str) -> tuple[str, SwapPlan]:
                             "a row-wise factor would not survive the transpose)")
     if list(block.body).index(inits[0]) > list(block.body).index(loop):
         raise NotApplicable(f"{kernel}: the K loop comes before {acc}'s tl.zeros")
-    shape = tuple(code(e.value) for e in _zeros_shape(inits[0], acc)[1].elements)
+    shape = tuple(code(e.value) for e in zeros_shape(inits[0], acc)[1].elements)
     tr = _Swap(acc, loop, inits[0])
     new = parsed.module.visit(tr)
     if tr.dots != 1:

@@ -36,10 +36,11 @@ from xeforge.kernel_model import dotted_name
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.context import Ctx, dead_code, fresh_namer, loads
 from xeforge.rewrite.cst_tools import Edits
-from xeforge.rewrite.fusion.common import (SPLIT_IDENTITY, _is_to_dtype, _last_assign, _operand_resolver,
+from xeforge.rewrite.fusion.common import (SPLIT_KINDS, _is_to_dtype, _last_assign, _operand_resolver,
                                            _reduction, result_lines, row_reduce_lines, traced_shape,
                                            with_generated_kernel)
 from xeforge.rewrite.fusion.tl_ops import EpilogueBuilder, Operand, Unsupported, reduction_call
+from xeforge.rewrite.tiling import names_in
 
 #: partials one program holds (fp32, 4 warps): rows per program = this // the padded slot count
 PROGRAM_ELEMENTS = 4096
@@ -93,17 +94,13 @@ def combine_partials(source: str, problem: Any) -> tuple[str, str]:
             continue
         part = found[2].id
         red = _reduction(s.value, part)
-        if red is None or (red[0] not in SPLIT_IDENTITY and red[0] != "mean"):
+        if red is None or red[0] not in SPLIT_KINDS:
             continue
         try:
             return _rewrite(c, s, part, red)
         except NotApplicable as exc:
             why.append(f"line {s.lineno}: {exc}")
     raise NotApplicable("; ".join(why) or "no row reduction of a kernel's partials in forward")
-
-
-def _names(node: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
 
 def _reduces(node: ast.AST) -> bool:
@@ -174,13 +171,13 @@ def _rewrite(c: Ctx, s: ast.Assign, part: str, red: tuple[str, bool]) -> tuple[s
                 ret = st
             elif st.value is not None and _is_to_dtype(st.value, cur) is not None:
                 ret, to_dtype = st, _is_to_dtype(st.value, cur)
-            elif st.value is not None and cur in _names(st.value) and not _names(st.value) & older \
+            elif st.value is not None and cur in names_in(st.value) and not names_in(st.value) & older \
                     and not _reduces(st.value) and translate(st.value):
                 ret, returned = st, True
             break
         if not (isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)):
             break
-        names = _names(st)
+        names = names_in(st)
         if cur not in names or names & older:
             break
         try:

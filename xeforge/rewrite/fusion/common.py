@@ -27,6 +27,9 @@ from xeforge.rewrite.fusion.tl_ops import Operand, reduction_call
 #: reductions whose per-tile partials combine with the same torch op, and the partials' fill for empty slots
 SPLIT_IDENTITY = {"sum": "0.0", "max": 'float("-inf")', "amax": 'float("-inf")', "min": 'float("inf")',
                   "amin": 'float("inf")', "logsumexp": 'float("-inf")'}
+#: the reductions a split computes per tile and combines: those whose partials combine with the same op, and a mean
+#: (each tile's partial scaled so that the mean of the partials is the row's)
+SPLIT_KINDS = frozenset({*SPLIT_IDENTITY, "mean"})
 
 
 def _reduction(node: ast.AST, cur: str) -> tuple[str, bool] | None:

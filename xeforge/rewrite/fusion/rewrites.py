@@ -49,8 +49,8 @@ from xeforge.rewrite.dtype_narrow import narrow_intermediates
 from xeforge.analysis.launches import live_launches
 from xeforge.analysis.forward_env import Val
 from xeforge.rewrite.fusion.combine import combine_partials
-from xeforge.rewrite.fusion.common import (SPLIT_IDENTITY, _is_to_dtype, _last_assign, _operand_resolver, _reduction,
-                                           row_reduce_lines, traced_scalar, traced_shape)
+from xeforge.rewrite.fusion.common import (SPLIT_IDENTITY, SPLIT_KINDS, _is_to_dtype, _last_assign, _operand_resolver,
+                                           _reduction, row_reduce_lines, traced_scalar, traced_shape)
 from xeforge.rewrite.fusion.norm import group_norm_kernel
 from xeforge.rewrite.fusion.tile import TileStore, elementwise_kernel, tile_store
 from xeforge.rewrite.fusion.tl_ops import VALUE_VIEWS, EpilogueBuilder, Unsupported, reduction_call
@@ -650,7 +650,7 @@ def op_chain(c: Ctx, site: LaunchSite, allow_reduction: bool, split: bool = Fals
 def _translate_reduction(ch: Chain, red: tuple[str, bool], value: ast.expr, line: int, split: bool = False) -> None:
     kind, keep = red
     b, ts = ch.builder, ch.tile
-    if split and kind not in SPLIT_IDENTITY and kind != "mean":
+    if split and kind not in SPLIT_KINDS:
         raise Unsupported(f"{ast.unparse(value)}: per-tile partials of a {kind} do not combine with the same op")
     if ch.reduction is not None:
         # the value is already one per row: a reduction over a size-1 last dim is the identity
