@@ -43,6 +43,7 @@ from stages.device_tuning_splitk import SplitK
 from stages.device_tuning_swap import SwapAB
 from stages.device_tuning_swizzle import GroupedTileOrder
 from xeforge.analysis.launches import autotune_configs, bindings, block_params, live_launches
+from xeforge.kb.roles import role_of
 from xeforge.kernel_model import KernelModel, LaunchSite
 from xeforge.rewrite import NotApplicable, autotune
 from xeforge.rewrite.tiling.configs import apply_config, current_config, kb_rejects, kernel_family, tunable_names
@@ -82,6 +83,18 @@ def _fallback_space(current: dict[str, Any], names: list[str], device_kind: str)
     if device_kind == "cuda":
         space["num_stages"] = sorted({2, 3, 4, current.get("num_stages", 3)})
     return space
+
+
+def _role_less(current: dict[str, Any], names: list[str]) -> list[dict[str, Any]]:
+    """One configuration per neighbour (half, double, a quarter, four times) of each tunable block size that plays
+    no role a tuning space keys on, the others as they are."""
+    out = []
+    for n in names:
+        v = current.get(n)
+        if role_of(n) is not None or not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            continue
+        out += [{n: w} for w in (v // 2, v * 2, v // 4, v * 4) if w >= 1]
+    return out
 
 
 class LaunchParamSearch(Tactic):
@@ -143,6 +156,9 @@ class LaunchParamSearch(Tactic):
                 pool.append({k: v for k, v in cfg.items() if k in names or k in
                              ("num_warps", "num_stages", "grf_mode", "warp_size")})
             n_seeds = len(getattr(kb_space, "seeds", []) or [])
+            # block sizes no role of the KB's space names (a split-KV kernel's BLOCK_SEQ): the space never varies
+            # them, so each gets its own neighbours right after the seeds, the rest of the launch as it is
+            pool[n_seeds:n_seeds] = _role_less(current, names)
         else:
             space = _fallback_space(current, names, ctx.device.kind)
             keys = list(space)

@@ -72,6 +72,39 @@ def test_nothing_to_hint_is_said_with_the_reason(tmp_path):
     assert not app.applies and "Triton's own divisibility hint covers them" in app.reason
 
 
+
+SPLIT_LSE = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def merge(part_ptr, lse_ptr, out_ptr, n_splits, stride_ph, stride_lh, BLOCK_D: tl.constexpr):
+    h = tl.program_id(0)
+    d = tl.arange(0, BLOCK_D)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for s in range(0, n_splits):
+        w = tl.exp(tl.load(lse_ptr + h * stride_lh + s))
+        acc += w * tl.load(part_ptr + h * stride_ph + s * BLOCK_D + d)
+    tl.store(out_ptr + h * BLOCK_D + d, acc)
+"""
+
+
+def test_an_argument_whose_alignment_nothing_reads_is_named_for_what_it_is():
+    """A split-KV merge's log-sum-exp stride offsets one scalar load, and its split count only counts the loop: losing
+    the hint at an odd split count costs neither anything, and the report and the tactic say so."""
+    from xeforge.analysis.alignment import LOOP_ROLE, SCALAR_ROLE, describe
+    from xeforge.kernel_model import parse_kernel
+
+    roles = align_hints.argument_roles(parse_kernel(SPLIT_LSE))
+    assert roles[("merge", "stride_lh")] == SCALAR_ROLE and roles[("merge", "n_splits")] == LOOP_ROLE
+    assert roles[("merge", "stride_ph")].startswith("a stride of part_ptr")  # it places a vector load
+    found = [{"shape": "bench-gpu", "kernel": "merge", "arg": a, "value": 6, "role": roles[("merge", a)],
+              "aligned_at": {"bench-gpu-1": 32}} for a in ("stride_lh", "n_splits")]
+    assert all("but nothing is lost" in describe(f) for f in found)
+    with pytest.raises(NotApplicable, match="stride_lh is an offset of scalar loads and stores only: no vector"):
+        align_hints.plan(SPLIT_LSE, found)
+
 #: gemm_square's integer and pointer arguments that stay multiples of 16 at 3000 x 4096 x 3000 (M, N, stride_bk and
 #: stride_cm = 3000 do not)
 ODD_ALIGNED = ("a_ptr", "b_ptr", "c_ptr", "K", "stride_am")

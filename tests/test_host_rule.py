@@ -149,3 +149,61 @@ def test_a_block_that_must_cover_the_row_is_left_alone_with_the_reason(tmp_path)
     rule = [ln.strip() for ln in new.split("# xeforge launch-params")[1].splitlines()[1:]
             if ln.strip() and not ln.strip().startswith("#")][0]
     assert rule == "block_r = 8"  # BLOCK_N, which must cover the row here, is not set
+
+
+SPLIT = textwrap.dedent('''\
+    import torch
+    import triton
+    import triton.language as tl
+
+
+    @triton.jit
+    def _scale_chunks(x_ptr, y_ptr, N, CHUNK: tl.constexpr, BLOCK_N: tl.constexpr):
+        row = tl.program_id(0)
+        part = tl.program_id(1)
+        begin = part * CHUNK
+        end = tl.minimum(begin + CHUNK, N)
+        for start in range(begin, end, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            m = cols < end
+            x = tl.load(x_ptr + row * N + cols, mask=m, other=0.0)
+            tl.store(y_ptr + row * N + cols, x * 2.0, mask=m)
+
+
+    def _chunk_for(rows, n):
+        return max(16, triton.next_power_of_2(triton.cdiv(n, max(1, 256 // rows))))
+
+
+    def scale_rows(x):
+        y = torch.empty_like(x)
+        chunk = _chunk_for(x.shape[0], x.shape[1])
+        n_chunks = triton.cdiv(x.shape[1], chunk)
+        _scale_chunks[(x.shape[0], n_chunks)](x, y, x.shape[1], CHUNK=chunk, BLOCK_N=min(64, chunk))
+        return y
+''') + MODEL
+
+
+def test_a_split_size_the_grid_reads_through_a_local_is_searched_by_its_neighbours(tmp_path, verify):
+    """A split-KV decode wrapper's shape: the host sizes the split (``chunk``), the grid's axis is a local made
+    from ``cdiv(n, chunk)`` after it, and no tuning-space role names the split: it is searched all the same."""
+    d = tmp_path / "split"
+    d.mkdir()
+    (d / "kernel.py").write_text(SPLIT)
+    (d / "reference.py").write_text(REFERENCE)
+    (d / "spec.yaml").write_text(SPEC)
+    p = load_problem(d)
+    traces(p)
+    model = parse_kernel(p.kernel_source)
+    site = single_launch(model, "_scale_chunks")
+    names, why = tunable_names(model, site)
+    assert "CHUNK" in names, why
+    ctx = tactic_context(p, target="arc-b580")
+    cands = LaunchParamSearch().propose(ctx)
+    chunks = [c.params["CHUNK"] for c in cands if set(c.params) == {"CHUNK"}]
+    made = host_made(model, site)["CHUNK"].value
+    assert chunks and set(chunks) <= {made // 2, made * 2, made // 4, made * 4}, [c.params for c in cands]
+    new = next(c.source for c in cands if set(c.params) == {"CHUNK"})
+    rule = new.index("# xeforge launch-params")
+    assert new.index("chunk = _chunk_for(") < rule < new.index("n_chunks = triton.cdiv(")
+    verdict = verify(p, new)
+    assert verdict.correct, verdict.feedback()

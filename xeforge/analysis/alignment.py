@@ -52,12 +52,16 @@ def alignment_by_shape(traces: dict[str, Trace | str], shapes: list[str],
 
 STRIDE_ROLE = "a stride of "  # the roles a caller gives (``role`` of a finding) start so ...
 BOUND_ROLE = "a bound of its masks"  # ... or are this
+SCALAR_ROLE = "an offset of scalar loads and stores only"  # ... or this: one element an access, nothing to vectorize
+LOOP_ROLE = "a loop's trip count only"  # ... or this: no address is made from it
 _CONSEQUENCE = {
     "stride": "the rows it strides cannot be proven to start 16-byte aligned: pointer loads and stores along them "
               "use narrower vectors (tensor descriptors, whose strides are checked when they are made, do not "
               "need the hint)",
     "bound": "its masks cannot be proven constant over groups of 16 elements: where it bounds a contiguous "
              "dimension, masked loads and stores along it are split into narrower ones",
+    "scalar": "but nothing is lost: a scalar load or store moves one element whatever its alignment",
+    "loop": "but nothing is lost: no address or mask is made from it",
     "": "the compiler's alignment and mask proofs that used it do not hold there",
 }
 
@@ -66,7 +70,8 @@ def describe(finding: dict[str, Any]) -> str:
     """The line a user reads for one finding."""
     at = ", ".join(f"{v} at {s}" for s, v in sorted(finding["aligned_at"].items()))
     role = finding.get("role") or ""
-    kind = "stride" if role.startswith(STRIDE_ROLE) else "bound" if role == BOUND_ROLE else ""
+    kind = "stride" if role.startswith(STRIDE_ROLE) else "bound" if role == BOUND_ROLE else \
+        "scalar" if role == SCALAR_ROLE else "loop" if role == LOOP_ROLE else ""
     return (f"{finding['shape']}: {finding['kernel']}'s {finding['arg']}{f' ({role})' if role else ''} = "
             f"{finding['value']} is not a multiple of {DIVISIBILITY} ({at}): Triton compiles this shape without the "
-            f"divisibility hint, so {_CONSEQUENCE[kind]}")
+            f"divisibility hint{',' if kind in ('scalar', 'loop') else ', so'} {_CONSEQUENCE[kind]}")

@@ -24,12 +24,13 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from xeforge.analysis.alignment import BOUND_ROLE, DIVISIBILITY, STRIDE_ROLE, alignment_by_shape
+from xeforge.analysis.alignment import (BOUND_ROLE, DIVISIBILITY, LOOP_ROLE, SCALAR_ROLE, STRIDE_ROLE,
+                                       alignment_by_shape)
 from xeforge.analysis.observe import traces
 from xeforge.kernel_model import KernelModel, parse_kernel
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.cst_tools import statements
-from xeforge.rewrite.tiling import KernelAnalysis, Mask, Ptr
+from xeforge.rewrite.tiling import KernelAnalysis, Mask, Poly, Ptr
 from xeforge.rewrite.tiling.edit import FunctionEdit, LaunchEdit, add_module_function, edit_function, edit_launch
 from xeforge.rewrite.tiling.grid import launch_bindings, single_launch
 
@@ -48,7 +49,8 @@ _PLAIN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*(\.(stride|size)\(-?\d+\)|\.shape\
 
 def argument_roles(model: KernelModel) -> dict[tuple[str, str], str]:
     """(kernel, parameter) -> its role where the analysis of the kernel's accesses tells: a stride of a tensor
-    (:data:`~xeforge.analysis.alignment.STRIDE_ROLE` + the tensor) or a bound of its masks."""
+    (:data:`~xeforge.analysis.alignment.STRIDE_ROLE` + the tensor), a bound of its masks, else an offset of scalar
+    accesses only or a loop's trip count."""
     roles: dict[tuple[str, str], str] = {}
     for name, fn in model.functions.items():
         try:
@@ -60,10 +62,29 @@ def argument_roles(model: KernelModel) -> dict[tuple[str, str], str]:
                 for t in acc.ptr.offs.terms:
                     if (sym := t.stride.single_symbol()) is not None:
                         roles.setdefault((name, sym), f"{STRIDE_ROLE}{acc.ptr.base}")
+        for acc in accesses:  # then what places a vector access's start (``h * stride_h + tl.arange(...)``)
+            if isinstance(acc.ptr, Ptr):
+                starts = [t.vec.start for t in acc.ptr.offs.terms] + [acc.ptr.offs.scalar]
+                for sym in set().union(*(p.symbols() for p in starts)) & set(fn.params):
+                    roles.setdefault((name, sym), f"{STRIDE_ROLE}{acc.ptr.base}")
             if isinstance(acc.mask, Mask):
                 for b in acc.mask.bounds:
                     if (sym := b.limit.single_symbol()) is not None:
                         roles.setdefault((name, sym), BOUND_ROLE)
+        # what is left: a parameter that only offsets scalar loads and stores (one element each), or only counts a
+        # loop's trips; neither has an alignment for a hint to give
+        params = set(fn.params)
+        for acc in accesses:
+            if isinstance(acc.ptr, Poly):
+                for sym in acc.ptr.symbols() & params:  # the base pointer too: only integers are findings
+                    roles.setdefault((name, sym), SCALAR_ROLE)
+        for node in ast.walk(fn.node):
+            if isinstance(node, ast.For) and isinstance(node.iter, ast.Call) and \
+                    isinstance(node.iter.func, ast.Name) and node.iter.func.id in ("range", "static_range"):
+                for a in node.iter.args:
+                    for n in ast.walk(a):
+                        if isinstance(n, ast.Name) and n.id in params:
+                            roles.setdefault((name, n.id), LOOP_ROLE)
     return roles
 
 
@@ -124,7 +145,9 @@ def plan(source: str, findings: list[dict]) -> list[HintPlan]:
     by_kernel: dict[str, list[dict]] = {}
     for f in findings:
         role, v = f.get("role") or "", f["value"]
-        if not (role.startswith(STRIDE_ROLE) or role == BOUND_ROLE):
+        if role in (SCALAR_ROLE, LOOP_ROLE):
+            why.append(f"{f['kernel']}'s {f['arg']} is {role}: no vector access's alignment depends on it")
+        elif not (role.startswith(STRIDE_ROLE) or role == BOUND_ROLE):
             why.append(f"{f['kernel']}'s {f['arg']} is neither a stride nor a mask bound the analysis reads")
         elif v % 2:
             why.append(f"{f['kernel']}'s {f['arg']} = {v} at {f['shape']} is odd: no power of two to hint")

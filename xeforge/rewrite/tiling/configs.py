@@ -29,10 +29,10 @@ from xeforge.analysis.launches import (Binding, autotune_configs, bindings, bloc
 from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, axis_blocks, literal, parse_kernel
 from xeforge.rewrite.tiling import KernelAnalysis, NotApplicable
 from xeforge.kb.roles import first_int
-from xeforge.rewrite.tiling.grid import (GridInfo, GridTranslator, _cdiv_args, launch_grid, launched_kernels_gemm_first,
-                                         single_launch)
+from xeforge.rewrite.tiling.grid import (GridInfo, GridTranslator, _cdiv_args, enclosing_function, launch_grid,
+                                         launched_kernels_gemm_first, single_launch)
 from xeforge.rewrite.tiling.edit import LaunchEdit, edit_launch
-from xeforge.rewrite.tiling.host_rule import host_made, overridable, override
+from xeforge.rewrite.tiling.host_rule import HostMade, host_made, overridable, override
 
 #: launch options a configuration may carry besides constexprs
 OPTION_KEYS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "grf_mode", "warp_size", "threads_per_warp")
@@ -70,6 +70,33 @@ def _axis_follows(model: KernelModel, site: LaunchSite, grid: Any, axis: int, na
         return div.value == bd.value
     src = (ast.get_source_segment(model.source, div) or ast.unparse(div)).strip()
     return bd.expr is not None and src == bd.expr.strip()
+
+
+def _axis_via_local(model: KernelModel, site: LaunchSite, grid: Any, axis: int, made: HostMade) -> bool:
+    """Grid axis ``axis`` is a local of the launching function made from ``cdiv(..., <the host variable>)`` after
+    the host last sets that variable (``num_splits = triton.cdiv(kv_len, block_seq)``, the grid
+    ``(batch, heads, num_splits)``): a value set where the block is made reaches the grid through it."""
+    fn = enclosing_function(model, site)
+    if fn is None or grid is None or axis >= len(grid.elements) or not isinstance(grid.elements[axis], ast.Name):
+        return False
+    local = grid.elements[axis].id
+    assigns = [n for n in ast.walk(fn) if isinstance(n, ast.Assign) and n.lineno < site.line and
+               any(isinstance(t, ast.Name) and t.id == local for t in n.targets)]
+    if len(assigns) != 1 or len(assigns[0].targets) != 1:
+        return False
+    cd = _cdiv_args(assigns[0].value)
+    if cd is None or not (isinstance(cd[1], ast.Name) and cd[1].id == made.var == made.target):
+        return False
+    sets = [n.lineno for n in ast.walk(fn) if isinstance(n, ast.stmt) and not isinstance(n, ast.FunctionDef)
+            and n.lineno < site.line and _stores_name(n, made.var)]
+    return bool(sets) and max(sets) < assigns[0].lineno
+
+
+def _stores_name(node: ast.stmt, var: str) -> bool:
+    """``node`` itself (not a statement nested in it) assigns the name ``var``."""
+    targets = node.targets if isinstance(node, ast.Assign) else \
+        [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For)) else []
+    return any(isinstance(n, ast.Name) and n.id == var for t in targets for n in ast.walk(t))
 
 
 def product_blocks(model: KernelModel, site: LaunchSite, grid: GridInfo | None) -> tuple[dict[str, int], str]:
@@ -165,7 +192,9 @@ def tunable_names(model: KernelModel, site: LaunchSite) -> tuple[list[str], dict
         if name in made and _set_where_made(model, site, bd):
             # the host computes it (a heuristic, a table, next_power_of_2): a new value goes where it is made
             coupled = [ax for ax, names in axes.items() if name in names]
-            follows = name in products or bool(coupled and _axis_follows(model, site, grid, coupled[0], name, bd)) or \
+            follows = name in products or bool(coupled and (
+                _axis_follows(model, site, grid, coupled[0], name, bd) or
+                _axis_via_local(model, site, grid, coupled[0], made[name]))) or \
                 (grid is not None and grid.kind == "lambda" and any(
                     isinstance(n, ast.Subscript) and literal(n.slice) == name for el in grid.elements
                     for n in ast.walk(el)))
