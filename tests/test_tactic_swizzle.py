@@ -21,7 +21,7 @@ from stages.device_tuning_swizzle import GroupedTileOrder, group_size
 from tests.conftest import tactic_context, FIXTURES, ROOT
 from xeforge.kernel_model import parse_kernel
 from xeforge.problem import load_problem
-from xeforge.rewrite import blockio, persistent
+from xeforge.rewrite import NotApplicable, blockio, persistent
 from xeforge.rewrite.device_tuning import swizzle
 
 KERNELS = ROOT / "kernels"
@@ -288,3 +288,47 @@ def test_1d_grids_that_do_not_fit_are_left_alone_with_a_reason(edit, reason):
     with pytest.raises(swizzle.NotApplicable) as exc:
         swizzle.rewrite(source)
     assert reason in str(exc.value), str(exc.value)
+
+
+HELPER_DOT = '''
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _tile(a_ptr, b_ptr, K, offs_m, offs_n, BLOCK_K: tl.constexpr):
+    acc = tl.zeros([16, 16], dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        offs_k = k + tl.arange(0, BLOCK_K)
+        acc += tl.dot(tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :]),
+                      tl.load(b_ptr + offs_k[:, None] * 16 + offs_n[None, :]))
+    return acc
+
+
+@triton.jit
+def outer(a_ptr, b_ptr, c_ptr, K, BLOCK_K: tl.constexpr):
+    offs_m = tl.program_id(0) * 16 + tl.arange(0, 16)
+    offs_n = tl.arange(0, 16)
+    acc = _tile(a_ptr, b_ptr, K, offs_m, offs_n, BLOCK_K)
+    tl.store(c_ptr + offs_m[:, None] * 16 + offs_n[None, :], acc)
+
+
+class Model(torch.nn.Module):
+    def forward(self, a, b):
+        c = torch.empty(a.shape[0], 16, device=a.device, dtype=torch.float32)
+        outer[(a.shape[0] // 16,)](a, b, c, a.shape[1], BLOCK_K=16)
+        return c
+'''
+
+
+def test_a_dot_in_a_jit_helper_is_named_not_denied():
+    """The tutorial attention's form: the kernel's tl.dot lives in a jit helper. Split-K and the swizzle rewrite a
+    loop of the kernel itself, and their reasons say where the tl.dot is instead of that there is none."""
+    from xeforge.rewrite.device_tuning import splitk_plan
+
+    model = parse_kernel(HELPER_DOT)
+    with pytest.raises(NotApplicable, match="outer's tl.dot is in its jit helper _tile, whose loop grouped ordering"):
+        swizzle.plan_swizzle(model, "outer", 8)
+    with pytest.raises(NotApplicable, match="outer's tl.dot is in its jit helper _tile, whose loop split-K"):
+        splitk_plan.find(HELPER_DOT)

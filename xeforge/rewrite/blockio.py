@@ -40,7 +40,7 @@ from xeforge.analysis.launches import live_launches
 from xeforge.kernel_model import KernelModel, LaunchSite, dotted_name, parse_kernel
 from xeforge.rewrite.tiling import (Access, BlockPtr, KernelAnalysis, LoopInfo, Mask, NotApplicable, Poly, Ptr,
                                    is_tl_call)
-from xeforge.rewrite.tiling.grid import (fresh_name, gemm_kernels, launch_bindings, pid_derived_names,
+from xeforge.rewrite.tiling.grid import (dot_helpers, fresh_name, gemm_kernels, launch_bindings, pid_derived_names,
                                          single_launch)
 from xeforge.rewrite.cst_tools import expr, statements
 from xeforge.rewrite.jit_inline import inline_helpers
@@ -544,17 +544,6 @@ def apply_block_io(source: str, plan: BlockIOPlan, allocator: bool) -> str:
     return edit_launch(source, LaunchEdit(plan.kernel, site.line, set_kwargs={FLAG: var}, before=before))
 
 
-def _dot_helpers(model: KernelModel, kernel: str) -> list[str]:
-    """The jit helpers ``kernel`` calls whose body calls ``tl.dot`` (the tutorial attention's K loop), when the
-    kernel's own body does not."""
-    fn = model.functions[kernel]
-    if any(is_tl_call(n, "dot") for n in ast.walk(fn.node)):
-        return []
-    called = {dotted_name(n.func) for n in ast.walk(fn.node) if isinstance(n, ast.Call)}
-    return sorted(c for c in called if c in model.functions and c != kernel
-                  and any(is_tl_call(n, "dot") for n in ast.walk(model.functions[c].node)))
-
-
 NO_GEMM = "no launched kernel calls tl.dot, itself or in a jit helper (block_io rewrites the tile loops of GEMM-like " \
           "kernels)"
 
@@ -571,9 +560,9 @@ def rewrite(source: str, mode: str = DESCRIPTOR, allocator: bool = True, kernel:
     model = parse_kernel(source)
     errors = []
     names = [kernel] if kernel else gemm_kernels(model) + [s.kernel for s in live_launches(model)
-                                                             if _dot_helpers(model, s.kernel)]
+                                                             if dot_helpers(model, s.kernel)]
     for name in dict.fromkeys(names):
-        helpers, src, m = _dot_helpers(model, name), source, model
+        helpers, src, m = dot_helpers(model, name), source, model
         try:
             if helpers:  # the K loop is in a jit helper: inlined, so the kernel's own body holds it
                 src = inline_helpers(source, name, lambda h: h.name.value in helpers)[0]

@@ -21,7 +21,7 @@ from xeforge.rewrite.memory import launch_facts
 from xeforge.rewrite.persistent import is_persistent, launched_programs
 from xeforge.rewrite.tiling import (BlockPtr, KernelAnalysis, NotApplicable, Ptr, _assign_counts, _kw, assigned_names,
                                     is_tl_call)
-from xeforge.rewrite.tiling.grid import (enclosing_function, gemm_kernels, launch_bindings, launch_grid,
+from xeforge.rewrite.tiling.grid import (enclosing_function, gemm_kernels, launch_bindings, launch_grid, no_dot_reason,
                                          program_id_vars, single_launch)
 
 PARAM = "SPLIT_K"
@@ -318,7 +318,7 @@ def _check_kernel(model: KernelModel, kernel: str) -> list:
     if PARAM in fn.params:
         raise NotApplicable(f"{kernel} already has a {PARAM} parameter")
     if not any(is_tl_call(n, "dot") for n in ast.walk(node)):
-        raise NotApplicable(f"{kernel} has no tl.dot: split-K is for GEMM-like kernels")
+        raise NotApplicable(no_dot_reason(model, kernel, "split-K", "split-K is for GEMM-like kernels"))
     if is_persistent(node) or any(is_tl_call(n, "num_programs") for n in ast.walk(node)):
         raise NotApplicable(f"{kernel} is persistent (it loops over tiles); split-K needs one program per tile")
     atomics = sorted({dotted_name(n.func) for n in ast.walk(node) if isinstance(n, ast.Call)
@@ -565,7 +565,7 @@ def find(source: str, problem: Any = None) -> SplitPlan:
     model = parse_kernel(source, str(getattr(problem, "kernel_path", "kernel.py")))
     names = gemm_kernels(model)
     if not names:
-        raise NotApplicable("no launched kernel calls tl.dot: split-K is for GEMM-like kernels")
+        raise NotApplicable(no_dot_reason(model, None, "split-K", "split-K is for GEMM-like kernels"))
     errors = []
     for name in names:
         try:

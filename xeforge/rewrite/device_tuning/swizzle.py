@@ -32,7 +32,8 @@ import libcst as cst
 from xeforge.kernel_model import KernelModel, dotted_name, parse_kernel
 from xeforge.rewrite.tiling import BlockPtr, KernelAnalysis, Mask, NotApplicable, Poly, Ptr, is_tl_call
 from xeforge.rewrite.tiling.grid import (GridTranslator, PidVar, axis_tiles, fresh_name, launch_bindings,
-                                         launch_grid, launched_kernels_gemm_first, program_id_vars, single_launch)
+                                         launch_grid, launched_kernels_gemm_first, no_dot_reason, program_id_vars,
+                                         single_launch)
 from xeforge.rewrite.cst_tools import statements
 from xeforge.rewrite.tiling.edit import FunctionEdit, LaunchEdit, edit_function, edit_launch
 
@@ -268,7 +269,8 @@ def plan_swizzle(model: KernelModel, kernel: str, group: int) -> SwizzlePlan:
     if PARAM in fn.params or any(p.upper().startswith("GROUP_SIZE") for p in fn.constexpr_params):
         raise NotApplicable(f"{kernel} already has a {PARAM} swizzle")
     if not any(is_tl_call(n, "dot") for n in ast.walk(fn.node)):
-        raise NotApplicable(f"{kernel} has no tl.dot: grouped ordering helps 2D-tiled GEMM-like kernels")
+        raise NotApplicable(no_dot_reason(model, kernel, "grouped ordering",
+                                          "grouped ordering helps 2D-tiled GEMM-like kernels"))
     site = single_launch(model, kernel)
     an = KernelAnalysis(fn)
     loop = _persistent_loop(fn.node)

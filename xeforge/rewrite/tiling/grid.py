@@ -355,6 +355,17 @@ def gemm_kernels(model: KernelModel) -> list[str]:
     return out
 
 
+def dot_helpers(model: KernelModel, kernel: str) -> list[str]:
+    """The jit helpers ``kernel`` calls whose body calls ``tl.dot`` (the tutorial attention's K loop), when the
+    kernel's own body does not."""
+    fn = model.functions[kernel]
+    if any(is_tl_call(n, "dot") for n in ast.walk(fn.node)):
+        return []
+    called = {dotted_name(n.func) for n in ast.walk(fn.node) if isinstance(n, ast.Call)}
+    return sorted(c for c in called if c in model.functions and c != kernel
+                  and any(is_tl_call(n, "dot") for n in ast.walk(model.functions[c].node)))
+
+
 def launched_kernels_gemm_first(model: KernelModel) -> list[str]:
     """Launched kernels, GEMM-like (tl.dot) first, then the rest in launch order (only those that run, where
     traced: a backward kernel forward never launches is not a target)."""
@@ -371,3 +382,14 @@ def fresh_name(taken: Iterable[str], base: str) -> str:
     while f"{base}_{i}" in taken:
         i += 1
     return f"{base}_{i}"
+
+
+def no_dot_reason(model: KernelModel, kernel: str | None, tactic: str, purpose: str) -> str:
+    """Why ``tactic``, which rewrites a K loop written in the kernel itself (split-K, the swizzle), finds no
+    ``tl.dot`` in ``kernel`` (or, with None, in any launched kernel): a jit helper that calls it is named."""
+    kernels = [kernel] if kernel else list(dict.fromkeys(s.kernel for s in live_launches(model)))
+    via = {k: h for k in kernels if k in model.functions and (h := dot_helpers(model, k))}
+    if via:
+        return "; ".join(f"{k}'s tl.dot is in its jit helper {', '.join(h)}, whose loop {tactic} does not rewrite"
+                         for k, h in via.items())
+    return f"{kernel} has no tl.dot: {purpose}" if kernel else f"no launched kernel calls tl.dot: {purpose}"
