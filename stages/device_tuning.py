@@ -47,6 +47,7 @@ from xeforge.kb.roles import role_of
 from xeforge.kernel_model import KernelModel, LaunchSite
 from xeforge.rewrite import NotApplicable, autotune
 from xeforge.rewrite.tiling.configs import apply_config, current_config, kb_rejects, kernel_family, tunable_names
+from xeforge.rewrite.tiling.host_rule import changes_nothing, host_made
 
 
 def target_site(model: KernelModel) -> LaunchSite | None:
@@ -163,6 +164,10 @@ class LaunchParamSearch(Tactic):
             space = _fallback_space(current, names, ctx.device.kind)
             keys = list(space)
             pool = [dict(zip(keys, vals)) for vals in itertools.product(*(space[k] for k in keys))]
+        # a cap at or above every traced value of a block the host sizes from the row changes nothing: dropped
+        made = host_made(m, site) if not fn.is_autotuned else {}
+        pool = [{k: v for k, v in cfg.items() if not (k in made and changes_nothing(m, site, made[k], v))}
+                for cfg in pool]
         seen, out = set(), []
         # the KB's seeds first (configurations known to be good on the device), in order; then an autotuned kernel's
         # own configurations, each pinned (its autotuner already picks the best of them at run time, so pinning
@@ -174,7 +179,7 @@ class LaunchParamSearch(Tactic):
         for cfg in pool:
             full = {**current, **cfg}
             key = tuple(sorted(full.items()))
-            if key in seen or (full == current and not first):
+            if not cfg or key in seen or (full == current and not first):
                 continue
             seen.add(key)
             if kb_rejects(ctx, full, fn):

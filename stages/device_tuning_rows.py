@@ -1,11 +1,13 @@
-"""Stage 7, device_tuning: the rows-per-program tactic (row batching of tiny per-row elementwise programs).
+"""Stage 7, device_tuning: the rows-per-program tactic (row batching of tiny per-row programs).
 
 Owns: the ``rows-per-program`` tactic. A kernel that starts one program per row vector (rotary embedding: one
-program per (b, s, h) of 64 elements) gets ROWS rows per program as a [ROWS, BLOCK] block with
-:mod:`xeforge.rewrite.device_tuning.rows`. ROWS values are powers of two that put :data:`ELEMENTS` elements in a
-program, given the widest ``tl.arange`` at the timing variant (capped by the row count there); on a GPU each comes with
-``num_warps`` 4 and 8 for the verifier to time, on the interpreter only the default. Listed after the
-launch-parameter search, so a flat kernel's block size is tuned first and ROWS is sized from it.
+program per (b, s, h) of 64 elements; a norm or softmax over short rows, its reductions on axis 1) gets ROWS rows
+per program as a [ROWS, BLOCK] block with :mod:`xeforge.rewrite.device_tuning.rows`. ROWS values are powers of two
+that put :data:`ELEMENTS` elements in a program, given the widest ``tl.arange`` at the timing variant (capped by the
+row count there; a kernel that reduces its rows up to the largest of them only, so a row that fills a program
+alone is not batched); on a GPU each comes with ``num_warps`` 4 and 8 for the verifier to time, on the
+interpreter only the default. Listed after the launch-parameter search, so a flat kernel's block size is tuned
+first and ROWS is sized from it.
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ def row_shape(ctx: StageContext, plan: rows.RowsPlan) -> tuple[int | None, int |
         v = int(b) if b.isdigit() else values.get(b)
         v = v if _pow2(v) else site.constexprs.get(b)
         blocks.append(v)
+    fn = model.functions[plan.kernel]
+    for i, (b, v) in enumerate(zip(plan.blocks, blocks)):  # a block the autotuner sets: its widest config's
+        tuned = [c[b] for c in fn.autotune_configs if _pow2(c.get(b))]
+        if not _pow2(v) and tuned:
+            blocks[i] = max(tuned)
     block = max(blocks) if blocks and all(_pow2(b) for b in blocks) else None
     n_rows = sizes[0] if len(sizes) == 1 else None
     return block, n_rows, variant.name
@@ -83,11 +90,17 @@ class RowsPerProgram(Tactic):
         plan = rows.plan(ctx.source)
         block, n_rows, variant = row_shape(ctx, plan)
         values = row_values(block, n_rows)
+        if plan.reductions and block:  # a whole row already a program's worth: more rows would only spill
+            values = [v for v in values if v * block <= ELEMENTS[-1]]
+            if not values:
+                raise NotApplicable(f"{plan.kernel}: its rows of [{block}] at {variant} fill a program already "
+                                    f"(batching a row reduction stops at {ELEMENTS[-1]} elements a program)")
         if not values:
             raise NotApplicable(f"{plan.kernel}: {n_rows} row(s) at {variant}: nothing to batch")
         site = single_launch(ctx.model, plan.kernel)
         current = site.options.get("num_warps")
-        warps = WARPS if getattr(ctx.device, "can_time", False) else (current,)
+        autotuned = ctx.model.functions[plan.kernel].is_autotuned  # its configs set num_warps
+        warps = WARPS if getattr(ctx.device, "can_time", False) and not autotuned else (current,)
         configs = [(r, w) for r in values for w in dict.fromkeys(warps)]
         budget = ctx.settings.tuning_budget if getattr(ctx.device, "can_time", False) else 1
         out, bad = [], []

@@ -15,7 +15,7 @@ from xeforge.kernel_model import parse_kernel
 from xeforge.problem import load_problem
 from xeforge.rewrite.tiling.configs import apply_config, tunable_names
 from xeforge.rewrite.tiling.grid import single_launch
-from xeforge.rewrite.tiling.host_rule import host_made
+from xeforge.rewrite.tiling.host_rule import changes_nothing, host_made
 
 HEAD = textwrap.dedent('''\
     import torch
@@ -110,6 +110,13 @@ def test_the_values_are_read_per_variant_and_searched(problem):
     assert set(names) == {"BLOCK_R", "BLOCK_N"}, why  # the grid divides by one, a loop steps by the other
     app = LaunchParamSearch().check(tactic_context(p, target="arc-b580"))
     assert app.applies and "BLOCK_N, BLOCK_R" in app.reason.replace("BLOCK_R, BLOCK_N", "BLOCK_N, BLOCK_R")
+    assert not changes_nothing(model, site, made["BLOCK_R"], 4)  # the grid divides by it: set, not capped
+    if form == "tuple":  # BLOCK_N is capped where it is made (a loop's step sized from the row): a cap at or above
+        # 1024 changes nothing, and no candidate carries one (a dict entry is set, not capped)
+        assert changes_nothing(model, site, made["BLOCK_N"], 1024)
+        assert not changes_nothing(model, site, made["BLOCK_N"], 512)
+        cands = LaunchParamSearch().propose(tactic_context(p, target="arc-b580"))
+        assert cands and all(c.params.get("BLOCK_N", 0) < 1024 for c in cands), [c.params for c in cands]
 
 
 def test_the_rule_goes_where_the_values_are_made_and_is_correct(problem, verify):

@@ -3,8 +3,9 @@
 The rewrite applies to rotary (one program per (b, s, h) vector), to the flat elementwise kernels of the suite
 (a "row" is then one block), and to a fixture with the codemod's edge cases (per-row scalar loads, positional
 masks, hinted aranges, a grid variable). Rewrites pass ``Verifier.verify`` on ci and on the ragged shapes, whose
-row counts are not multiples of ROWS; kernels that reduce, index 2D tiles or branch on the row are left alone
-with a reason, and ``xeforge port --dry-run`` lists the tactic for rotary.
+row counts are not multiples of ROWS. A kernel that reduces its short rows outside a loop (a log-softmax, a
+LayerNorm that stores its mean) reduces axis 1 of the block instead. Kernels that reduce in a loop, index 2D tiles
+or branch on the row are left alone with a reason, and ``xeforge port --dry-run`` lists the tactic for rotary.
 """
 
 from __future__ import annotations
@@ -139,11 +140,11 @@ SHARED_STORE = SCALE.replace("tl.store(w2_ptr + pid, w * w)", "tl.store(w2_ptr +
 
 
 @pytest.mark.parametrize("folder,source,reason", [
-    (KERNELS / "softmax", None, "combines elements (tl.max"),
-    (KERNELS / "rmsnorm", None, "combines elements (tl.sum"),
-    (KERNELS / "gemv_decode", None, "combines elements (tl.sum"),
+    (KERNELS / "softmax", None, "its rows of [8192] at bench-gpu fill a program already"),
+    (KERNELS / "rmsnorm", None, "its rows of [8192] at bench-gpu fill a program already"),
+    (KERNELS / "gemv_decode", None, "combines elements (tl.sum, line 23) in a way"),  # in its K loop
     (KERNELS / "flash_attn_fwd", None, "combines elements (tl.dot"),
-    (KERNELS / "layernorm", None, "combines elements (tl.sum"),
+    (KERNELS / "layernorm", None, "calls tl.zeros (line 14)"),
     (ROW_SCALE, GRID_3D, "reads program ids of axes [0, 2]"),
     (ROW_SCALE, EARLY_RETURN, "returns early"),
     (ROW_SCALE, ROW_LOOP, "a loop bound depends on the row"),
@@ -159,8 +160,9 @@ def test_unsupported_kernels_are_left_alone_with_a_reason(folder, source, reason
     app = TACTIC.check(ctx)
     assert not app.applies and reason in app.reason, app.reason
     assert TACTIC.propose(ctx) == []
-    with pytest.raises(NotApplicable):
-        rows.rewrite(src, 16)
+    if "fill a program" not in reason:  # the codemod could batch them; the tactic's sizing says no
+        with pytest.raises(NotApplicable):
+            rows.rewrite(src, 16)
     assert ctx.source == src
 
 
@@ -225,3 +227,93 @@ def test_dry_run_lists_the_tactic_for_rotary(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "tactic rows-per-program: applies — rotary_kernel: ROWS rows per program" in proc.stdout
     assert "+++ rows-per-program" in proc.stdout  # the diff the tactic would make
+
+
+ROW_REDUCE = """import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _lsm_kernel(X, Y, MX, stride, N, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(X + row * stride + cols, mask=mask, other=float("-inf")).to(tl.float32)
+    top = tl.max(x, 0)
+    z = x - top
+    total = tl.exp(z).sum(axis=0)
+    tl.store(MX + row, top)
+    tl.store(Y + row * stride + cols, z - tl.log(total), mask=mask)
+
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        y = torch.empty_like(x)
+        mx = torch.empty(x.shape[0], device=x.device, dtype=torch.float32)
+        _lsm_kernel[(x.shape[0],)](x, y, mx, x.stride(0), x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))
+        return y, mx
+"""
+
+ROW_REDUCE_REF = """import torch
+
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return torch.log_softmax(x.float(), dim=1), x.float().amax(dim=1)
+"""
+
+ROW_REDUCE_SPEC = """kind: reduction
+inputs:
+  x: {shape: [R, N], dtype: float32}
+ci:
+  - {params: [x], dims: {R: 37, N: 100}}
+bench-gpu:
+  - {params: [x], dims: {R: 8192, N: 128}}
+"""
+
+
+def test_row_reductions_are_batched_on_axis_1_and_correct(tmp_path, verify):
+    """A log-softmax over short rows that also stores each row's max: its reductions (the tl. form with a
+    positional axis and the method form) reduce axis 1 keeping it, the per-row scalar store is masked by row, and
+    the batched kernel matches at 37 rows (a partial last program) and the ragged shapes."""
+    d = tmp_path / "lsm"
+    d.mkdir()
+    (d / "kernel.py").write_text(ROW_REDUCE)
+    (d / "reference.py").write_text(ROW_REDUCE_REF)
+    (d / "spec.yaml").write_text(ROW_REDUCE_SPEC)
+    p = load_problem(d)
+    cand = rewritten(p)
+    src, r = cand.source, cand.params["ROWS"]
+    assert r * 128 <= ELEMENTS[-1] and r >= 2
+    assert "top = tl.max(x, axis=1, keep_dims=True)" in src
+    assert "total = tl.exp(z).sum(axis=1, keep_dims=True)" in src
+    assert "tl.store(MX + row, top, mask=row_ok)" in src
+    verdict = verify(p, src)
+    assert verdict.correct, verdict.feedback()
+
+
+def test_a_reduction_in_a_loop_is_left_alone():
+    looped = ROW_REDUCE.replace("    top = tl.max(x, 0)\n", "    top = 0.0\n    for _ in range(2):\n"
+                                "        top = tl.max(x, 0)\n")
+    assert looped != ROW_REDUCE
+    with pytest.raises(NotApplicable, match=r"combines elements \(tl.max, line 14\) in a way"):
+        rows.plan(looped)
+
+
+def test_an_autotuned_row_reduction_is_batched_under_its_configs(tmp_path, verify):
+    """The softmax of the style corpus, @triton.autotune'd over launch options: ROWS is set at the launch (no config
+    sets it), no num_warps is added (the configs set it), and the batched kernel verifies."""
+    styles = FIXTURES / "styles" / "softmax"
+    d = tmp_path / "softmax_autotune"
+    d.mkdir()
+    (d / "kernel.py").write_text((styles / "autotune.py").read_text())
+    for f in ("reference.py", "spec.yaml"):
+        (d / f).write_text((styles / f).read_text())
+    p = load_problem(d)
+    cand = rewritten(p)
+    assert "@triton.autotune(" in cand.source and "ROWS=2" in cand.source  # 4096-wide rows at bench-gpu: two
+    gpu = TACTIC.propose(tactic_context(p, kind="cuda", target="h200"))
+    assert gpu and all("num_warps" not in c.params for c in gpu)
+    verdict = verify(p, cand.source)
+    assert verdict.correct, verdict.feedback()

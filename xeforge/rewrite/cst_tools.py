@@ -362,6 +362,13 @@ def _insert_after(items: list, at: int, new: list) -> list:
     if at == 0:
         return [*new, *items]
     prev = items[at - 1]
+    if at == len(items) and at >= 2 and _breaks_line(prev.comma) and _breaks_line(items[at - 2].comma):
+        # one item a line with a trailing comma before the closing bracket's line: the new items take the
+        # separator between items (their indentation), the last one the closing layout
+        sep = items[at - 2].comma
+        new = [n.with_changes(comma=sep) for n in new]
+        new[-1] = new[-1].with_changes(comma=prev.comma)
+        return [*items[:-1], prev.with_changes(comma=sep), *new]
     if _breaks_line(prev.comma):
         # new lines with the same break and indentation as prev's, wrapped at about WRAP characters
         width = 0

@@ -1,9 +1,9 @@
-"""Row batching: one program handles ROWS rows of a per-row elementwise kernel, as a [ROWS, BLOCK] block.
+"""Row batching: one program handles ROWS rows of a per-row kernel, as a [ROWS, BLOCK] block.
 
 Owns: planning and applying the device_tuning stage's ``rows-per-program`` codemod. A kernel launched on a 1D
 tuple grid ``(n,)`` whose program id indexes one row — ``pid = tl.program_id(0)`` assigned once at the top,
-every ``tl.arange`` a 1D per-row vector, no reduction, scan, dot or atomic, no branch or loop bound that
-depends on the row — becomes::
+every ``tl.arange`` a 1D per-row vector, no scan, dot, atomic or reduction but the row reductions below, no
+branch or loop bound that depends on the row — becomes::
 
     pid = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]    # [ROWS, 1] row indices
     row_ok = pid < N_ROWS
@@ -11,9 +11,13 @@ depends on the row — becomes::
     ... tl.load(ptr, mask=mask & row_ok) ... tl.store(ptr, v, mask=mask & row_ok)
 
 Values computed from ``pid`` (``h = pid % H``, row base pointers) become [ROWS, 1] columns and broadcast
-against the [1, BLOCK] vectors. A load or store whose address depends on the row gets ``& row_ok`` on its
-mask (``mask=row_ok`` where it had none; no ``other``: rows past the end are never stored). The launch gets
-``(triton.cdiv(n, ROWS),)``, ``N_ROWS=n`` and ``ROWS=<value>``. Anything else is left alone with the reason.
+against the [1, BLOCK] vectors. A row reduction outside any loop (``tl.sum(x, axis=0)``, ``x.max()``: a norm's
+mean and variance, a softmax's max and sum) reduces axis 1 with ``keep_dims=True``: its per-program scalar becomes
+the [ROWS, 1] column of each row's result, which broadcasts the same way. A load or store whose address depends
+on the row gets ``& row_ok`` on its mask (``mask=row_ok`` where it had none; no ``other``: rows past the end are
+never stored). The launch gets
+``(triton.cdiv(n, ROWS),)``, ``N_ROWS=n`` and ``ROWS=<value>`` (an ``@triton.autotune``'d kernel too: its configs
+tune the rest). Anything else is left alone with the reason.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from xeforge.rewrite.tiling.edit import FunctionEdit, edit_function
 from xeforge.rewrite.tiling.grid import (enclosing_function, fresh_name, launch_grid, pid_derived_names,
                                         program_id_vars, single_launch)
 
+#: reductions of a 1D per-row vector that a [ROWS, BLOCK] block computes on axis 1, keeping the axis
+ROW_REDUCTIONS = frozenset({"sum", "max", "min", "argmax", "argmin", "xor_sum"})
 #: calls that combine elements of a row (or of the block), so a [ROWS, BLOCK] block would change their result
 REDUCING = frozenset({"sum", "max", "min", "reduce", "argmax", "argmin", "xor_sum", "cumsum", "cumprod",
                       "associative_scan", "sort", "topk", "histogram", "gather", "dot", "dot_scaled"})
@@ -66,12 +72,14 @@ class RowsPlan:
     cdiv: str = "triton.cdiv"  # or "" when the module does not import triton
     other_axes: list[str] = field(default_factory=list)  # the grid's other elements, kept as written
     meta: str | None = None  # a lambda grid's parameter (the new grid stays a lambda of it)
+    reductions: list[tuple[int, int, str | None, bool]] = field(default_factory=list)  # position, method form?
 
     def describe(self) -> str:
         rows, count, _ = self.names
         vec = ", ".join(dict.fromkeys(self.blocks))
+        red = f"; {len(self.reductions)} row reduction(s) on axis 1" if self.reductions else ""
         return (f"{self.kernel}: {rows} rows per program as [{rows}, {vec}] blocks instead of one row "
-                f"({count} = {self.n_rows}; {len(self.masked)} loads/stores masked by row)")
+                f"({count} = {self.n_rows}; {len(self.masked)} loads/stores masked by row{red})")
 
 
 def _attr(call: ast.Call) -> str | None:
@@ -218,17 +226,59 @@ def _helper_bodies(model: KernelModel, fn: JitFunction) -> list[tuple[str, list[
     return list(seen.items())
 
 
+def _axis_arg(call: ast.Call, method: bool) -> ast.expr | None:
+    """The axis a reduction call is given (``tl.sum(x, 0)``, ``x.sum(axis=0)``), None where it has none."""
+    return _kw(call, "axis", 0 if method else 1)
+
+
+def _row_reductions(fn: JitFunction) -> list[tuple[int, int, str | None, bool]]:
+    """The reductions of a 1D per-row vector the batched kernel computes on axis 1: ``tl.<op>(x[, 0])`` and
+    ``x.<op>([0])`` outside any loop, with (line, column, the callee as written, whether it is the method form).
+    A reduction in a loop (its per-row result carried from one iteration to the next would change shape) or over
+    another axis is left in place, and the refusal names it."""
+    in_loop = {id(n) for lp in ast.walk(fn.node) if isinstance(lp, (ast.For, ast.While)) for n in ast.walk(lp)}
+    out = []
+    for n in ast.walk(fn.node):
+        if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ROW_REDUCTIONS):
+            continue
+        method = not is_tl(dotted_name(n.func), n.func.attr)
+        axis = _axis_arg(n, method)
+        if id(n) in in_loop or (axis is not None and literal(axis) not in (0, None)) or \
+                any(k.arg == "keep_dims" for k in n.keywords) or (method and len(n.args) > 1) or \
+                (not method and (not n.args or len(n.args) > 2)):
+            continue
+        out.append((n.lineno, n.col_offset, dotted_name(n.func), method))  # the key the call edit matches
+    return out
+
+
+def _on_axis_1(method: bool):
+    """The reduction call on axis 1 with its axis kept: ``tl.sum(x, 0)`` -> ``tl.sum(x, axis=1, keep_dims=True)``."""
+    def build(call: cst.Call) -> cst.Call:
+        first = 0 if method else 1  # the positional slot of the axis
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        args = [a for a in call.args if not (a.keyword is None and not a.star and a in positional[first:first + 1])]
+        args = [a for a in args if not (a.keyword is not None and a.keyword.value == "axis")]
+        out = set_call_kwargs(call.with_changes(args=args), {"axis": "1", "keep_dims": "True"})
+        last = out.args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return out.with_changes(args=[*out.args[:-1], last])
+    return build
+
+
 def plan_rows(model: KernelModel, kernel: str) -> RowsPlan:
     fn = model.functions[kernel]
-    if fn.is_autotuned:
-        raise NotApplicable(f"{kernel} is @triton.autotune'd (batch rows before autotuning)")
+    tuned = {k for c in fn.autotune_configs for k in c}
+    if fn.autotuned and not fn.autotune_configs:
+        raise NotApplicable(f"{kernel} is @triton.autotune'd with configs that are not literals: which names they "
+                            "set (ROWS among them?) cannot be read")
     site = single_launch(model, kernel)
     body = [n for st in fn.node.body for n in ast.walk(st)]
+    reductions = _row_reductions(fn)
     for n in body:
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and (
-                n.func.attr in REDUCING or n.func.attr.startswith("atomic_")):
-            raise NotApplicable(f"{kernel} combines elements ({ast.unparse(n.func)}, line {n.lineno}); row "
-                                "batching is for elementwise kernels")
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and (n.lineno, n.col_offset) not in \
+                {(r[0], r[1]) for r in reductions} and (n.func.attr in REDUCING or n.func.attr.startswith("atomic_")):
+            raise NotApplicable(f"{kernel} combines elements ({ast.unparse(n.func)}, line {n.lineno}) in a way a "
+                                "[ROWS, BLOCK] block would change (row batching takes elementwise code and row "
+                                f"reductions outside loops: {', '.join(sorted(ROW_REDUCTIONS))})")
     for owner, nodes in ((kernel, body), *_helper_bodies(model, fn)):
         sub = next((n for n in nodes if isinstance(n, ast.Subscript)), None)
         if sub is not None:
@@ -286,14 +336,14 @@ def plan_rows(model: KernelModel, kernel: str) -> RowsPlan:
     if len(site.node.args) > first_const:
         raise NotApplicable(f"the launch at line {site.line} passes constexpr arguments by position; the row count "
                             "would be inserted among them")
-    taken = {n.id for n in ast.walk(fn.node) if isinstance(n, ast.Name)} | set(fn.params)
+    taken = {n.id for n in ast.walk(fn.node) if isinstance(n, ast.Name)} | set(fn.params) | tuned
     names = []
     for base in (PARAM, COUNT, MASK):
         names.append(fresh_name(taken, base))
         taken.add(names[-1])
     cdiv = "triton.cdiv" if _binds(model.tree, "triton", "triton") else ""
     return RowsPlan(kernel, pid.name, pid.read(), pid.stmt.lineno, n_rows, edit_assign, sizes, aranges, masked,
-                    tuple(names), cdiv, rest, grid.meta if grid.kind == "lambda" else None)
+                    tuple(names), cdiv, rest, grid.meta if grid.kind == "lambda" else None, reductions)
 
 
 def _with_row_mask(pos: int, mask: str):
@@ -330,6 +380,8 @@ def apply_rows(source: str, plan: RowsPlan, rows: int, num_warps: int | None = N
         edit.calls[key] = _row_vector
     for line, col, name, pos in plan.masked:
         edit.calls[(line, col, name)] = _with_row_mask(pos, mask)
+    for line, col, name, method in plan.reductions:
+        edit.calls[(line, col, name)] = _on_axis_1(method)
     head = f"{plan.pid} = {plan.start} * {param} + tl.arange(0, {param})[:, None]\n{mask} = {plan.pid} < {count}"
 
     def body(original, updated, line_of):
@@ -369,7 +421,9 @@ def apply_rows(source: str, plan: RowsPlan, rows: int, num_warps: int | None = N
 
     edits = Edits(params={plan.kernel: [count, f"{param}: tl.constexpr"]}, calls={site.line: launch})
     if plan.edit_assign:
-        edits.tuples[grid.assign.lineno] = lambda t: new_grid if len(t.elements) == 1 + len(plan.other_axes) else None
+        # the tuple itself is replaced, inside a lambda grid's body too
+        new_tuple = expr(elements)
+        edits.tuples[grid.assign.lineno] = lambda t: new_tuple if len(t.elements) == 1 + len(plan.other_axes) else None
     try:
         return apply_edits(source, edits)
     except LookupError as exc:

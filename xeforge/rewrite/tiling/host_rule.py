@@ -120,6 +120,21 @@ def overridable(fn: JitFunction, name: str, made: HostMade, follows_grid: bool) 
             f"(cdiv(..., {made.target})) nor steps a loop of {fn.name}: it may have to cover a whole row")
 
 
+def is_capped(model: KernelModel, site: LaunchSite, made: HostMade) -> bool:
+    """A block a loop walks its row by, which the host sizes from the row (``next_power_of_2(N)``): the rule caps it
+    (``min(block, value)``), so a shorter row keeps its own narrower block; a tile the grid divides by takes the
+    value at every shape."""
+    kfn = model.functions[site.kernel]
+    coupled = {n for names in axis_blocks(kfn).values() for n in names}
+    return made.target == made.var and made.name in _loop_steps(kfn) and made.name not in coupled and \
+        len(set(made.values.values())) > 1
+
+
+def changes_nothing(model: KernelModel, site: LaunchSite, made: HostMade, value: Any) -> bool:
+    """Setting ``made`` to ``value`` is a cap at or above every value the traces saw: the rule would change nothing."""
+    return is_capped(model, site, made) and all(isinstance(v, int) and v <= value for v in made.values.values())
+
+
 def _block_of(fn: ast.FunctionDef, line: int) -> tuple[list[ast.stmt], int]:
     """The innermost statement list of ``fn`` holding the statement at ``line``, and that statement's index."""
     found: list[tuple[int, int, list[ast.stmt], int]] = []
@@ -156,12 +171,7 @@ def override(source: str, model: KernelModel, site: LaunchSite, made: dict[str, 
         raise NotApplicable(f"the grid at line {grid_assign.lineno} is made from {', '.join(sorted(vars_))} before "
                             "their last assignment: a value set after it would not reach the grid")
     pad = " " * indent
-    # a block a loop walks its row by, which the host sizes from the row (next_power_of_2(N)): capped, so a shorter
-    # row keeps its own narrower block; a tile the grid divides by takes the value at every shape
-    kfn = model.functions[site.kernel]
-    coupled = {n for names in axis_blocks(kfn).values() for n in names}
-    capped = {n for n in cfg if made[n].target == made[n].var and n in _loop_steps(kfn) and n not in coupled
-              and len(set(made[n].values.values())) > 1}
+    capped = {n for n in cfg if is_capped(model, site, made[n])}
     plain = [(made[n].target, v) for n, v in cfg.items() if made[n].target == made[n].var and n not in capped]
     keyed: dict[str, list[tuple[str, Any]]] = {}
     for n, v in cfg.items():
