@@ -18,10 +18,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.test_fusion_graph import GRAPHS, SPEC, SPLIT_READ_BACK, _problem  # noqa: E402  (the cases: the test's)
 
 BENCH = """bench-gpu:
-  - {params: [x], dtype: bfloat16, dims: {M: 4096, K: 4096, N: 4096}, flop: "2*M*N*K", bytes: "2*(M*K + N*K + M*N)"}
+  - {params: [x], dtype: bfloat16, dims: {M: 4096, K: 4096, N: 4096}, flop: "2*M*N*K", bytes: "2*(M*K + N*K + M*N)"%s}
 bench-gpu-1:
-  - {params: [x], dtype: bfloat16, dims: {M: 16, K: 4096, N: 4096}, flop: "2*M*N*K", bytes: "2*(M*K + N*K + M*N)"}
+  - {params: [x], dtype: bfloat16, dims: {M: 16, K: 4096, N: 4096}, flop: "2*M*N*K", bytes: "2*(M*K + N*K + M*N)"%s}
 """
+#: cases whose own bf16 semantics need a wider atol than the bf16 default (1e-2) at the bench shapes: ``x + relu(y)``
+#: rounds y to bf16 before the add, and where x nearly cancels y (|y| up to about 5 at K = 4096) half an ulp of y is
+#: 0.0156 (measured on an H100: the start itself missed by 0.0154 at one element of 16.8M)
+BENCH_ATOL = {"the-input-as-residual": 0.02}
+
+
+def _atol(name: str) -> str:
+    return f", atol: {BENCH_ATOL[name]}" if name in BENCH_ATOL else ""
 
 
 def main() -> int:
@@ -41,7 +49,7 @@ def main() -> int:
             d.mkdir(parents=True, exist_ok=True)
             _problem(d, cases[name], style)
             (d / "spec.yaml").write_text(f"description: \"GEMM + bias, then the epilogue graph '{name}' ({style} "
-                                         f"style)\"\nprecision: tf32\n{SPEC}{BENCH}")
+                                         f"style)\"\nprecision: tf32\n{SPEC}{BENCH % ((_atol(name),) * 2)}")
             print(d)
     return 0
 
