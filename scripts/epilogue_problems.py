@@ -22,10 +22,12 @@ BENCH = """bench-gpu:
 bench-gpu-1:
   - {params: [x], dtype: bfloat16, dims: {M: 16, K: 4096, N: 4096}, flop: "2*M*N*K", bytes: "2*(M*K + N*K + M*N)"%s}
 """
-#: cases whose own bf16 semantics need a wider atol than the bf16 default (1e-2) at the bench shapes: ``x + relu(y)``
-#: rounds y to bf16 before the add, and where x nearly cancels y (|y| up to about 5 at K = 4096) half an ulp of y is
-#: 0.0156 (measured on an H100: the start itself missed by 0.0154 at one element of 16.8M)
-BENCH_ATOL = {"the-input-as-residual": 0.02}
+#: cases whose own bf16 semantics need a wider atol than the bf16 default (1e-2) at the bench shapes. Their starts
+#: round y to bf16 before an op that nearly cancels it (x + relu(y), y * s - mean, exp(y - max)); on an H100
+#: (2026-12-06) each start missed the float64 oracle at a few elements where the reference run in bf16 misses it too:
+#: the-input-as-residual by 0.057 at -1.68, scaled-then-centred by 0.50 at 48.0, softmax-numerator by 0.061 at 0.998.
+#: The verifier's "own rounding" cause names such a miss and the atol it needs.
+BENCH_ATOL = {"the-input-as-residual": 0.1, "scaled-then-centred": 0.1, "softmax-numerator": 0.1}
 
 
 def _atol(name: str) -> str:

@@ -249,3 +249,59 @@ def test_a_start_whose_two_runs_differ_gets_its_cause(tmp_path):
     assert failed is not None and "two runs on the same inputs gave different bits" in failed.summary
     assert "differ although every element is written in both runs" in failed.summary, failed.summary
     assert "nondeterministic: true" in failed.summary and "state the Model keeps between calls" in failed.summary
+
+
+OWN_ROUNDING = {
+    "kernel.py": '''import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _shift_back(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(x_ptr + offs, mask=m)
+    tl.store(y_ptr + offs, (x + 1000.0) - 1000.0, mask=m)
+
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        y = torch.empty_like(x)
+        _shift_back[(triton.cdiv(x.numel(), 256),)](x, y, x.numel(), BLOCK=256)
+        return y
+''',
+    "reference.py": '''import torch
+
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return (x + 1000.0) - 1000.0
+''',
+    "spec.yaml": '''kind: elementwise
+inputs:
+  x: {shape: [N], dtype: float16}
+ci:
+  - {params: [x], dims: {N: 1000}}
+''',
+}
+
+
+def test_a_mismatch_the_reference_makes_too_is_named_as_the_problems_own_rounding(tmp_path):
+    """A float16 start that adds and subtracts 1000 (half an ulp there is 0.25) misses the float64 oracle as the
+    reference does when it runs in float16: the verdict says it is the problem's own rounding and names the atol
+    the reference would need."""
+    from xeforge.settings import Settings
+
+    d = tmp_path / "shift"
+    d.mkdir()
+    for name, text in OWN_ROUNDING.items():
+        (d / name).write_text(text)
+    problem = load_problem(d)
+    with Verifier(problem, describe("cpu"), Settings(correctness_rounds=1, ragged_shapes=False), tmp_path / "w") as v:
+        _, g2 = v.correctness(v.code(problem.kernel_path))
+    assert g2 is not None and g2.status == "fail", g2.summary
+    assert "the reference itself, run as built (float16) on the same inputs, misses the float64 oracle too" \
+        in g2.summary, g2.summary
+    need = float(g2.summary.split("the reference needs atol ")[1].split(" ")[0])
+    assert 0.1 < need <= 0.26, g2.summary  # half an ulp at 1000 in float16 (0.5), less the rtol share

@@ -44,6 +44,11 @@ from xeforge.rewrite.tiling import names_in
 
 #: partials one program holds (fp32, 4 warps): rows per program = this // the padded slot count
 PROGRAM_ELEMENTS = 4096
+#: programs the broadcast phase aims at at least (fewer rows a program where M allows): each program loads its rows
+#: block by block in a loop, so a few long programs leave the loads latency-bound. On an H100 (do_bench over forward,
+#: docs/measurements/combine-probe-h100-2026-12-06) the centred read-back at M = 16, N = 4096 went from 0.0535 ms (16
+#: rows a program: one program) to 0.0461 ms (the unfused form: 0.0507); at 4096 x 4096 both sizings took 0.337 ms
+BROADCAST_PROGRAMS = 1024
 _ALLOCS = {"full", "empty", "zeros"}
 #: reductions torch runs as several launches even on a small buffer: worth one generated kernel with nothing after
 #: them (torch.logsumexp on CUDA: amax, the infinities masked, sub, exp, sum, log, add; on the H200 these took 35 us
@@ -211,7 +216,9 @@ def _rewrite(c: Ctx, s: ast.Assign, part: str, red: tuple[str, bool]) -> tuple[s
     out, slots, per = fresh_fwd("combined"), fresh_fwd("combine_slots"), fresh_fwd("combine_rows")
     dtype = c.seg(to_dtype) if to_dtype is not None else f"{part}.dtype"
     lines = [f"{slots} = triton.next_power_of_2({part}.shape[1])",
-             f"{per} = max(1, {PROGRAM_ELEMENTS} // {slots})  # rows a program combines"]
+             f"{per} = max(1, {PROGRAM_ELEMENTS} // {slots})  # rows a program combines" if wide is None else
+             f"{per} = max(1, min({PROGRAM_ELEMENTS} // {slots}, triton.cdiv({part}.shape[0], {BROADCAST_PROGRAMS})))"
+             "  # rows a program combines: enough programs to keep loads in flight"]
     if wide is None:
         code = KERNEL.format(name=kernel, kind=kind, extra=extra, body="".join(body))
         shape = f"({part}.shape[0], 1)" if keep else f"({part}.shape[0],)"
