@@ -5,7 +5,8 @@ shape: :func:`xeforge.rewrite.tiling.configs.tunable_names`; or values the host 
 tuple, a ``**cfg`` table, ``next_power_of_2`` of a row, which a configuration sets right where they are made:
 :mod:`xeforge.rewrite.tiling.host_rule`) and launch options at the launch site of the kernel
 that matters most, draw alternatives from the knowledge base's tuning space for the device and kernel family (a
-small built-in space when no KB entry applies), prune what the KB constraints forbid, keep grid sizes consistent
+small built-in space when no KB entry applies; a block size no role of the space names, a split-KV kernel's
+``BLOCK_SEQ``, by its own neighbours), prune what the KB constraints forbid, keep grid sizes consistent
 with the block sizes, and hand the candidates to the verifier. The pipeline keeps the best verified one. An
 ``@triton.autotune``'d kernel is searched by pinning: each of its own configurations and the KB's is written at
 the launch with the decorator removed, so the verifier times them one by one.

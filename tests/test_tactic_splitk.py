@@ -295,3 +295,23 @@ def test_a_name_both_branches_of_an_if_assign_is_not_state_the_loop_carries():
     with pytest.raises(NotApplicable) as err:
         splitk.find(one, p)
     assert "carries k from one step to the next" in str(err.value)
+
+
+def test_inline_program_ids_are_hoisted_so_split_k_and_the_swizzle_apply(tmp_path, verify):
+    """The common form ``rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)``: the program ids get one name each
+    at the top of the kernel (no value changes), and the remapping rewrites then apply; each result verifies."""
+    from tests.test_fusion_graph import _problem
+    from xeforge.rewrite.device_tuning import splitk, swizzle
+    from xeforge.rewrite.tiling.pids import hoist_program_ids
+
+    p = _problem(tmp_path, "return y")
+    assert "rm = tl.program_id(0) * BLOCK_M" in p.kernel_source  # the fixture's form
+    hoisted = hoist_program_ids(p.kernel_source)
+    assert "    pid_0 = tl.program_id(0)\n    pid_1 = tl.program_id(1)\n    rm = pid_0 * BLOCK_M" in hoisted
+    assert hoist_program_ids(hoisted) == hoisted
+    plan = splitk.find(p.kernel_source, p)
+    split = splitk.apply(p.kernel_source, plan, 2)
+    swizzled, _ = swizzle.rewrite(p.kernel_source, group=4)
+    for src in (split, swizzled):
+        verdict = verify(p, src)
+        assert verdict.correct, verdict.feedback()

@@ -539,12 +539,16 @@ class Verifier:
         mm = compare_outputs(low, refs, [None] * len(refs), rtol, atol)
         if mm is None or mm.reason != "tolerance":
             return ""
-        def needed(outs: list) -> float:  # the atol that would pass ``outs`` at this rtol
-            return max(float(torch.nan_to_num((o.to(torch.float64) - r).abs() - rtol * r.abs(), nan=0.0,
-                                              posinf=float("inf")).max())
-                       for o, r in zip(outs, refs) if o is not None and r.dtype.is_floating_point and r.numel())
+
+        def needed(outs: list) -> float:  # the atol that would pass ``outs`` at this rtol (floating outputs)
+            return max((float(torch.nan_to_num((o.to(torch.float64) - r).abs() - rtol * r.abs(), nan=0.0,
+                                               posinf=float("inf")).max())
+                        for o, r in zip(outs, refs) if o is not None and r.dtype.is_floating_point and r.numel()),
+                       default=0.0)
 
         need, mine = needed(low), needed(got)
+        if need <= 0.0:  # an integer output that differs: no tolerance to suggest
+            return ""
         dtype = str(low[0].dtype).removeprefix("torch.")
         said = (f"; the reference itself, run as built ({dtype}) on the same inputs, misses the float64 oracle too "
                 f"({mm.message.split('; ')[0]}; it needs atol {need:.3g} at rtol {rtol:g})")

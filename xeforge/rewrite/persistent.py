@@ -43,6 +43,7 @@ from xeforge.rewrite.tiling.grid import (GridTranslator, enclosing_function, fre
                                          launched_kernels_gemm_first, program_id_vars, single_launch)
 from xeforge.rewrite.cst_tools import code, expr, statements, walk
 from xeforge.rewrite.tiling.edit import FunctionEdit, LaunchEdit, add_module_function, edit_function, edit_launch
+from xeforge.rewrite.tiling.pids import hoist_program_ids
 
 HELPER = "_device_core_count"
 HELPER_CODE = f'''
@@ -279,7 +280,8 @@ def plan_persistent(model: KernelModel, kernel: str) -> PersistentPlan:
 def apply_persistent(source: str, plan: PersistentPlan, flatten: bool = False) -> str:
     """``source`` with ``plan`` applied; ``flatten`` asks Triton to flatten the tile loop with the K loop it
     contains (``tl.range(..., flatten=True)``: software pipelining runs across tiles; upstream's persistent
-    Hopper matmul does this)."""
+    Hopper matmul does this). Inline program ids are hoisted first, as :func:`rewrite` planned."""
+    source = hoist_program_ids(source)
     model = parse_kernel(source)
     fn = model.functions[plan.kernel]
     taken = {n.id for n in ast.walk(fn.node) if isinstance(n, ast.Name)} | set(fn.params)
@@ -423,6 +425,7 @@ def _grid_var_used_once(model: KernelModel, site, var: str) -> bool:
 
 
 def rewrite(source: str, kernel: str | None = None, flatten: bool = False) -> tuple[str, PersistentPlan]:
+    source = hoist_program_ids(source)  # inline program ids: one name each at the top, to remap
     model = parse_kernel(source)
     names = [kernel] if kernel else launched_kernels_gemm_first(model)
     errors = []

@@ -36,6 +36,7 @@ from xeforge.rewrite.tiling import _assign_counts, _kw, names_in
 from xeforge.rewrite.tiling.edit import FunctionEdit, edit_function
 from xeforge.rewrite.tiling.grid import (enclosing_function, fresh_name, launch_grid, pid_derived_names,
                                         program_id_vars, single_launch)
+from xeforge.rewrite.tiling.pids import hoist_program_ids
 
 #: reductions of a 1D per-row vector that a [ROWS, BLOCK] block computes on axis 1, keeping the axis
 ROW_REDUCTIONS = frozenset({"sum", "max", "min", "argmax", "argmin", "xor_sum"})
@@ -371,7 +372,9 @@ def _row_vector(call: cst.Call) -> cst.BaseExpression:
 
 
 def apply_rows(source: str, plan: RowsPlan, rows: int, num_warps: int | None = None) -> str:
-    """``source`` with ``plan`` applied for ``rows`` rows per program (and ``num_warps`` when given)."""
+    """``source`` with ``plan`` applied for ``rows`` rows per program (and ``num_warps`` when given); its inline
+    program ids hoisted first, as :func:`plan` planned."""
+    source = hoist_program_ids(source)
     if rows < 1 or rows & (rows - 1):
         raise NotApplicable(f"ROWS={rows} is not a power of two")
     param, count, mask = plan.names
@@ -437,8 +440,9 @@ def launched_in_order(model: KernelModel) -> list[str]:
 
 
 def plan(source: str, kernel: str | None = None) -> RowsPlan:
-    """The plan for ``kernel`` (or the first launched kernel it applies to); NotApplicable with every reason."""
-    model = parse_kernel(source)
+    """The plan for ``kernel`` (or the first launched kernel it applies to), on the source with its inline program
+    ids hoisted (:mod:`~xeforge.rewrite.tiling.pids`); NotApplicable with every reason."""
+    model = parse_kernel(hoist_program_ids(source))
     errors = []
     for name in [kernel] if kernel else launched_in_order(model):
         try:

@@ -49,6 +49,7 @@ from xeforge.rewrite.device_tuning.splitk_plan import (EPILOGUE, PARAM, SUM_KERN
                                                       sizes)
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling.grid import enclosing_function, fresh_name, launch_grid, single_launch
+from xeforge.rewrite.tiling.pids import hoist_program_ids
 
 __all__ = ["EPILOGUE", "PARAM", "SUM_KERNEL", "SplitPlan", "apply", "find", "plan", "sizes"]
 
@@ -202,7 +203,8 @@ def _kernel_edits(model, parsed: Parsed, p: SplitPlan) -> tuple[Edits, str]:
 def apply(source: str, p: SplitPlan, split: int, when: str | None = None) -> str:
     """``source`` with ``p`` applied: SPLIT_K ``split``; with ``when`` (a host test such as ``M <= 128``) only at
     the shapes it holds for, the kernel as written launched at the others. A plan with an epilogue, or a ``when``,
-    goes to :func:`_apply_copies`."""
+    goes to :func:`_apply_copies`. The plan was made on the source with its program ids hoisted, and so is this."""
+    source = hoist_program_ids(source)
     if p.epilogue is not None or when is not None:
         return _apply_copies(source, p, split, when)
     model = parse_kernel(source)

@@ -23,6 +23,7 @@ from xeforge.rewrite.tiling import (BlockPtr, KernelAnalysis, NotApplicable, Ptr
                                     is_tl_call)
 from xeforge.rewrite.tiling.grid import (enclosing_function, gemm_kernels, launch_bindings, launch_grid, no_dot_reason,
                                          program_id_vars, single_launch)
+from xeforge.rewrite.tiling.pids import hoist_program_ids
 
 PARAM = "SPLIT_K"
 SUM_KERNEL = "splitk_sum_kernel"
@@ -561,7 +562,10 @@ def _zeros(value: ast.AST) -> bool:
 
 
 def find(source: str, problem: Any = None) -> SplitPlan:
-    """The plan for the first launched ``tl.dot`` kernel that split-K fits; NotApplicable with every reason."""
+    """The plan for the first launched ``tl.dot`` kernel that split-K fits (its inline program ids hoisted first:
+    :mod:`~xeforge.rewrite.tiling.pids`, as :func:`sizes` and ``splitk.apply`` read them); NotApplicable with every
+    reason."""
+    source = hoist_program_ids(source)
     model = parse_kernel(source, str(getattr(problem, "kernel_path", "kernel.py")))
     names = gemm_kernels(model)
     if not names:
@@ -579,7 +583,7 @@ def find(source: str, problem: Any = None) -> SplitPlan:
 def sizes(source: str, plan_: SplitPlan, problem: Any, variant: Any) -> tuple[int, int]:
     """(output tiles, K-loop steps) of the plan's kernel at ``variant``; NotApplicable where forward or the
     loop bound cannot be evaluated statically."""
-    model = parse_kernel(source)
+    model = parse_kernel(hoist_program_ids(source))
     tiles = launched_programs(model, plan_.kernel, problem, variant)
     site = single_launch(model, plan_.kernel)
     bound = launch_facts(model, site, problem, variant)

@@ -36,6 +36,7 @@ from xeforge.rewrite.tiling.grid import (GridTranslator, PidVar, axis_tiles, fre
                                          single_launch)
 from xeforge.rewrite.cst_tools import statements
 from xeforge.rewrite.tiling.edit import FunctionEdit, LaunchEdit, edit_function, edit_launch
+from xeforge.rewrite.tiling.pids import hoist_program_ids
 
 PARAM = "GROUP_SIZE_M"
 
@@ -317,6 +318,7 @@ def _mapping(plan: SwizzlePlan, taken: set[str], index: str, num_m: str, num_n: 
 
 
 def apply_swizzle(source: str, plan: SwizzlePlan) -> str:
+    source = hoist_program_ids(source)  # as :func:`rewrite` planned it
     model = parse_kernel(source)
     fn = model.functions[plan.kernel]
     taken = {n.id for n in ast.walk(fn.node) if isinstance(n, ast.Name)} | set(fn.params)
@@ -394,6 +396,7 @@ def apply_swizzle(source: str, plan: SwizzlePlan) -> str:
 
 
 def rewrite(source: str, group: int = 8, kernel: str | None = None) -> tuple[str, SwizzlePlan]:
+    source = hoist_program_ids(source)  # inline program ids: one name each at the top, to remap
     model = parse_kernel(source)
     names = [kernel] if kernel else launched_kernels_gemm_first(model)
     errors = []

@@ -6,7 +6,9 @@ function (``block_m, block_n, warps = _pick_blocks(M, N)``, ``BLOCK_N = min(next
 the values the traces saw at each variant (:func:`host_made`); whether a block size may take one new value at every
 shape (:func:`overridable`: the grid divides by it, or the kernel loops over its dimension in steps of it); and the
 rule a configuration is written as (:func:`override`): one statement right after the last one that makes the
-values, so the grid, the launch and every other reader of them follow, and the user's heuristic stays above it.
+values, so the grid, the launch and every other reader of them follow, and the user's heuristic stays above it; a
+loop's step sized from the row is capped there rather than set (:func:`is_capped`), so a cap at or above every
+traced value changes nothing (:func:`changes_nothing`).
 
 Pure reading and text edits; never runs user code.
 """
