@@ -5,7 +5,8 @@ Owns :func:`hoist_program_ids`. Real kernels often read the program id where the
 grouped tile order, the persistent loop, row batching) need one ``pid = tl.program_id(axis)`` assignment at the top
 of the kernel to remap. This rewrite gives them one: each inline ``tl.program_id(<literal axis>)`` of a launched
 kernel becomes a fresh name (``pid_0``), assigned once at the top of the body, after the docstring. It changes no
-value: a program id is the same wherever the kernel reads it. Applying it twice changes nothing more.
+value: a program id is the same wherever the kernel reads it. Applying it twice changes nothing more. A persistent
+kernel (one that calls ``tl.num_programs``) is left as it is: its tile loop starts at an inline program id.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import libcst as cst
 
 from xeforge.kernel_model import dotted_name, is_literal, literal, parse_kernel
 from xeforge.rewrite.cst_tools import statements
-from xeforge.rewrite.tiling import NotApplicable, _kw
+from xeforge.rewrite.tiling import NotApplicable, _kw, is_tl_call
 from xeforge.rewrite.tiling.edit import FunctionEdit, edit_function
 from xeforge.rewrite.tiling.grid import fresh_name, program_id_vars
 
@@ -31,8 +32,9 @@ def hoist_program_ids(source: str) -> str:
             continue
         pids, inline = program_id_vars(fn.node)
         axes = [literal(_kw(c, "axis", 0)) for c in inline]
-        if not inline or not all(is_literal(a) and isinstance(a, int) for a in axes):
-            continue
+        if not inline or not all(is_literal(a) and isinstance(a, int) for a in axes) or \
+                any(is_tl_call(n, "num_programs") for n in ast.walk(fn.node)):
+            continue  # a persistent kernel's tile loop starts at tl.program_id(0): the rewrites read that form
         taken = {n.id for n in ast.walk(fn.node) if isinstance(n, ast.Name)} | set(fn.params)
         names: dict[int, str] = {p.axis: p.name for p in pids if not p.cast}  # an axis already named: reused
         new: dict[int, str] = {}
