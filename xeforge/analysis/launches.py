@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xeforge.kernel_model import (LAUNCH_OPTIONS, JitFunction, KernelModel, LaunchSite, axis_blocks, dotted_name,
-                                  is_literal, literal, parse_python)
+                                  is_literal, literal, parse_kernel, parse_python)
 
 #: names that say "block size" even where the body does not show it (a group size, a tile count)
 BLOCK_HINTS = ("BLOCK", "TILE", "GROUP_SIZE")
@@ -81,6 +81,22 @@ def remember(source: str, trace: Any) -> None:
 
 def forget(source: str) -> None:
     _SEEN.pop(_digest(source), None)
+
+
+def carry_seen(old: str, new: str) -> None:
+    """What the traces saw of ``old``, kept for ``new``: a rewrite that changes kernel bodies only (the same
+    launches in the same order; their lines may move) runs the same kernels with the same values, so which kernels
+    forward launches stays known."""
+    entry = _seen(old)
+    if not entry or new == old:
+        return
+    a, b = parse_kernel(old).launches, parse_kernel(new).launches
+    if [s.kernel for s in a] != [s.kernel for s in b]:
+        return
+    moved = {(s.kernel, s.line): (t.kernel, t.line) for s, t in zip(a, b)}
+    _SEEN[_digest(new)] = {**entry, "values": {moved.get(k, k): v for k, v in entry["values"].items()}}
+    while len(_SEEN) > _MAX_SOURCES:
+        _SEEN.popitem(last=False)
 
 
 def _seen(source: str) -> dict | None:

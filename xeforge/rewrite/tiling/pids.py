@@ -15,6 +15,7 @@ import ast
 
 import libcst as cst
 
+from xeforge.analysis.launches import carry_seen, live_launches
 from xeforge.kernel_model import dotted_name, is_literal, literal, parse_kernel
 from xeforge.rewrite.cst_tools import statements
 from xeforge.rewrite.tiling import NotApplicable, _kw, is_tl_call
@@ -23,10 +24,12 @@ from xeforge.rewrite.tiling.grid import fresh_name, program_id_vars
 
 
 def hoist_program_ids(source: str) -> str:
-    """``source`` with the inline ``tl.program_id(axis)`` calls of every kernel it launches read from names
-    assigned at the top of the kernel (the source as it was where there are none, or an axis is not a literal)."""
+    """``source`` with the inline ``tl.program_id(axis)`` calls of every kernel it launches (that runs, where
+    traced) read from names assigned at the top of the kernel (the source as it was where there are none, or an axis
+    is not a literal); what the traces saw of ``source`` is kept for the result."""
+    original = source
     model = parse_kernel(source)
-    for kernel in dict.fromkeys(s.kernel for s in model.launches):
+    for kernel in dict.fromkeys(s.kernel for s in live_launches(model)):
         fn = model.functions.get(kernel)
         if fn is None:
             continue
@@ -57,6 +60,7 @@ def hoist_program_ids(source: str) -> str:
         except NotApplicable:  # a call the edit cannot address (non-ASCII before it): the kernel stays as written
             continue
         model = parse_kernel(source)
+    carry_seen(original, source)  # the same launches: what the traces saw (which kernels run) still holds
     return source
 
 
