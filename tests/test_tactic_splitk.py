@@ -315,3 +315,15 @@ def test_inline_program_ids_are_hoisted_so_split_k_and_the_swizzle_apply(tmp_pat
     for src in (split, swizzled):
         verdict = verify(p, src)
         assert verdict.correct, verdict.feedback()
+
+
+def test_a_program_id_name_that_is_reassigned_is_not_reused_for_the_inline_reads():
+    from xeforge.rewrite.tiling.pids import hoist_program_ids
+
+    src = ("import torch\nimport triton\nimport triton.language as tl\n\n\n@triton.jit\n"
+           "def k(x, y, n, BLOCK: tl.constexpr):\n    pid = tl.program_id(0)\n    pid = pid * 2\n"
+           "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\n    tl.store(y + offs, tl.load(x + offs))\n\n\n"
+           "class Model(torch.nn.Module):\n    def forward(self, x):\n        y = torch.empty_like(x)\n"
+           "        k[(4,)](x, y, 4, BLOCK=4)\n        return y\n")
+    out = hoist_program_ids(src)
+    assert "    pid_0 = tl.program_id(0)\n" in out and "offs = pid_0 * BLOCK" in out and "pid = pid * 2" in out

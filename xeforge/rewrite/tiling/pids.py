@@ -18,7 +18,7 @@ import libcst as cst
 from xeforge.analysis.launches import carry_seen, live_launches
 from xeforge.kernel_model import dotted_name, is_literal, literal, parse_kernel
 from xeforge.rewrite.cst_tools import statements
-from xeforge.rewrite.tiling import NotApplicable, _kw, is_tl_call
+from xeforge.rewrite.tiling import NotApplicable, _assign_counts, _kw, is_tl_call
 from xeforge.rewrite.tiling.edit import FunctionEdit, edit_function
 from xeforge.rewrite.tiling.grid import fresh_name, program_id_vars
 
@@ -39,7 +39,8 @@ def hoist_program_ids(source: str) -> str:
                 any(is_tl_call(n, "num_programs") for n in ast.walk(fn.node)):
             continue  # a persistent kernel's tile loop starts at tl.program_id(0): the rewrites read that form
         taken = {n.id for n in ast.walk(fn.node) if isinstance(n, ast.Name)} | set(fn.params)
-        names: dict[int, str] = {p.axis: p.name for p in pids if not p.cast}  # an axis already named: reused
+        counts = _assign_counts(fn.node)  # an axis already named, and never reassigned: that name is reused
+        names: dict[int, str] = {p.axis: p.name for p in pids if not p.cast and counts.get(p.name, 0) == 1}
         new: dict[int, str] = {}
         for a in sorted(set(axes)):
             if a not in names:
