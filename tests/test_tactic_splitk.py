@@ -297,6 +297,7 @@ def test_a_name_both_branches_of_an_if_assign_is_not_state_the_loop_carries():
     assert "carries k from one step to the next" in str(err.value)
 
 
+@pytest.mark.slow  # about 11 s: two rewrites verified on the interpreter (tests/test_tactic_persistent.py -k inline is the fast check)
 def test_inline_program_ids_are_hoisted_so_split_k_and_the_swizzle_apply(tmp_path, verify):
     """The common form ``rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)``: the program ids get one name each
     at the top of the kernel (no value changes), and the remapping rewrites then apply; each result verifies."""
