@@ -174,3 +174,13 @@ def load_kernel_module(path, source: str, name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def problem_folder(path, kernel: str, reference: str, spec: str):
+    """A problem folder at ``path`` (made) from the three files' texts, loaded."""
+    from xeforge.problem import load_problem
+
+    path.mkdir(parents=True, exist_ok=True)
+    for name, text in (("kernel.py", kernel), ("reference.py", reference), ("spec.yaml", spec)):
+        (path / name).write_text(text)
+    return load_problem(path)

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from stages.device_tuning import LaunchParamSearch
-from tests.conftest import tactic_context
+from tests.conftest import problem_folder, tactic_context
 from xeforge.analysis.observe import traces
 from xeforge.kernel_model import parse_kernel
 from xeforge.problem import load_problem
@@ -142,12 +142,7 @@ def test_a_block_that_must_cover_the_row_is_left_alone_with_the_reason(tmp_path)
     src = HEAD.replace("for start in range(0, N, BLOCK_N):\n        cols = start + tl.arange(0, BLOCK_N)",
                        "if True:\n        cols = tl.arange(0, BLOCK_N)") + textwrap.dedent(FORMS["tuple"]) + MODEL
     assert "range(0, N, BLOCK_N)" not in src, "fixture drifted"
-    d = tmp_path / "row"
-    d.mkdir()
-    (d / "kernel.py").write_text(src)
-    (d / "reference.py").write_text(REFERENCE)
-    (d / "spec.yaml").write_text(SPEC)
-    p = load_problem(d)
+    p = problem_folder(tmp_path / "row", src, REFERENCE, SPEC)
     traces(p)
     model = parse_kernel(p.kernel_source)
     names, why = tunable_names(model, single_launch(model, "_scale_rows"))
@@ -193,12 +188,7 @@ SPLIT = textwrap.dedent('''\
 def test_a_split_size_the_grid_reads_through_a_local_is_searched_by_its_neighbours(tmp_path, verify):
     """A split-KV decode wrapper's shape: the host sizes the split (``chunk``), the grid's axis is a local made
     from ``cdiv(n, chunk)`` after it, and no tuning-space role names the split: it is searched all the same."""
-    d = tmp_path / "split"
-    d.mkdir()
-    (d / "kernel.py").write_text(SPLIT)
-    (d / "reference.py").write_text(REFERENCE)
-    (d / "spec.yaml").write_text(SPEC)
-    p = load_problem(d)
+    p = problem_folder(tmp_path / "split", SPLIT, REFERENCE, SPEC)
     traces(p)
     model = parse_kernel(p.kernel_source)
     site = single_launch(model, "_scale_chunks")

@@ -18,7 +18,7 @@ import pytest
 
 from stages import device_tuning
 from stages.device_tuning_rows import ELEMENTS, RowsPerProgram
-from tests.conftest import FIXTURES, ROOT, tactic_context
+from tests.conftest import FIXTURES, ROOT, problem_folder, tactic_context
 from xeforge.kernel_model import parse_kernel
 from xeforge.problem import load_problem
 from xeforge.rewrite import NotApplicable
@@ -277,12 +277,7 @@ def test_row_reductions_are_batched_on_axis_1_and_correct(tmp_path, verify):
     """A log-softmax over short rows that also stores each row's max: its reductions (the tl. form with a
     positional axis and the method form) reduce axis 1 keeping it, the per-row scalar store is masked by row, and
     the batched kernel matches at 37 rows (a partial last program) and the ragged shapes."""
-    d = tmp_path / "lsm"
-    d.mkdir()
-    (d / "kernel.py").write_text(ROW_REDUCE)
-    (d / "reference.py").write_text(ROW_REDUCE_REF)
-    (d / "spec.yaml").write_text(ROW_REDUCE_SPEC)
-    p = load_problem(d)
+    p = problem_folder(tmp_path / "lsm", ROW_REDUCE, ROW_REDUCE_REF, ROW_REDUCE_SPEC)
     cand = rewritten(p)
     src, r = cand.source, cand.params["ROWS"]
     assert r * 128 <= ELEMENTS[-1] and r >= 2
@@ -305,12 +300,8 @@ def test_an_autotuned_row_reduction_is_batched_under_its_configs(tmp_path, verif
     """The softmax of the style corpus, @triton.autotune'd over launch options: ROWS is set at the launch (no config
     sets it), no num_warps is added (the configs set it), and the batched kernel verifies."""
     styles = FIXTURES / "styles" / "softmax"
-    d = tmp_path / "softmax_autotune"
-    d.mkdir()
-    (d / "kernel.py").write_text((styles / "autotune.py").read_text())
-    for f in ("reference.py", "spec.yaml"):
-        (d / f).write_text((styles / f).read_text())
-    p = load_problem(d)
+    p = problem_folder(tmp_path / "softmax_autotune", (styles / "autotune.py").read_text(),
+                       (styles / "reference.py").read_text(), (styles / "spec.yaml").read_text())
     cand = rewritten(p)
     assert "@triton.autotune(" in cand.source and "ROWS=2" in cand.source  # 4096-wide rows at bench-gpu: two
     gpu = TACTIC.propose(tactic_context(p, kind="cuda", target="h200"))
