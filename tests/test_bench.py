@@ -676,6 +676,38 @@ def test_an_out_of_memory_row_with_lanes_sharing_a_gpu_names_the_lanes_and_the_f
     assert "--lanes-per-gpu 4" in note and "--redo geglu_tanh --lanes-per-gpu 1" in note
 
 
+def test_a_problem_that_ran_out_of_memory_beside_other_lanes_is_benched_again_with_the_gpu_alone(tmp_path, monkeypatch):
+    """With --lanes-per-gpu 4 the corpus lost eight rows to another lane's memory, and each had to be benched again
+    by hand. The bench now runs those again itself once the other lanes are done, one per GPU, and the row says so."""
+    from xeforge.schedule import LocalScheduler, Outcome
+
+    rounds: list[tuple[int, list[str]]] = []
+
+    def run(self, jobs, done, deadline):  # what each child would write, without a GPU: "a" runs out of memory at first
+        rounds.append((len(self.slots), [j.name for j in jobs]))
+        for j in jobs:
+            oom = j.name == "a" and len(rounds) == 1
+            start = {"verified": "no" if oom else "yes", "path": "kernel.py",
+                     "verification": "rejected at gate 0: CUDA error: out of memory" if oom else "correct"}
+            row = {"problem": j.name, "path": str(tmp_path / j.name), "status": "ok", "speedups": {},
+                   "entries": {"start": start, "final": {"path": None}}}
+            j.part.mkdir(parents=True)
+            (j.part / "bench.json").write_text(json.dumps({"problems": [row], "device": {"name": "gpu"}}))
+            done(Outcome(j, 0, self.slots[0], 1.0))
+
+    monkeypatch.setattr(LocalScheduler, "run", run)
+    slots = [{"CUDA_VISIBLE_DEVICES": "0", "XEFORGE_GPU_LOCK": "l0"}] * 2 + [{"CUDA_VISIBLE_DEVICES": "1"}] * 2
+    opt = bench.BenchOptions(problems=[], device="cuda", lanes_per_gpu=2, workers=2, argv=["bench"])
+    report = {"problems": []}
+    bench._run_scheduled([tmp_path / "a", tmp_path / "b"], opt, "cuda", LocalScheduler(slots), tmp_path / "o",
+                         report, bench._Progress(2), None)
+    assert rounds == [(4, ["a", "b"]), (2, ["a"])]  # again, "a" only, one slot per GPU
+    rows = {r["problem"]: r for r in report["problems"]}
+    assert len(report["problems"]) == 2 and rows["a"]["entries"]["start"]["verification"] == "correct"
+    assert any("benched again with the GPU alone" in n and "out of memory" in n for n in rows["a"]["notes"])
+    assert not rows["b"].get("notes")
+
+
 def test_a_reference_that_computes_wider_than_the_problem_is_named_and_left_out_of_the_geomeans(tmp_path):
     """An oracle-style reference (``x.float() @ w.float()`` on bfloat16 inputs) makes eager and torch.compile time an
     fp32 GEMM: the bench says so in the row's notes, marks those ratios and leaves them out of the geomeans."""

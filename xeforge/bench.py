@@ -839,6 +839,12 @@ class _Progress:
         if self.bar is not None:
             self.bar.update(self.task, description=name)
 
+    def more(self, n: int) -> None:
+        """``n`` more problems to bench than counted at the start (those run again alone)."""
+        self.total += n
+        if self.bar is not None:
+            self.bar.update(self.task, total=self.total)
+
     def finished(self, row: dict) -> None:
         self.done += 1
         line = f"[{self.done}/{self.total}] {row['problem']}: {_row_status(row)} ({row.get('elapsed_s', 0):.1f}s)"
@@ -1075,30 +1081,47 @@ def _run_scheduled(paths: list[Path], opt: BenchOptions, kind: str, scheduler: S
     rows merged in problem order as they finish, bench.json rewritten after each."""
     kept = list(report["problems"])
     rows: dict[int, dict] = {}
-    jobs = []
-    for idx, p in enumerate(paths):
+
+    def job(idx: int) -> Job:
+        p = paths[idx]
         stem = p.stem if p.is_file() else p.name
         part = out / "parts" / f"{idx:03d}-{stem}"
         n = 1
-        while part.exists():  # a resumed run re-benches into a fresh folder
+        while part.exists():  # a resumed run (or a retry alone) benches into a fresh folder
             n += 1
             part = part.with_name(f"{idx:03d}-{stem}-{n}")
         part.parent.mkdir(parents=True, exist_ok=True)
-        jobs.append(Job(idx, stem, child_argv(opt, p, kind, part), part))
+        return Job(idx, stem, child_argv(opt, p, kind, part), part)
+
+    alone = False  # the second round: problems that ran out of memory beside other lanes, each with its GPU alone
 
     def done(o: Outcome) -> None:
         row = _child_row(o.job.part, paths[o.job.index], o.exit_code, o.job.log, o.env, o.error)
         row.setdefault("elapsed_s", o.elapsed_s)
         if o.where is not None:  # a cluster: where the finished attempt ran, and the attempts it took
             row["worker"].update(o.where, attempts=o.attempts, lost=o.lost)
-        if opt.lanes_per_gpu > 1 and _out_of_memory(row):
-            row["notes"] = [*row.get("notes", []), lanes_oom_note(opt.lanes_per_gpu, row.get("problem", o.job.name))]
+        first = rows.get(o.job.index)
+        if alone and first is not None:
+            row["notes"] = [*row.get("notes", []), alone_note(opt.lanes_per_gpu, first)]
+        elif opt.lanes_per_gpu > 1 and _out_of_memory(row):
+            row["notes"] = [*row.get("notes", []), lanes_oom_note(opt.lanes_per_gpu, row.get("problem", o.job.name),
+                                                                  retried=isinstance(scheduler, LocalScheduler))]
         rows[o.job.index] = row
         progress.finished(row)
         report["problems"] = kept + [rows[k] for k in sorted(rows)]
         _write_partial(out, report)
 
-    scheduler.run(jobs, done, deadline)
+    scheduler.run([job(i) for i in range(len(paths))], done, deadline)
+    oom = [i for i in sorted(rows) if _out_of_memory(rows[i])]
+    if opt.lanes_per_gpu > 1 and oom and isinstance(scheduler, LocalScheduler):
+        # a lane's memory is the GPU's less the other lanes': what ran out beside them runs again, one per GPU
+        say(f"{len(oom)} problem(s) ran out of GPU memory beside other lanes; benching them again, each with its "
+            f"GPU alone: {', '.join(rows[i]['problem'] for i in oom)}")
+        alone = True
+        progress.more(len(oom))
+        scheduler_alone = LocalScheduler(list({s.get("CUDA_VISIBLE_DEVICES", s.get("ZE_AFFINITY_MASK")): s
+                                               for s in scheduler.slots}.values()))
+        scheduler_alone.run([job(i) for i in oom], done, deadline)
     report["problems"] = kept + [rows[k] for k in sorted(rows)]
 
 
@@ -1109,11 +1132,24 @@ def _out_of_memory(row: dict) -> bool:
     return any("out of memory" in t.lower() for t in texts)
 
 
-def lanes_oom_note(lanes: int, problem: str) -> str:
-    """What an out-of-memory row means when lanes share a GPU, and the fix."""
-    return (f"out of GPU memory while {lanes} problems shared the GPU (--lanes-per-gpu {lanes}): each lane holds its "
-            "own float64 oracle, inputs and compiled candidates, so this may be another lane's memory, not the "
-            f"kernel's fault; bench it again alone: --resume --redo {problem} --lanes-per-gpu 1")
+def lanes_oom_note(lanes: int, problem: str, retried: bool = False) -> str:
+    """What an out-of-memory row means when lanes share a GPU, and the fix (``retried``: the bench runs it again
+    alone once the other lanes are done, unless --stop-after ends the call first)."""
+    why = (f"out of GPU memory while {lanes} problems shared the GPU (--lanes-per-gpu {lanes}): each lane holds its "
+           "own float64 oracle, inputs and compiled candidates, so this may be another lane's memory, not the "
+           "kernel's fault; ")
+    fix = f"bench it again alone: --resume --redo {problem} --lanes-per-gpu 1"
+    return why + ("the bench runs it again alone after the other lanes, unless --stop-after ends the call first; "
+                  "if it did, " if retried else "") + fix
+
+
+def alone_note(lanes: int, first: dict) -> str:
+    """The note of a row benched again alone after it ran out of memory beside other lanes."""
+    cause = next((t for t in [first.get("error") or ""] + [
+        str(e.get("error") or e.get("verification") or "") for e in (first.get("entries") or {}).values()
+        if isinstance(e, dict)] if "out of memory" in t.lower()), "")
+    return (f"benched again with the GPU alone: with {lanes} lanes sharing it, it ran out of GPU memory"
+            + (f" ({' '.join(cause.split())[:200]})" if cause else ""))
 
 
 def _child_row(part: Path, problem: Path, rc: int | None, log: Path, slot: dict, error: str | None = None) -> dict:
