@@ -68,7 +68,7 @@ def shapes_of(row: dict) -> list[dict]:
     if row.get("shapes"):
         return row["shapes"]
     ents = row.get("entries") or {}
-    times = {k: e["time"] for k, e in ents.items() if e.get("timed") and e.get("time") and k != "blas"}
+    times = {k: e["time"] for k, e in ents.items() if e.get("timed") and e.get("time")}
     if not times:
         return []
     sp = {n: v for n, v in (row.get("speedups") or {}).items() if n in ("final_vs_start", "final_vs_compile",
@@ -151,9 +151,11 @@ def main(argv=None) -> int:
             fs = sp.get("final_vs_start")
             fc = sp.get("final_vs_compile") or vs_c
             err = "; ".join(f"{k}: {v[:80]}" for k, v in (sh.get("errors") or {}).items())
+            vs_b = ({"value": t["blas"]["median_ms"] / t["final"]["median_ms"]}
+                    if (t.get("blas") or {}).get("median_ms") and (t.get("final") or {}).get("median_ms") else None)
             per_kernel.append([name, meta["kind"], sh.get("variant") or "", dims, ms(t.get("start")),
-                               ms(t.get("final")), ms(t.get("eager")), ms(t.get("compile")), x(fs), x(fc),
-                               "; ".join(b for b in (note, err) if b)])
+                               ms(t.get("final")), ms(t.get("eager")), ms(t.get("compile")), ms(t.get("blas")),
+                               x(fs), x(fc), x(vs_b), "; ".join(b for b in (note, err) if b)])
             fk = meta["kind"] if meta["kind"] in fam else "other"
             for key, sv in (("vs_start", fs), ("vs_compile", fc), ("start_vs_compile", s_c)):
                 if wider and key != "vs_start":
@@ -195,7 +197,10 @@ def main(argv=None) -> int:
     print("\nx = median(baseline) / median(port result): above 1 the port result is faster.\n")
     print("### Per kernel and timed shape (median ms)\n")
     print(table(per_kernel, ["kernel", "family", "shape", "dims", "start ms", "port result ms", "eager ms",
-                             "torch.compile ms", "result / start", "result vs torch.compile", "note"]))
+                             "torch.compile ms", "BLAS GEMM ms", "result / start", "result vs torch.compile",
+                             "result vs BLAS GEMM", "note"]))
+    print("\nBLAS GEMM: the vendor library's GEMM alone on the problem's M x K @ K x N in its dtype (GEMM kernels only); "
+          "the port result also does the kernel's epilogue.")
     print("\n### Port result slower than the start at some timed shape\n")
     print("\n".join(f"- {s}" for s in slower) if slower else "- none")
     print("\n### Kernels without figures\n")

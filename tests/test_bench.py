@@ -221,8 +221,9 @@ bench-gpu:
     bytes: "{bytes_gpu}"
 """
 # a second timed shape (decode-like) for one problem: the bench times every entry again there
-SHAPE_1 = {"softmax_fake": "R: 16, C: 8192"}
-SHAPE_1_MS = {"softmax_fake": {"start": 0.050, "final": 0.060, "eager": 0.040, "compile": 0.035}}  # final slower
+SHAPE_1 = {"softmax_fake": "R: 16, C: 8192", "gemm_fake": "M: 16, N: 4096, K: 4096"}
+SHAPE_1_MS = {"softmax_fake": {"start": 0.050, "final": 0.060, "eager": 0.040, "compile": 0.035},  # final slower
+              "gemm_fake": {"start": 0.060, "final": 0.030, "eager": 0.028, "compile": 0.027, "blas": 0.025}}
 
 SYNTHETIC = {
     # name: (kind, description, inputs, params, ci dims, gpu dims, flop, bytes formula without the element size)
@@ -306,7 +307,7 @@ class ScriptedVerifier:
         out = []
         for path, mode in entries:
             p = Path(path)
-            key = "compile" if mode else ("eager" if p.name == "reference.py" else "blas" if p.name == "blas_gemm.py"
+            key = "compile" if mode else ("eager" if p.name == "reference.py" else "blas" if p.name.startswith("blas_gemm")
                                           else ("final" if "runs" in p.parts else "start"))
             if key == "compile" and self.problem.name == "compile_breaks_fake":
                 raise WorkerFailure("exception", "BackendCompilerFailed: synthetic inductor failure", "reference.py:1")
@@ -465,17 +466,24 @@ def test_blas_baseline_takes_the_problems_compute_dtype_where_the_variant_names_
 
 
 def test_gpu_bench_times_every_timed_shape_and_says_where_the_port_is_slower(gpu_report):
-    """A problem with a second timed shape is timed again there (no BLAS baseline: it is sized for the primary);
-    the geomeans per shape name, and the summary names a shape where the port result is slower than its start."""
+    """A problem with a second timed shape is timed again there (a GEMM against a BLAS GEMM written for that shape's
+    M, N, K); the geomeans per shape name, and the summary names a shape where the port result is slower than its
+    start."""
     rep, calls = gpu_report
     rows = {r["problem"]: r for r in rep["problems"]}
     shapes = rows["softmax_fake"]["shapes"]
-    assert [sh["variant"] for sh in shapes] == ["bench-gpu", "bench-gpu-1"] and "shapes" not in rows["gemm_fake"]
+    assert [sh["variant"] for sh in shapes] == ["bench-gpu", "bench-gpu-1"]
+    assert ("gemm_fake", [("kernel.py", None), ("kernel.py", None), ("reference.py", None),
+                          ("reference.py", "default"), ("blas_gemm-bench-gpu-1.py", None)], 20) in calls
+    decode = rows["gemm_fake"]["shapes"][1]
+    assert decode["variant"] == "bench-gpu-1" and decode["dims"] == {"M": 16, "N": 4096, "K": 4096}
+    assert decode["speedups"]["final_vs_blas"]["value"] == pytest.approx(0.025 / 0.030)
+    assert rep["geomean_by_shape"]["bench-gpu-1"]["final_vs_blas"]["n"] == 1
     assert shapes[1]["speedups"]["final_vs_start"]["value"] == pytest.approx(0.050 / 0.060)
     assert shapes[0]["speedups"]["final_vs_start"]["value"] == pytest.approx(0.90 / 0.30)
     assert [c for c in calls if c[0] == "softmax_fake"][-1][1] == [("kernel.py", None), ("kernel.py", None),
                                                                    ("reference.py", None), ("reference.py", "default")]
-    assert rep["geomean_by_shape"]["bench-gpu-1"]["final_vs_start"]["n"] == 1
+    assert rep["geomean_by_shape"]["bench-gpu-1"]["final_vs_start"]["n"] == 2
     assert "slower than its start at 1 shape(s): softmax_fake at bench-gpu-1 (0.83x; paired ratios 0.83-0.83)" in rep["summary"]
 
 
@@ -544,8 +552,9 @@ def test_port_that_returned_the_start_is_timed_once_and_claims_nothing(tmp_path)
     ScriptedVerifier.calls = []
     ctx = bench.BenchContext(device, kbc, Settings(), opt, tmp_path / "work", ScriptedVerifier)
     row = bench.bench_problem(gemm, ctx)
-    timed = [name for _, entries, _ in ScriptedVerifier.calls for name, _ in entries]
-    assert timed.count("kernel.py") == 1  # the start, once; the identical port result is not timed again
+    per_shape = [[name for name, _ in entries] for _, entries, _ in ScriptedVerifier.calls]
+    assert len(per_shape) == 2 and all(names.count("kernel.py") == 1 for names in per_shape)  # the start, once a
+    # shape; the identical port result is not timed again
     assert row["speedups"]["final_vs_start"]["value"] == 1.0
     assert any("same source hash" in n for n in row["notes"])
 

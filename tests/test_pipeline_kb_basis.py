@@ -83,6 +83,7 @@ def test_the_rejected_chain_fusion_is_the_persistent_stages_basis(tmp_path, monk
                for o in on_basis[0].outcomes)
 
 
+@pytest.mark.slow  # ~17 s, the control of the slow test above: make test-slow
 def test_without_the_basis_the_two_kernels_stay(tmp_path, monkeypatch):
     """The control: the same run without KB bases keeps the chain's own kernel."""
     out, _ = run_scripted(tmp_path, monkeypatch, bases=False)

@@ -92,8 +92,9 @@ def test_gpu_reports_embed_their_plots_as_png():
     assert "![Speedup per stage](plots/waterfall.png)" in md
     md, html, figs = _render("bench", _input("bench_gpu.json"))
     pngs = embedded_pngs(html)
-    assert [f.name for f in figs] == ["speedups", "roofline", "shapes", "shapes-compile"] and all(f.png for f in figs)
-    assert len(pngs) == 4 and all(p.startswith(PNG_MAGIC) and len(p) > 5000 for p in pngs)
+    assert [f.name for f in figs] == ["speedups", "roofline", "shapes", "shapes-compile", "shapes-blas"] and all(
+        f.png for f in figs)
+    assert len(pngs) == 5 and all(p.startswith(PNG_MAGIC) and len(p) > 5000 for p in pngs)
     assert "not drawn" not in html
 
 
@@ -157,7 +158,8 @@ def test_xeforge_report_rerenders_a_port_and_a_bench(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert (b / "bench.md").read_text() == (GOLDEN / "bench_gpu.md").read_text()
     assert without_images((b / "bench.html").read_text()) == (GOLDEN / "bench_gpu.html").read_text()
-    assert sorted(p.name for p in (b / "plots").iterdir()) == ["roofline.png", "shapes-compile.png", "shapes.png", "speedups.png"]
+    assert sorted(p.name for p in (b / "plots").iterdir()) == ["roofline.png", "shapes-blas.png", "shapes-compile.png",
+                                                             "shapes.png", "speedups.png"]
     assert (port / "report.json").read_text() == before  # re-rendering never rewrites the record
 
 

@@ -335,7 +335,8 @@ def test_a_split_mean_is_the_sum_of_each_tiles_sum_over_n(verify, tmp_path):
     ("kb37_matmul_swish_sum_groupnorm", None, False),  # then the swish kernel folds into the GEMM (verified below)
     pytest.param("kb62_matmul_groupnorm_leakyrelu_sum", None, True,  # the Triton kernel reading it afterwards is
                  marks=pytest.mark.slow),  # folded in; about 22 s: make test-slow
-    ("kb75_gemm_groupnorm_min_biasadd", None, True),  # the row min after it: per-group partials
+    pytest.param("kb75_gemm_groupnorm_min_biasadd", None, True,  # the row min after it: per-group partials;
+                 marks=pytest.mark.slow),  # about 25 s: make test-slow
     pytest.param("kb88_gemm_groupnorm_swish_multiply_swish", None, True,  # folded in, with its per-column weight
                  marks=pytest.mark.slow),  # (offs % N); about 25 s: make test-slow
     ("kb94_gemm_biasadd_hardtanh_mish_groupnorm", None, False),

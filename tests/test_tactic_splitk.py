@@ -231,6 +231,7 @@ def test_the_split_kernel_stays_tunable(verify):
     assert verdict.correct, verdict.feedback()
 
 
+@pytest.mark.slow  # ~26 s on two busy cores: a whole dry run in a subprocess
 def test_dry_run_lists_the_tactic(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "xeforge", "port", str(TALL_K), "--device", "cuda", "--target", "h200",
                            "--dry-run", "--stages", "device_tuning", "--runs-dir", str(tmp_path / "runs")],

@@ -491,7 +491,7 @@ def _bench_problem(path: Path, ctx: BenchContext, row: dict, workdir: Path) -> N
                         dv = {"available": False, "why": f"the deep profile failed: {type(exc).__name__}: {exc}"[:300]}
                     row["breakdown"][key].update(deep=dv, deep_lines=describe_deep(dv))
         if not opt.variant:
-            _time_shapes(v, problem.timed_variants(device.kind)[1:], row, ctx)
+            _time_shapes(v, problem, problem.timed_variants(device.kind)[1:], row, ctx, workdir)
 
 
 _BLAS_MODEL = """\
@@ -545,17 +545,17 @@ def reference_widening(problem, variant) -> str | None:
     return None
 
 
-def blas_baseline(problem, variant, workdir: Path) -> Path | None:
-    """A Model file timing the problem's GEMM alone with ``torch.matmul`` in the variant's compute dtype (its own, else
-    its first floating input's: a bf16 problem whose variants name no dtype is timed against a bf16 GEMM, not an
-    fp32 one); None unless a gemm with M, N, K."""
+def blas_baseline(problem, variant, workdir: Path, name: str = "blas_gemm.py") -> Path | None:
+    """A Model file (``workdir / name``) timing the problem's GEMM alone with ``torch.matmul`` at the variant's M, N,
+    K in its compute dtype (its own, else its first floating input's: a bf16 problem whose variants name no dtype is
+    timed against a bf16 GEMM, not an fp32 one); None unless a gemm with M, N, K."""
     dims = variant.dims
     if problem.spec.kind != "gemm" or not all(isinstance(dims.get(d), int) for d in "MNK"):
         return None
     dtype = problem.compute_dtype(variant) or "float32"
     if not dtype.startswith(("float", "bfloat")):
         return None
-    path = workdir / "blas_gemm.py"
+    path = workdir / name
     atomic_write(path, _BLAS_MODEL.format(problem=problem.name, M=dims["M"], N=dims["N"], K=dims["K"], dtype=dtype))
     return path
 
@@ -600,25 +600,28 @@ def _time_row(v, problem, variant, row: dict, ctx: BenchContext) -> None:
             row["speedups"][name] = sp
 
 
-#: the speedups shown per timed shape (the BLAS baseline is sized for the primary shape only)
-SHAPE_SPEEDUPS = ("final_vs_start", "final_vs_eager", "final_vs_compile")
+#: the speedups shown per timed shape (a GEMM's BLAS baseline is written again for each shape's M, N, K)
+SHAPE_SPEEDUPS = ("final_vs_start", "final_vs_eager", "final_vs_compile", "final_vs_blas")
 
 
-def _time_shapes(v, variants: list, row: dict, ctx: BenchContext) -> None:
+def _time_shapes(v, problem, variants: list, row: dict, ctx: BenchContext, workdir: Path) -> None:
     """The entries timed at the primary shape, timed again at each other timed shape (``row["shapes"]``, the
-    primary first): a port must hold at every shape its users run, not only at the one gate 3 decides on first."""
+    primary first): a port must hold at every shape its users run, not only at the one gate 3 decides on first.
+    A GEMM's vendor-BLAS baseline is sized for each shape in turn (``blas_gemm-<variant>.py``)."""
     entries = row["entries"]
-    keys = [k for k in ("start", "final", "eager", "compile") if entries.get(k, {}).get("timed")]
+    keys = [k for k in ("start", "final", "eager", "compile", "blas") if entries.get(k, {}).get("timed")]
     if not variants or "start" not in keys:
         return
     same = entries["final"].get("source_hash") == entries["start"].get("source_hash")
-    todo = [(k, Path(entries[k]["path"]), entries[k].get("compile_mode")) for k in keys if not (k == "final" and same)]
+    todo = [(k, Path(entries[k]["path"]), entries[k].get("compile_mode")) for k in keys
+            if not (k == "final" and same) and k != "blas"]
     shapes = [{"variant": row["variant"]["name"], "dims": dict(row["variant"]["dims"]),
                "times": {k: entries[k]["time"] for k in keys},
                "speedups": {n: row["speedups"][n] for n in SHAPE_SPEEDUPS if n in row["speedups"]}, "errors": {}}]
     pairs = ctx.options.pairs or ctx.settings.timed_pairs
     for var in variants:
-        times, errors = time_entries_robust(v, todo, var, pairs)
+        blas = blas_baseline(problem, var, workdir, f"blas_gemm-{var.name}.py") if "blas" in keys else None
+        times, errors = time_entries_robust(v, todo + ([("blas", blas, None)] if blas else []), var, pairs)
         if same and "start" in times and "final" in keys:
             times["final"] = times["start"]
         speedups = {n: speedup_of(times[SPEEDUPS[n][0]], times[SPEEDUPS[n][1]]) for n in SHAPE_SPEEDUPS

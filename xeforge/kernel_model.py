@@ -13,6 +13,8 @@ model; source *rewriting* lives in :mod:`xeforge.rewrite`.
 from __future__ import annotations
 
 import ast
+import functools
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +37,37 @@ def parse_python(source: str, filename: str = "<unknown>", mode: str = "exec") -
     """``ast.parse``, one thread at a time (see ``_PARSE_LOCK``)."""
     with _PARSE_LOCK:
         return ast.parse(source, filename=filename, mode=mode)
+
+
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
+@functools.lru_cache(maxsize=16)
+def _lines(source: str) -> tuple[str, ...]:
+    """``source`` split after each line end, as ``ast`` counts lines (a form feed does not end one)."""
+    out, start = [], 0
+    for m in _LINE_END.finditer(source):
+        out.append(source[start:m.end()])
+        start = m.end()
+    if start < len(source):
+        out.append(source[start:])
+    return tuple(out)
+
+
+def segment_of(source: str, node: ast.AST) -> str | None:
+    """``segment_of(source, node)``, with the source's lines split once per source: the tactics ask
+    for thousands of segments of one kernel file, and ``ast`` splits the whole file again for each."""
+    lineno, end = getattr(node, "lineno", None), getattr(node, "end_lineno", None)
+    col, end_col = getattr(node, "col_offset", None), getattr(node, "end_col_offset", None)
+    if None in (lineno, end, col, end_col):
+        return None
+    lines = _lines(source)
+    if end > len(lines):
+        return None
+    first = lines[lineno - 1].encode()
+    if lineno == end:
+        return first[col:end_col].decode()
+    return "".join([first[col:].decode(), *lines[lineno:end - 1], lines[end - 1].encode()[:end_col].decode()])
 
 
 def tf32_dots(text: str) -> bool:
@@ -151,7 +184,7 @@ class KernelModel:
         return None
 
     def segment(self, node: ast.AST) -> str:
-        return ast.get_source_segment(self.source, node) or ""
+        return segment_of(self.source, node) or ""
 
 
 def parent_map(root: ast.AST) -> dict[int, ast.AST]:
@@ -303,7 +336,7 @@ def parse_kernel(source: str, path: str = "kernel.py") -> KernelModel:
             other: dict[str, str] = {}
             for kw in node.keywords:
                 if kw.arg is None:
-                    other["**"] = ast.get_source_segment(source, kw.value) or ""
+                    other["**"] = segment_of(source, kw.value) or ""
                     continue
                 val = literal(kw.value)
                 if kw.arg in LAUNCH_OPTIONS and is_literal(val):
@@ -311,14 +344,14 @@ def parse_kernel(source: str, path: str = "kernel.py") -> KernelModel:
                 elif kw.arg in jf.constexpr_params and is_literal(val):
                     constexprs[kw.arg] = val
                 else:
-                    other[kw.arg] = ast.get_source_segment(source, kw.value) or ""
+                    other[kw.arg] = segment_of(source, kw.value) or ""
             launches.append(
                 LaunchSite(
                     kernel=kname,
                     line=node.lineno,
                     function=fn_node.name,
-                    grid=ast.get_source_segment(source, node.func.slice) or "",
-                    args=[ast.get_source_segment(source, a) or "" for a in node.args],
+                    grid=segment_of(source, node.func.slice) or "",
+                    args=[segment_of(source, a) or "" for a in node.args],
                     constexprs=constexprs,
                     options=options,
                     other_kwargs=other,

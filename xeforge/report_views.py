@@ -156,7 +156,7 @@ _SPEEDUP_LABELS = {"final_vs_start": "port result vs start", "final_vs_eager": "
                    "final_vs_blas": "port result vs the vendor BLAS doing the GEMM alone"}
 
 
-_SHAPE_SPEEDUPS = ("final_vs_start", "final_vs_eager", "final_vs_compile")
+_SHAPE_SPEEDUPS = ("final_vs_start", "final_vs_eager", "final_vs_compile", "final_vs_blas")
 
 
 def bench_view(report: dict[str, Any]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from xeforge.kernel_model import KernelModel, LaunchSite, dotted_name, is_literal, literal
+from xeforge.kernel_model import KernelModel, LaunchSite, dotted_name, is_literal, literal, segment_of
 
 ALLOC = {"empty", "zeros", "ones", "full", "rand", "randn", "empty_strided"}
 ALLOC_LIKE = {"empty_like", "zeros_like", "ones_like", "full_like"}
@@ -309,7 +309,7 @@ class ForwardEnv:
 
     def canonical(self, node: ast.AST, line: int) -> str | None:
         """Source of ``node`` with local aliases of ``self.*`` resolved, or None when it names a local."""
-        src = ast.get_source_segment(self.model.source, node) or ""
+        src = segment_of(self.model.source, node) or ""
         names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
         for n in names - {"self"}:
             if n in self.params:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xeforge.kernel_model import (LAUNCH_OPTIONS, JitFunction, KernelModel, LaunchSite, axis_blocks, dotted_name,
-                                  is_literal, literal, parse_kernel, parse_python)
+                                  is_literal, literal, parse_kernel, parse_python, segment_of)
 
 #: names that say "block size" even where the body does not show it (a group size, a tile count)
 BLOCK_HINTS = ("BLOCK", "TILE", "GROUP_SIZE")
@@ -257,14 +257,14 @@ def bindings(model: KernelModel, site: LaunchSite) -> dict[str, Binding]:
                                     "default", None, f"{name} takes the kernel's default")
             elif name in fn.constexpr_params and fn.params.index(name) < len(site.node.args):
                 i = fn.params.index(name)
-                expr = ast.get_source_segment(model.source, site.node.args[i]) or ast.unparse(site.node.args[i])
+                expr = segment_of(model.source, site.node.args[i]) or ast.unparse(site.node.args[i])
                 out[name] = Binding(name, None, "positional", expr,
                                     f"{name} is passed positionally at line {site.line} (argument {i + 1}: {expr}); "
                                     f"a rewrite edits keyword arguments: pass it as {name}={expr}")
             elif name in fn.constexpr_params:
                 out[name] = Binding(name, None, "missing", None, f"{name} is not passed at line {site.line}")
             continue
-        expr = expr or ast.get_source_segment(model.source, kw.value) or ast.unparse(kw.value)
+        expr = expr or segment_of(model.source, kw.value) or ast.unparse(kw.value)
         val = static_value(model, site, kw.value)
         if is_literal(val) and isinstance(kw.value, ast.Constant):
             out[name] = Binding(name, val, "literal", expr)

@@ -162,7 +162,7 @@ class Parsed:
 
     @classmethod
     def of(cls, source: str) -> "Parsed":
-        wrapper = MetadataWrapper(cst.parse_module(source))
+        wrapper = MetadataWrapper(cst.parse_module(source), unsafe_skip_copy=True)
         pos = wrapper.resolve(PositionProvider)
         return cls(wrapper.module, {n: p.start.line for n, p in pos.items()})
 

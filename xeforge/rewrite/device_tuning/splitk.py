@@ -43,7 +43,7 @@ import copy
 
 import libcst as cst
 
-from xeforge.kernel_model import parse_kernel, parse_python
+from xeforge.kernel_model import parse_kernel, parse_python, segment_of
 from xeforge.rewrite.cst_tools import Edits, Parsed, apply_edits, expr, set_call_kwargs, statements, walk
 from xeforge.rewrite.device_tuning.splitk_plan import (EPILOGUE, PARAM, SUM_KERNEL, Increment, SplitPlan, find, plan,
                                                       sizes)
@@ -219,7 +219,7 @@ def apply(source: str, p: SplitPlan, split: int, when: str | None = None) -> str
     launch_line = host.body[launch_idx].lineno
     prev_line = host.body[launch_idx - 1].lineno
     grid = launch_grid(model, site)
-    grid_src = [ast.get_source_segment(source, e) or ast.unparse(e) for e in grid.elements]
+    grid_src = [segment_of(source, e) or ast.unparse(e) for e in grid.elements]
     new_grid = f"({', '.join(grid_src + [split_var])})"
     if grid.kind == "lambda":
         new_grid = f"lambda {grid.meta}: {new_grid}"
@@ -343,7 +343,7 @@ def _apply_copies(source: str, p: SplitPlan, split: int, when: str | None) -> st
         split_fn = _function_copy(apply_edits(source, edits, parsed), p.kernel, p.split_kernel)
         return _launch_copies(source, p, model, parsed, split, when, split_fn, None, stride, {})
     prelude = [next(st for st in fn.body if st.lineno == line) for line in ep.prelude_lines]
-    prelude_src = [ast.get_source_segment(source, st) or ast.unparse(st) for st in prelude]
+    prelude_src = [segment_of(source, st) or ast.unparse(st) for st in prelude]
     mask = f", mask={ast.unparse(ep.mask)}" if ep.mask is not None else ""
     raw = statements("\n".join([*prelude_src, f"tl.store({ast.unparse(ep.ptr)}, {p.acc}{mask})"]))
     for i, line in enumerate(ep.tail_lines):

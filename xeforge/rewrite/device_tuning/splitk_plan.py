@@ -16,7 +16,7 @@ import ast
 from dataclasses import dataclass
 from typing import Any
 
-from xeforge.kernel_model import KernelModel, dotted_name, parent_map, parse_kernel, parse_python
+from xeforge.kernel_model import KernelModel, dotted_name, parent_map, parse_kernel, parse_python, segment_of
 from xeforge.rewrite.memory import launch_facts
 from xeforge.rewrite.persistent import is_persistent, launched_programs
 from xeforge.rewrite.tiling import (BlockPtr, KernelAnalysis, NotApplicable, Ptr, _assign_counts, _kw, assigned_names,
@@ -177,7 +177,7 @@ def _names(node: ast.AST) -> set[str]:
 
 
 def _src(source: str, node: ast.AST) -> str:
-    return ast.get_source_segment(source, node) or ast.unparse(node)
+    return segment_of(source, node) or ast.unparse(node)
 
 
 def _increment(st: ast.stmt, name: str, inside: set[str], source: str) -> Increment | None:

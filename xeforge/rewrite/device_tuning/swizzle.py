@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from xeforge.kernel_model import KernelModel, dotted_name, parse_kernel
+from xeforge.kernel_model import KernelModel, dotted_name, parse_kernel, segment_of
 from xeforge.rewrite.tiling import BlockPtr, KernelAnalysis, Mask, NotApplicable, Poly, Ptr, is_tl_call
 from xeforge.rewrite.tiling.grid import (GridTranslator, PidVar, axis_tiles, fresh_name, launch_bindings,
                                          launch_grid, launched_kernels_gemm_first, no_dot_reason, program_id_vars,
@@ -245,7 +245,7 @@ def _plan_1d(model: KernelModel, kernel: str, an: KernelAnalysis, pid: PidVar, g
         raise NotApplicable(f"the launch at line {site.line} does not use a 1-element tuple (or META lambda) grid")
     el = grid.elements[0]
     want = sorted([f"tl.cdiv({slow_bound}, {slow_block})", f"tl.cdiv({count_bound}, {count_block})"])
-    shown = ast.get_source_segment(model.source, el) or _src(el)
+    shown = segment_of(model.source, el) or _src(el)
     tr = GridTranslator(model, site, an, grid)
 
     def factors(node: ast.AST) -> list[str]:

@@ -26,7 +26,7 @@ from typing import Any
 from xeforge.analysis.observe import traces
 from xeforge.analysis.launches import (Binding, autotune_configs, bindings, block_params, expression_uses,
                                        launch_options)
-from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, axis_blocks, literal, parse_kernel
+from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, axis_blocks, literal, parse_kernel, segment_of
 from xeforge.rewrite.tiling import KernelAnalysis, NotApplicable
 from xeforge.kb.roles import first_int
 from xeforge.rewrite.tiling.grid import (GridInfo, GridTranslator, _cdiv_args, enclosing_function, launch_grid,
@@ -68,7 +68,7 @@ def _axis_follows(model: KernelModel, site: LaunchSite, grid: Any, axis: int, na
         return True
     if isinstance(div, ast.Constant):
         return div.value == bd.value
-    src = (ast.get_source_segment(model.source, div) or ast.unparse(div)).strip()
+    src = (segment_of(model.source, div) or ast.unparse(div)).strip()
     return bd.expr is not None and src == bd.expr.strip()
 
 
@@ -144,7 +144,7 @@ def _product_text(source: str, model: KernelModel, site: LaunchSite, grid: GridI
         cd = _cdiv_args(node)
         if cd is None or (grid.kind == "lambda" and isinstance(cd[1], ast.Subscript)):
             continue
-        param = tr.host_to_param.get((ast.get_source_segment(source, cd[0]) or "").strip())
+        param = tr.host_to_param.get((segment_of(source, cd[0]) or "").strip())
         try:  # a size the kernel is not given (``cdiv(total, 64)``) too: its block is the one the launch passes
             blk = tr.block_of(param, cd[1])
         except NotApplicable:
@@ -376,11 +376,11 @@ def apply_config(source: str, kernel: str, cfg: dict[str, Any]) -> str:
             raise NotApplicable("the grid is not a tuple or a lambda of cdiv(..., BLOCK) axes")
         elems, touched = [], False
         for ax, el in enumerate(grid.elements):
-            text = ast.get_source_segment(source, el) or ast.unparse(el)
+            text = segment_of(source, el) or ast.unparse(el)
             cd = _cdiv_args(el)
             if ax in changed and cd is not None and not (grid.kind == "lambda" and isinstance(cd[1], ast.Subscript)):
-                func = ast.get_source_segment(source, el.func) or ast.unparse(el.func)
-                num = ast.get_source_segment(source, cd[0]) or ast.unparse(cd[0])
+                func = segment_of(source, el.func) or ast.unparse(el.func)
+                num = segment_of(source, cd[0]) or ast.unparse(cd[0])
                 text = f"{func}({num}, {changed[ax]})"
                 touched = True
             elif any(products[n] == ax for n in factors):

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from xeforge.kernel_model import KernelModel, LaunchSite, parse_kernel, parse_python
+from xeforge.kernel_model import KernelModel, LaunchSite, parse_kernel, parse_python, segment_of
 from xeforge.rewrite.cst_tools import expr
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling.configs import apply_config, current_config
@@ -47,7 +47,7 @@ class Branch:
 
 
 def _segment(source: str, node: ast.AST) -> str:
-    text = ast.get_source_segment(source, node)
+    text = segment_of(source, node)
     if text is None:
         raise NotApplicable(f"no source text for the node at line {getattr(node, 'lineno', '?')}")
     return text
@@ -151,7 +151,7 @@ class _StatementReplacer(cst.CSTTransformer):
 
 def _replace_statement(source: str, line: int, new: cst.BaseStatement, kernel: str, launch_line: int) -> str:
     editor = _StatementReplacer(line, new)
-    code = MetadataWrapper(cst.parse_module(source)).visit(editor).code
+    code = MetadataWrapper(cst.parse_module(source), unsafe_skip_copy=True).visit(editor).code
     if editor.hits != 1:
         raise NotApplicable(f"the statement launching {kernel} at line {launch_line} could not be located")
     try:

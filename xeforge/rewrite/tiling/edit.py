@@ -113,7 +113,7 @@ class _FunctionEditor(cst.CSTTransformer):
 
 def edit_function(source: str, edit: FunctionEdit) -> str:
     _ascii_guard(source, edit)
-    wrapper = MetadataWrapper(cst.parse_module(source))
+    wrapper = MetadataWrapper(cst.parse_module(source), unsafe_skip_copy=True)
     new = wrapper.visit(_FunctionEditor(edit))
     if not edit.hits.get("function"):
         raise NotApplicable(f"function {edit.function} not found")
@@ -210,7 +210,7 @@ class _LaunchEditor(cst.CSTTransformer):
 
 
 def edit_launch(source: str, edit: LaunchEdit) -> str:
-    wrapper = MetadataWrapper(cst.parse_module(source))
+    wrapper = MetadataWrapper(cst.parse_module(source), unsafe_skip_copy=True)
     new = wrapper.visit(_LaunchEditor(edit))
     if not edit.hits.get("launch"):
         raise NotApplicable(f"no launch of {edit.kernel} at line {edit.line}")

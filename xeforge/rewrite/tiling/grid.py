@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from xeforge.analysis.launches import bindings, live_launches, unpacked_dict
-from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, dotted_name, is_literal, literal
+from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, dotted_name, is_literal, literal, segment_of
 from xeforge.rewrite.tiling import (BlockPtr, KernelAnalysis, Mask, NotApplicable, Poly, _factor_key, _kw,
                                     block_symbol, is_tl_call, names_in)
 
@@ -141,7 +141,7 @@ def launch_bindings(site: LaunchSite, fn: JitFunction, source: str) -> dict[str,
         out[p] = a
     for kw in site.node.keywords:
         if kw.arg:
-            out[kw.arg] = ast.get_source_segment(source, kw.value) or ""
+            out[kw.arg] = segment_of(source, kw.value) or ""
     if spread is not None:  # ``**cfg``: every parameter without a default that nothing else gives is cfg's
         defaults = set(fn.params[len(fn.params) - len(fn.node.args.defaults):]) if fn.node.args.defaults else set()
         for p in fn.params:
@@ -240,7 +240,7 @@ class GridTranslator:
                         self.bound_blocks.setdefault(b, set()).add(blk)
 
     def _src(self, node: ast.AST) -> str:
-        return ast.get_source_segment(self.model.source, node) or ast.unparse(node)
+        return segment_of(self.model.source, node) or ast.unparse(node)
 
     def block_of(self, bound_param: str | None, divisor: ast.AST) -> str:
         """The block constexpr ``divisor`` stands for in a ``cdiv(<bound_param's value>, divisor)`` grid element
