@@ -55,3 +55,27 @@ def test_a_cpu_worker_is_always_healthy(tmp_path):
     from xeforge.worker import WorkerState
 
     assert WorkerState("cpu").healthy()
+
+
+def test_a_worker_on_a_gpu_that_lanes_share_hands_its_free_memory_back(monkeypatch):
+    """Four lanes of the real-world corpus ran each other out of memory on an 80 GB H100: each worker's allocator
+    kept the peak of its last request. Where lanes share the GPU the worker is told so and empties its cache after
+    each request; alone on it, or on the CPU, nothing changes."""
+    from types import SimpleNamespace
+
+    from xeforge.isolation import worker_command
+    from xeforge.worker import WorkerState
+
+    monkeypatch.delenv("XEFORGE_GPU_LOCK", raising=False)
+    assert "--shared-gpu" not in worker_command([], "cuda")
+    monkeypatch.setenv("XEFORGE_GPU_LOCK", "/tmp/cuda-0.lock")
+    assert worker_command([], "cuda")[-3:] == ["--device", "cuda", "--shared-gpu"]
+    assert "--shared-gpu" not in worker_command([], "cpu")
+    emptied = []
+    state = WorkerState.__new__(WorkerState)
+    state.torch, state.device = SimpleNamespace(cuda=SimpleNamespace(empty_cache=lambda: emptied.append(1))), "cuda"
+    state.release_cached()
+    assert emptied == [1]
+    state.device = "cpu"
+    state.release_cached()  # nothing to hand back
+    assert emptied == [1]

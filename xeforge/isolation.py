@@ -50,6 +50,13 @@ def scrubbed_env(device: str, base: dict[str, str] | None = None) -> dict[str, s
     return env
 
 
+def worker_command(prefix: list[str], device: str) -> list[str]:
+    """The worker's command line (before the sandbox wraps it). ``--shared-gpu`` where lanes share this GPU
+    (:mod:`xeforge.device_lock`): the worker then hands its allocator's free memory back after each request."""
+    shared = ["--shared-gpu"] if device != "cpu" and device_lock.lock_path() else []
+    return [*prefix, sys.executable, "-m", "xeforge.worker", "--device", device, *shared]
+
+
 class WorkerFailure(Exception):
     """The candidate crashed the worker, hung past its timeout, or raised."""
 
@@ -119,8 +126,8 @@ class Worker:
     def _launch(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        argv = sandbox.wrap([*self.prefix, sys.executable, "-m", "xeforge.worker", "--device", self.device], self.device,
-                            self.workdir, list(self.writable), list(self.readable), self.sandbox, list(self.hidden))
+        argv = sandbox.wrap(worker_command(self.prefix, self.device), self.device, self.workdir, list(self.writable),
+                            list(self.readable), self.sandbox, list(self.hidden))
         env = scrubbed_env(self.device, {**os.environ, **self.extra_env, **sandbox.limits_env(self.limits)})
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      cwd=self.workdir, env=env, start_new_session=True)
