@@ -717,6 +717,21 @@ def test_a_problem_that_ran_out_of_memory_beside_other_lanes_is_benched_again_wi
     assert not rows["b"].get("notes")
 
 
+def test_resume_runs_again_a_row_that_ran_out_of_memory(tmp_path):
+    """The corpus's first call lost rows to another lane's memory with status ok (the start "failed" at gate 0 with
+    CUDA out of memory); the resumed call kept them as results. Such a row now runs again."""
+    out = tmp_path / "o"
+    out.mkdir()
+    device = DeviceInfo("cuda", "NVIDIA H100 (synthetic)")
+    oom = {"problem": "a", "path": "a", "status": "ok", "entries": {"start": {
+        "verification": "rejected at gate 0-isolation: variant ci: raised: AcceleratorError: CUDA error: out of memory"}}}
+    fine = {"problem": "b", "path": "b", "status": "ok", "entries": {"start": {"verification": "correct"}}}
+    (out / "bench.json").write_text(json.dumps({"device": {"kind": "cuda", "name": device.name},
+                                                "problems": [oom, fine]}))
+    _, kept, _, order = bench._prepare_out(bench.BenchOptions(problems=[], device="cuda", out=out, resume=True), device)
+    assert [r["problem"] for r in kept] == ["b"] and order == ["a", "b"]
+
+
 def test_a_reference_that_computes_wider_than_the_problem_is_named_and_left_out_of_the_geomeans(tmp_path):
     """An oracle-style reference (``x.float() @ w.float()`` on bfloat16 inputs) makes eager and torch.compile time an
     fp32 GEMM: the bench says so in the row's notes, marks those ratios and leaves them out of the geomeans."""

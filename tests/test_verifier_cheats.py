@@ -304,9 +304,12 @@ def test_a_mismatch_the_reference_makes_too_is_named_as_the_problems_own_roundin
     problem = load_problem(d)
     wrong = tmp_path / "wrong.py"
     wrong.write_text(problem.kernel_source.replace("- 1000.0,", "- 999.0,"))
+    closer = tmp_path / "closer.py"  # shifts by 100: half an ulp there is 1/32, far under the reference's miss
+    closer.write_text(problem.kernel_source.replace("(x + 1000.0) - 1000.0", "(x + 100.0) - 100.0"))
     with Verifier(problem, describe("cpu"), Settings(correctness_rounds=1, ragged_shapes=False), tmp_path / "w") as v:
         _, g2 = v.correctness(v.code(problem.kernel_path))
         _, g2_wrong = v.correctness(v.code(wrong))  # a kernel whose error is far beyond the problem's own
+        _, g2_closer = v.correctness(v.code(closer))
     assert g2 is not None and g2.status == "fail", g2.summary
     assert "the reference itself, run as built (float16) on the same inputs, misses the float64 oracle too" \
         in g2.summary, g2.summary
@@ -316,3 +319,8 @@ def test_a_mismatch_the_reference_makes_too_is_named_as_the_problems_own_roundin
     # ... is not excused
     assert g2_wrong is not None and g2_wrong.status == "fail", g2_wrong.summary
     assert "by less than this call" in g2_wrong.summary and "not the kernel's" not in g2_wrong.summary, g2_wrong.summary
+    # a kernel far closer to the oracle than the reference as built gets its own atol, so the check stays tight
+    assert g2_closer is not None and g2_closer.status == "fail", g2_closer.summary
+    assert "not the kernel's" in g2_closer.summary and "well under the reference's" in g2_closer.summary, g2_closer.summary
+    given = float(g2_closer.summary.split("`atol: ")[1].split("`")[0])
+    assert given < need and given <= 1.5 * 2 ** -5 + 1e-9, g2_closer.summary

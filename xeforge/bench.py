@@ -1024,8 +1024,8 @@ def tool_hash() -> str:
 
 
 def _prepare_out(opt: BenchOptions, device) -> tuple[Path, list[dict], list[dict], list[str]]:
-    """The output folder, and with ``--resume`` the rows of the earlier run worth keeping (those without an error),
-    the calls that made it and the order of all its rows."""
+    """The output folder, and with ``--resume`` the rows of the earlier run worth keeping (those without an error
+    and not out of device memory), the calls that made it and the order of all its rows."""
     if opt.resume:
         if opt.out is None:
             raise UsageError("--resume", "needs the folder of the run to continue", "pass --out bench-out/<stamp>")
@@ -1044,7 +1044,9 @@ def _prepare_out(opt: BenchOptions, device) -> tuple[Path, list[dict], list[dict
         calls = prev.get("calls") or [{"created": prev.get("created"), "argv": prev.get("argv"),
                                        "elapsed_s": prev.get("elapsed_s")}]
         rows = prev.get("problems", [])
-        return out, [r for r in rows if r.get("status") == "ok"], calls, [r["path"] for r in rows if "path" in r]
+        # a row that ran out of device memory (another lane's, as often as not) is not a result: it runs again
+        kept = [r for r in rows if r.get("status") == "ok" and not _out_of_memory(r)]
+        return out, kept, calls, [r["path"] for r in rows if "path" in r]
     out = Path(opt.out) if opt.out else default_out()
     if (out / "bench.json").exists():
         raise UsageError("--out", f"{out} already holds a bench run",
