@@ -465,6 +465,27 @@ def test_blas_baseline_takes_the_problems_compute_dtype_where_the_variant_names_
     assert ns["Model"]().a.dtype == torch.float32  # ci is a float32 variant
 
 
+def test_blas_baseline_of_a_batched_gemm_times_the_whole_batch(tmp_path):
+    """batched_matmul_3d (B = 128 GEMMs of 4096 x 128 @ 128 x 512) was compared with one GEMM of that size on an
+    H200: 0.0069 ms against the kernel's 0.289. The baseline now runs the batch its flop count says; a flop count
+    that is no whole number of GEMMs gets no baseline."""
+    from tests.realworld import problem_dir
+    from xeforge.problem import load_problem
+
+    p = load_problem(problem_dir("batched_matmul_3d"))
+    path = bench.blas_baseline(p, p.variant("bench-gpu"), tmp_path)
+    ns: dict = {}
+    exec(compile(path.read_text(), str(path), "exec"), ns)
+    d = p.variant("ci").dims
+    ci = bench.blas_baseline(p, p.variant("ci"), tmp_path, "ci.py")
+    exec(compile(ci.read_text(), str(ci), "exec"), ns)
+    m = ns["Model"]()
+    assert m(None).shape == (d["B"], d["M"], d["N"])
+    assert "torch.randn(128, M, K" in path.read_text()
+    assert bench.gemm_batch(2 * 16 * 32 * 64 + 16 * 32, 16, 32, 64) == 1  # one GEMM and its epilogue
+    assert bench.gemm_batch(2.5 * 2 * 16 * 32 * 64, 16, 32, 64) is None
+
+
 def test_gpu_bench_times_every_timed_shape_and_says_where_the_port_is_slower(gpu_report):
     """A problem with a second timed shape is timed again there (a GEMM against a BLAS GEMM written for that shape's
     M, N, K); the geomeans per shape name, and the summary names a shape where the port result is slower than its

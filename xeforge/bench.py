@@ -506,8 +506,8 @@ class Model(torch.nn.Module):
     def __init__(self, *args, **kwargs):
         super().__init__()
         g = torch.Generator().manual_seed(0)
-        self.register_buffer("a", torch.randn(M, K, generator=g).to(DTYPE), persistent=False)
-        self.register_buffer("b", torch.randn(K, N, generator=g).to(DTYPE), persistent=False)
+        self.register_buffer("a", torch.randn({batch}M, K, generator=g).to(DTYPE), persistent=False)
+        self.register_buffer("b", torch.randn({batch}K, N, generator=g).to(DTYPE), persistent=False)
 
     def load_state_dict(self, state_dict, strict=True, assign=False):
         return None  # the problem's weights belong to its own Model, not to this baseline
@@ -548,16 +548,32 @@ def reference_widening(problem, variant) -> str | None:
 def blas_baseline(problem, variant, workdir: Path, name: str = "blas_gemm.py") -> Path | None:
     """A Model file (``workdir / name``) timing the problem's GEMM alone with ``torch.matmul`` at the variant's M, N,
     K in its compute dtype (its own, else its first floating input's: a bf16 problem whose variants name no dtype is
-    timed against a bf16 GEMM, not an fp32 one); None unless a gemm with M, N, K."""
+    timed against a bf16 GEMM, not an fp32 one); None unless a gemm with M, N, K. A problem whose work is several
+    such GEMMs (a batch dim: its ``flop`` is a whole multiple of 2*M*N*K) is timed against as many, batched; one whose
+    work is not is left without a baseline rather than compared with a GEMM of another size."""
     dims = variant.dims
     if problem.spec.kind != "gemm" or not all(isinstance(dims.get(d), int) for d in "MNK"):
         return None
     dtype = problem.compute_dtype(variant) or "float32"
     if not dtype.startswith(("float", "bfloat")):
         return None
+    batch = gemm_batch(variant.flop, dims["M"], dims["N"], dims["K"])
+    if batch is None:
+        return None
     path = workdir / name
-    atomic_write(path, _BLAS_MODEL.format(problem=problem.name, M=dims["M"], N=dims["N"], K=dims["K"], dtype=dtype))
+    atomic_write(path, _BLAS_MODEL.format(problem=problem.name, M=dims["M"], N=dims["N"], K=dims["K"], dtype=dtype,
+                                          batch=f"{batch}, " if batch > 1 else ""))
     return path
+
+
+def gemm_batch(flop: Any, m: int, n: int, k: int) -> int | None:
+    """How many M x K @ K x N GEMMs the variant's ``flop`` counts: 1 when it is about one (an epilogue's few flops
+    on top), the batch when it is a whole multiple (batched_matmul_3d's B), None when it is neither."""
+    one = 2 * m * n * k
+    if not isinstance(flop, (int, float)) or flop <= 0 or flop < 1.5 * one:
+        return 1
+    batch = round(flop / one)
+    return batch if abs(batch * one - flop) <= 0.05 * flop else None
 
 
 def _time_row(v, problem, variant, row: dict, ctx: BenchContext) -> None:
