@@ -281,6 +281,13 @@ def chain_coverage(classes: list[ShapeClass], shapes: list[Variant]) -> str | No
     return f"no correctness shape reaches the branch(es) {', '.join(empty)}" if empty else None
 
 
+def _option_keys(fn) -> tuple[str, ...]:
+    """The launch options a configuration may set for ``fn``: ``num_stages`` only where it has a loop to pipeline
+    (for a one-pass row kernel another ``num_stages`` is the same kernel, timed again for nothing)."""
+    loops = any(isinstance(n, (ast.For, ast.While)) for n in ast.walk(fn.node))
+    return OPTION_KEYS if loops else tuple(k for k in OPTION_KEYS if k != "num_stages")
+
+
 class PerShapeConfig(Tactic):
     name = "per-shape-config"
     summary = ("another launch configuration for another class of timed shapes (a decode-like M): a small dispatch on "
@@ -316,8 +323,10 @@ class PerShapeConfig(Tactic):
             raise NotApplicable(f"{site.kernel} is launched from {len(sites)} places (lines "
                                 f"{', '.join(map(str, sites))}): a dispatch splits one launch")
         launch_statement(m, site)
-        if not tunable(m, site):
-            raise NotApplicable(f"{site.kernel} at line {site.line} has no block size a configuration may change")
+        if not tunable(m, site) and not self._option_configs(ctx, site):
+            raise NotApplicable(f"{site.kernel} at line {site.line} has no block size a configuration may change, "
+                                "and no launch option (num_warps, num_stages) the search or the KB would set "
+                                "another way")
         args, why = shape_arguments(ctx, site)
         if not args:
             raise NotApplicable(f"no scalar argument of {site.kernel} (line {site.line}) carries a spec dim"
@@ -350,8 +359,9 @@ class PerShapeConfig(Tactic):
         measured = measured_configs(ctx.run_dir, site.kernel, FROM_SEARCH, tactics=("launch-params",))
         seeds = kb_configs(ctx, ctx.source, site.kernel, FROM_KB)
         out: list[dict[str, Any]] = []
+        keys = _option_keys(fn)
         for cfg in [current, *measured, *seeds]:
-            full = {**current, **{k: v for k, v in cfg.items() if k in names or k in OPTION_KEYS}}
+            full = {**current, **{k: v for k, v in cfg.items() if k in names or k in keys}}
             for option in (self._fit(full, cls), full):
                 if option == current or option in out or kb_rejects(ctx, option, fn):
                     continue
@@ -359,6 +369,21 @@ class PerShapeConfig(Tactic):
             if len(out) >= CONFIGS_PER_CLASS:
                 break
         return out[:CONFIGS_PER_CLASS]
+
+    @staticmethod
+    def _option_configs(ctx: StageContext, site: LaunchSite) -> list[dict[str, Any]]:
+        """Launch options other than the incumbent's, for a launch whose block sizes the host makes per shape
+        (``BLOCK = next_power_of_2(N)``, one row a program): the launch search's verified trials and the KB's
+        seeds, options only. A decode-sized class may want other warps than the heuristic gives every shape."""
+        current = current_config(ctx.model, site)
+        keys = _option_keys(ctx.model.functions[site.kernel])
+        out = []
+        for cfg in [*measured_configs(ctx.run_dir, site.kernel, FROM_SEARCH, tactics=("launch-params",)),
+                    *kb_configs(ctx, ctx.source, site.kernel, FROM_KB)]:
+            opts = {k: v for k, v in cfg.items() if k in keys}
+            if opts and any(current.get(k) != v for k, v in opts.items()) and opts not in out:
+                out.append(opts)
+        return out
 
     @staticmethod
     def _fit(cfg: dict[str, Any], cls: ShapeClass) -> dict[str, Any]:

@@ -197,3 +197,41 @@ def test_a_tactic_whose_propose_raises_is_reported_and_the_stage_goes_on():
     broken, fine = RulesEngine().run_stage(stage, tactic_context(p), evaluate, lambda outs: outs[0] if outs else None)
     assert "KeyError" in broken.note and "boom" in broken.note and not broken.outcomes
     assert fine.best is not None
+
+
+def test_a_time_budget_spent_inside_a_stage_stops_its_remaining_tactics():
+    """With one stage (device_tuning on the GPU corpus) a budget checked only before each stage bounded nothing: a
+    one-minute port took up to five. The rules engine now asks before each tactic and says why it did not run one."""
+    from stages.base import Applicability, Candidate, Stage, Tactic, TrialOutcome
+    from tests.conftest import tactic_context
+    from xeforge.engines import RulesEngine
+    from xeforge.problem import load_problem
+    from xeforge.verifier import GateResult, Verdict
+
+    clock = {"spent": None}
+
+    class First(Tactic):
+        name = "first"
+
+        def check(self, ctx):
+            return Applicability(True, "test")
+
+        def propose(self, ctx):
+            clock["spent"] = "the port's time budget (1 min) was spent after 61.0 s of stages"
+            return [Candidate(ctx.source + "\n# changed\n", self.name, "a change")]
+
+    class Second(First):
+        name = "second"
+
+        def propose(self, ctx):
+            raise AssertionError("a tactic after the budget ran out was proposed")
+
+    def evaluate(c):
+        return TrialOutcome("0001", c, Verdict("h", [GateResult("2-correctness", "pass", "ok")], correct=True))
+
+    evaluate.spent = lambda: clock["spent"]
+    stage = Stage("device_tuning", 7, "test", (), tactics=[First(), Second()])
+    first, second = RulesEngine().run_stage(stage, tactic_context(load_problem(ROOT / "kernels" / "gemm_relu")),
+                                            evaluate, lambda outs: None)
+    assert len(first.outcomes) == 1 and not second.outcomes and second.applies
+    assert "not run: the port's time budget (1 min) was spent" in second.note

@@ -174,6 +174,27 @@ def test_a_kernel_with_an_epilogue_gets_split_k_with_it_in_the_branch(verify):
     assert verdict.correct, verdict.feedback()
 
 
+def test_a_row_kernel_whose_block_the_host_makes_gets_other_warps_for_its_decode_class(verify):
+    """fused_add_rmsnorm (the real-world corpus): BLOCK = next_power_of_2(N) and num_warps from a heuristic of it, one
+    program a row. No block size is the tactic's to change, and it used to stop there; at 16 tokens the start ran at
+    0.66x of torch.compile on an H100. The decode class now gets the launch's options only (num_warps: a one-pass
+    kernel has no num_stages worth timing), the else branch keeps the heuristic, and both branches verify."""
+    from tests.realworld import problem_dir
+
+    p = load_problem(problem_dir("fused_add_rmsnorm"))
+    ctx = h200(p)
+    app = TACTIC.check(ctx)
+    assert app.applies and "x2d.shape[0] <= 256 for bench-gpu-1 (tokens=16" in app.reason, app.reason
+    cands = TACTIC.propose(ctx)
+    assert cands and all("num_warps=" in c.description and "num_stages" not in c.description
+                         and "BLOCK" not in c.description.split(":", 2)[2] for c in cands), [c.description for c in cands]
+    src = cands[0].source
+    assert src.count("_fused_add_rmsnorm_kernel[(x2d.shape[0],)](") == 2 and "num_warps=_num_warps(BLOCK)" in src
+    # on the CPU every correctness shape has few rows: move the threshold between ci (8 rows) and the ragged ones
+    verdict = verify(p, src.replace("if x2d.shape[0] <= 256:", "if x2d.shape[0] <= 8:"))
+    assert verdict.correct, verdict.feedback()
+
+
 def test_a_dim_that_only_sizes_the_grid_gets_a_class_too():
     """gemv_decode's batch B is no argument of gemv_kernel: its grid's second axis (``grid = (cdiv(N, 32), B)``);
     measured on the H200 the one-shape port was 0.94x of its start at B = 8, and the tactic said it did not apply."""

@@ -35,7 +35,7 @@ def positive_float(text: str) -> float:
 
 def add_time_budget(p: argparse.ArgumentParser, what: str = "the stages") -> None:
     p.add_argument("--time-budget", type=positive_float, default=None, metavar="MINUTES",
-                   help=f"wall-clock minutes for {what} (checked before each stage): the rest are skipped and the "
+                   help=f"wall-clock minutes for {what} (checked before each stage and each tactic): the rest are skipped and the "
                         "final gate runs on the best kernel so far; --resume with a larger budget continues "
                         "(default: $XEFORGE_PORT_MINUTES, else no limit)")
 

@@ -54,6 +54,11 @@ class RulesEngine:
             records.append(rec)
             if not app.applies:
                 continue
+            spent = getattr(evaluate, "spent", None)
+            why = spent() if spent is not None else None
+            if why:  # the port's --time-budget ran out inside this stage: the tactics left are not run, and say so
+                rec.note = "; ".join(filter(None, [rec.note, f"not run: {why}"]))
+                continue
             candidates, failed = propose_safely(tactic, ctx)
             if failed:
                 rec.note = "; ".join(filter(None, [rec.note, failed]))

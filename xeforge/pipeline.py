@@ -393,6 +393,7 @@ class Pipeline:
                     self.say(f"  compiled {n} candidate(s) in parallel on the host")
 
             evaluate.prepare = prepare  # type: ignore[attr-defined]
+            evaluate.spent = lambda: self._time_spent(t0)  # type: ignore[attr-defined] # checked before each tactic
 
             def choose(outcomes: list[TrialOutcome]) -> TrialOutcome | None:
                 best = self._choose(outcomes, device)
@@ -456,7 +457,8 @@ class Pipeline:
         return report
 
     def _time_spent(self, t0: float) -> str | None:
-        """Why the next stage is skipped when the port's time budget (``--time-budget``, minutes) is spent."""
+        """Why the next stage (or, inside a stage, the next tactic of the rules engine) is skipped when the port's
+        time budget (``--time-budget``, minutes) is spent."""
         budget = self.settings.port_minutes
         elapsed = time.monotonic() - t0
         if not budget or elapsed < 60 * budget:
