@@ -781,3 +781,35 @@ def test_a_reference_that_computes_wider_than_the_problem_is_named_and_left_out_
     assert "1 vs torch.compile ratio(s) left out: the reference computes wider" in rep["summary"]
     from xeforge.report_views import speedup_text
     assert speedup_text(wide) == "9.00x (wider ref)"
+
+
+def test_a_resumed_bench_continues_a_port_its_last_call_left_unfinished(tmp_path):
+    """The corpus's calls ended at a `timeout` with four ports still running; the next call on the same machine ported
+    them from scratch. A resumed bench now continues the newest unfinished port of the same start on the same kind of
+    device (its baseline and trials replayed), and ports afresh once the newest run finished."""
+    from types import SimpleNamespace
+
+    problem = SimpleNamespace(name="geglu", source_hash="abc")
+    runs = tmp_path / "runs"
+
+    def run(stamp: str, **meta) -> Path:
+        folder = runs / "geglu" / stamp
+        folder.mkdir(parents=True)
+        (folder / "run.json").write_text(json.dumps({"start_hash": "abc", "device": {"kind": "cuda"}, **meta}))
+        return folder
+
+    assert bench.unfinished_port(runs, problem, "cuda") is None  # no run at all
+    old = run("20261206-070000-1", status="done")
+    assert bench.unfinished_port(runs, problem, "cuda") is None
+    killed = run("20261206-071000-1", status="running")  # a `timeout` killed it mid-port
+    assert bench.unfinished_port(runs, problem, "cuda") == killed
+    assert bench.unfinished_port(runs, problem, "cpu") is None  # another kind of device
+    assert bench.unfinished_port(runs, SimpleNamespace(name="geglu", source_hash="changed"), "cuda") is None
+    run("20261206-072000-1", status="done")  # the newest finished: a later bench ports afresh
+    assert bench.unfinished_port(runs, problem, "cuda") is None and old.exists()
+    opt = bench.BenchOptions(problems=["p"], device="cuda", port=True, continue_ports=True, runs_dir=runs,
+                             argv=["bench"])
+    assert "--continue-ports" in bench.child_argv(opt, tmp_path / "p", "cuda", tmp_path / "o")
+    from xeforge.cli import build_parser
+
+    assert build_parser().parse_args(["bench", "kernels/", "--port", "--continue-ports"]).continue_ports

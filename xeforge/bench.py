@@ -117,6 +117,7 @@ class BenchOptions:
     check_lanes: int | None = None  # verifiers per port that check candidates side by side (--port)
     resume: bool = False
     redo: bool = False  # with resume: bench the named problems again even where the folder has their rows
+    continue_ports: bool = False  # --port: continue a problem's unfinished port in runs_dir (set by --resume)
     stop_after: float | None = None  # minutes: start no new problem after this
     target: str | None = None
     triton: str | None = None
@@ -224,8 +225,12 @@ def _run_port(problem, opt: BenchOptions, device_kind: str) -> dict:
         settings = settings.replace(port_minutes=opt.time_budget)
     if opt.check_lanes is not None:
         settings = settings.replace(check_lanes=opt.check_lanes)
+    unfinished = unfinished_port(Path(opt.runs_dir), problem, device_kind) if opt.continue_ports else None
+    if unfinished is not None:
+        say(f"  [port {problem.name}] continuing the unfinished port in {unfinished} (its recorded trials are replayed)")
     popt = PortOptions(device=device_kind, stages=opt.stages, engine=opt.engine, runs_dir=Path(opt.runs_dir),
                        target=opt.target, triton=opt.triton, settings=settings, llm=opt.llm,
+                       resume=unfinished is not None, run_dir=unfinished,
                        argv=["port", str(problem.root), "--device", device_kind, "(from xeforge bench --port)"])
     rep = Pipeline(problem, popt, progress=lambda m: say(f"  [port {problem.name}] {m}")).run()
     final = rep["final"]
@@ -234,6 +239,24 @@ def _run_port(problem, opt: BenchOptions, device_kind: str) -> dict:
             "path": str(run_dir / "final" / Path(final["path"]).name), "device": device_kind,
             "engine": rep.get("engine"), "claim": final.get("claim"), "improved": final.get("improved"),
             "is_start": final.get("is_start"), "source_hash": final.get("source_hash"), "ported_now": True}
+
+
+def unfinished_port(runs_dir: Path, problem, device_kind: str) -> Path | None:
+    """The newest run folder of ``problem`` in ``runs_dir`` whose port never finished (interrupted, or killed while
+    running: a bench call's ``timeout``) on this kind of device, of this starting kernel; None if there is none. A
+    resumed bench continues it instead of porting from scratch: its baseline and finished trials are replayed."""
+    base = Path(runs_dir) / problem.name
+    for run in sorted((p for p in base.glob("*") if (p / "run.json").exists()), key=lambda p: p.name, reverse=True):
+        try:
+            meta = json.loads((run / "run.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if meta.get("status") == "done":
+            return None  # the newest run finished: a later one is a new port
+        if (meta.get("status") in ("running", "interrupted") and meta.get("start_hash") == problem.source_hash
+                and (meta.get("device") or {}).get("kind") == device_kind):
+            return run
+    return None
 
 
 def port_verdicts(port: dict, start_hash: str, final_hash: str | None) -> dict:
@@ -1089,6 +1112,8 @@ def child_argv(opt: BenchOptions, problem: Path, device_kind: str, out: Path) ->
             argv += [flag, str(val)]
     if opt.port:
         argv += ["--port", *opt.llm_argv]
+        if opt.continue_ports:
+            argv.append("--continue-ports")
     if opt.final:
         argv += ["--final", opt.final]
     if opt.profile != "basic":
@@ -1213,7 +1238,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                        runs_dir=Path(args.runs_dir), rounds=args.rounds, pairs=args.pairs, engine=args.engine,
                        stages=[s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None,
                        budget=args.budget, time_budget=args.time_budget, check_lanes=args.check_lanes,
-                       resume=args.resume, redo=args.redo,
+                       resume=args.resume, redo=args.redo, continue_ports=args.resume or args.continue_ports,
                        stop_after=args.stop_after,
                        target=args.target, triton=args.triton, llm=llm, llm_argv=llm_argv,
                        json=args.json, argv=sys.argv[1:], final=args.final,
@@ -1270,6 +1295,9 @@ def register(subparsers) -> None:
     p.add_argument("--out", default=None, help="output folder (default: bench-out/<timestamp>/)")
     p.add_argument("--resume", action="store_true",
                    help="continue the bench in --out: keep its finished rows, bench the problems it lacks (or that errored)")
+    p.add_argument("--continue-ports", action="store_true",
+                   help="with --port: continue each problem's unfinished port in --runs-dir (one a bench call's "
+                        "timeout killed) instead of porting it from scratch; on by --resume")
     p.add_argument("--redo", action="store_true",
                    help="with --resume: bench the problems named here again, replacing their rows in --out")
     p.add_argument("--stop-after", type=float, default=None, metavar="MINUTES",
