@@ -26,8 +26,10 @@ bench-gpu-1:
 #: round y to bf16 before an op that nearly cancels it (x + relu(y), y * s - mean, exp(y - max)); on an H100
 #: (2026-12-06) each start missed the float64 oracle at a few elements where the reference run in bf16 misses it too:
 #: the-input-as-residual by 0.057 at -1.68, scaled-then-centred by 0.50 at 48.0, softmax-numerator by 0.061 at 0.998.
-#: The verifier's "own rounding" cause names such a miss and the atol it needs.
-BENCH_ATOL = {"the-input-as-residual": 0.1, "scaled-then-centred": 0.1, "softmax-numerator": 0.1}
+#: The verifier's "own rounding" cause names such a miss and the atol it needs. On the CPU (torch 2.13, 2026-12-06:
+#: each reference run in bf16 against float64, seeds 0 and 1, normal and outlier inputs, both bench shapes) the
+#: references needed at most 0.027, 0.018 and 0.1005 (softmax-numerator, outliers, 4096^3): hence 0.15 there.
+BENCH_ATOL = {"the-input-as-residual": 0.1, "scaled-then-centred": 0.1, "softmax-numerator": 0.15}
 
 
 def _atol(name: str) -> str:
