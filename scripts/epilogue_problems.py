@@ -29,7 +29,8 @@ bench-gpu-1:
 #: The verifier's "own rounding" cause names such a miss and the atol it needs. On the CPU (torch 2.13, 2026-12-06:
 #: each reference run in bf16 against float64, seeds 0 and 1, normal and outlier inputs, both bench shapes) the
 #: references needed at most 0.027, 0.018 and 0.1005 (softmax-numerator, outliers, 4096^3): hence 0.15 there.
-BENCH_ATOL = {"the-input-as-residual": 0.1, "scaled-then-centred": 0.1, "softmax-numerator": 0.15}
+#: scaled-then-centred's H100 miss (0.50 at 48.0, where a bf16 step is 0.25) left 0.08 under 0.1 + 1% of 48: 0.2.
+BENCH_ATOL = {"the-input-as-residual": 0.1, "scaled-then-centred": 0.2, "softmax-numerator": 0.15}
 
 
 def _atol(name: str) -> str:
