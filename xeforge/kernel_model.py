@@ -55,7 +55,7 @@ def _lines(source: str) -> tuple[str, ...]:
 
 
 def segment_of(source: str, node: ast.AST) -> str | None:
-    """``segment_of(source, node)``, with the source's lines split once per source: the tactics ask
+    """``ast.get_source_segment(source, node)``, with the source's lines split once per source: the tactics ask
     for thousands of segments of one kernel file, and ``ast`` splits the whole file again for each."""
     lineno, end = getattr(node, "lineno", None), getattr(node, "end_lineno", None)
     col, end_col = getattr(node, "col_offset", None), getattr(node, "end_col_offset", None)
