@@ -47,7 +47,8 @@ from xeforge.analysis.launches import autotune_configs, bindings, block_params, 
 from xeforge.kb.roles import role_of
 from xeforge.kernel_model import KernelModel, LaunchSite
 from xeforge.rewrite import NotApplicable, autotune
-from xeforge.rewrite.tiling.configs import apply_config, current_config, kb_rejects, kernel_family, tunable_names
+from xeforge.rewrite.tiling.configs import (OPTION_KEYS, apply_config, current_config, kb_rejects, kernel_family,
+                                            no_change, option_keys, traced_options, tunable_names)
 from xeforge.rewrite.tiling.host_rule import changes_nothing, host_made
 
 
@@ -169,6 +170,12 @@ class LaunchParamSearch(Tactic):
         made = host_made(m, site) if not fn.is_autotuned else {}
         pool = [{k: v for k, v in cfg.items() if not (k in made and changes_nothing(m, site, made[k], v))}
                 for cfg in pool]
+        # what the launch runs with now, options the host computes included (a num_warps heuristic's value at the
+        # primary shape): a configuration that only sets those is the incumbent again; num_stages only where the
+        # kernel loops (a one-pass kernel compiles the same at any)
+        effective = {**traced_options(m, site), **current} if not fn.is_autotuned else current
+        keys = option_keys(fn)
+        pool = [{k: v for k, v in cfg.items() if k not in OPTION_KEYS or k in keys} for cfg in pool]
         seen, out = set(), []
         # the KB's seeds first (configurations known to be good on the device), in order; then an autotuned kernel's
         # own configurations, each pinned (its autotuner already picks the best of them at run time, so pinning
@@ -180,7 +187,7 @@ class LaunchParamSearch(Tactic):
         for cfg in pool:
             full = {**current, **cfg}
             key = tuple(sorted(full.items()))
-            if not cfg or key in seen or (full == current and not first):
+            if not cfg or key in seen or (full == current and not first) or (not first and no_change(effective, cfg)):
                 continue
             seen.add(key)
             if kb_rejects(ctx, full, fn):

@@ -58,7 +58,8 @@ from xeforge.kernel_model import KernelModel, LaunchSite, axis_blocks, parse_pyt
 from xeforge.problem import Variant, source_hash
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling.configs import (OPTION_KEYS, apply_config, current_config, describe, kb_configs,
-                                            kb_errors, kb_rejects, measured_configs, tunable)
+                                            kb_errors, kb_rejects, measured_configs, no_change, option_keys,
+                                            traced_options, tunable)
 from xeforge.rewrite.device_tuning import gemv, splitk
 from xeforge.rewrite.device_tuning.swap_ab import swap_ab, swapped_branch
 from xeforge.rewrite.tiling.dispatch import Branch, dispatch, launch_statement
@@ -281,13 +282,6 @@ def chain_coverage(classes: list[ShapeClass], shapes: list[Variant]) -> str | No
     return f"no correctness shape reaches the branch(es) {', '.join(empty)}" if empty else None
 
 
-def _option_keys(fn) -> tuple[str, ...]:
-    """The launch options a configuration may set for ``fn``: ``num_stages`` only where it has a loop to pipeline
-    (for a one-pass row kernel another ``num_stages`` is the same kernel, timed again for nothing)."""
-    loops = any(isinstance(n, (ast.For, ast.While)) for n in ast.walk(fn.node))
-    return OPTION_KEYS if loops else tuple(k for k in OPTION_KEYS if k != "num_stages")
-
-
 class PerShapeConfig(Tactic):
     name = "per-shape-config"
     summary = ("another launch configuration for another class of timed shapes (a decode-like M): a small dispatch on "
@@ -359,11 +353,12 @@ class PerShapeConfig(Tactic):
         measured = measured_configs(ctx.run_dir, site.kernel, FROM_SEARCH, tactics=("launch-params",))
         seeds = kb_configs(ctx, ctx.source, site.kernel, FROM_KB)
         out: list[dict[str, Any]] = []
-        keys = _option_keys(fn)
+        keys = option_keys(fn)
+        there = {**traced_options(m, site, cls.serves[0]), **current}  # what the class's shape runs with now
         for cfg in [current, *measured, *seeds]:
             full = {**current, **{k: v for k, v in cfg.items() if k in names or k in keys}}
             for option in (self._fit(full, cls), full):
-                if option == current or option in out or kb_rejects(ctx, option, fn):
+                if option == current or option in out or no_change(there, option) or kb_rejects(ctx, option, fn):
                     continue
                 out.append(option)
             if len(out) >= CONFIGS_PER_CLASS:
@@ -375,8 +370,8 @@ class PerShapeConfig(Tactic):
         """Launch options other than the incumbent's, for a launch whose block sizes the host makes per shape
         (``BLOCK = next_power_of_2(N)``, one row a program): the launch search's verified trials and the KB's
         seeds, options only. A decode-sized class may want other warps than the heuristic gives every shape."""
-        current = current_config(ctx.model, site)
-        keys = _option_keys(ctx.model.functions[site.kernel])
+        current = {**traced_options(ctx.model, site), **current_config(ctx.model, site)}
+        keys = option_keys(ctx.model.functions[site.kernel])
         out = []
         for cfg in [*measured_configs(ctx.run_dir, site.kernel, FROM_SEARCH, tactics=("launch-params",)),
                     *kb_configs(ctx, ctx.source, site.kernel, FROM_KB)]:

@@ -211,3 +211,17 @@ def test_a_block_the_host_computes_leaves_the_launch_options_to_search(verify):
         assert "BLOCK = triton.next_power_of_2(n_cols)" in c.source
         verdict = verify(p, c.source)
         assert verdict.correct, verdict.feedback()
+
+
+def test_the_search_tries_no_warps_the_host_heuristic_already_gives_and_no_stages_for_a_one_pass_kernel():
+    """fused_add_rmsnorm on an H100 (2026-12-06): with a budget of 2, the search spent one trial on num_warps=8,
+    num_stages=1, which is what its `_num_warps(BLOCK)` heuristic gives at the primary shape, and num_stages is
+    nothing to a kernel without a loop: 0.996x, a trial for nothing. The traces say what the heuristic gives."""
+    from tests.realworld import problem_dir
+
+    ctx = tactic_context(load_problem(problem_dir("fused_add_rmsnorm")), kind="cuda", target="h200", cores=132)
+    proposed = [c.params for c in LaunchParamSearch().propose(ctx)]
+    assert proposed and all("num_stages" not in p for p in proposed), proposed
+    assert {"num_warps": 8} not in proposed and all(p.get("num_warps") != 8 for p in proposed), proposed
+    looping = tactic_context(load_problem(problem_dir("cross_entropy_fwd")), kind="cuda", target="h200", cores=132)
+    assert any("num_stages" in c.params for c in LaunchParamSearch().propose(looping))  # its vocab loop pipelines

@@ -25,7 +25,7 @@ from typing import Any
 
 from xeforge.analysis.observe import traces
 from xeforge.analysis.launches import (Binding, autotune_configs, bindings, block_params, expression_uses,
-                                       launch_options)
+                                       launch_options, observed)
 from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, axis_blocks, literal, parse_kernel, segment_of
 from xeforge.rewrite.tiling import KernelAnalysis, NotApplicable
 from xeforge.kb.roles import first_int
@@ -284,6 +284,37 @@ def kernel_family(model: KernelModel, fn: JitFunction, declared: str | None = No
 
 def family(model: KernelModel, kernel: str, declared: str | None) -> str:
     return kernel_family(model, model.functions[kernel], declared)
+
+
+def option_keys(fn: JitFunction) -> tuple[str, ...]:
+    """The launch options a configuration may set for ``fn``: ``num_stages`` only where it has a loop to pipeline
+    (for a one-pass row kernel another ``num_stages`` is the same kernel, timed again for nothing)."""
+    loops = any(isinstance(n, (ast.For, ast.While)) for n in ast.walk(fn.node))
+    return OPTION_KEYS if loops else tuple(k for k in OPTION_KEYS if k != "num_stages")
+
+
+def traced_options(model: KernelModel, site: LaunchSite, variant: str | None = None) -> dict[str, Any]:
+    """The launch options the traces saw at ``site`` at ``variant`` (default: the primary timed shape, else the
+    first bench shape), including those the host computes (``num_warps=_num_warps(BLOCK)``), which
+    :func:`current_config` cannot name: a configuration that sets what the heuristic already gives is no change."""
+    out = {}
+    for k, vals in observed(model, site).items():
+        if k not in OPTION_KEYS or not vals:
+            continue
+        if variant is None:
+            bench = sorted(v for v in vals if v.startswith("bench-"))
+            variant_ = "bench-gpu" if "bench-gpu" in vals else (bench[0] if bench else None)
+        else:
+            variant_ = variant
+        if variant_ is not None and vals.get(variant_) is not None:
+            out[k] = vals[variant_]
+    return out
+
+
+def no_change(effective: dict[str, Any], cfg: dict[str, Any]) -> bool:
+    """``cfg`` sets only what the launch already runs with (``effective``: its configuration with the traced
+    options)."""
+    return all(effective.get(k) == v for k, v in cfg.items())
 
 
 def current_config(model: KernelModel, site: LaunchSite) -> dict[str, Any]:
