@@ -187,7 +187,7 @@ class LaunchParamSearch(Tactic):
         for cfg in pool:
             full = {**current, **cfg}
             key = tuple(sorted(full.items()))
-            if not cfg or key in seen or (full == current and not first) or (not first and no_change(effective, cfg)):
+            if not cfg or key in seen or (not first and no_change(effective, cfg)):
                 continue
             seen.add(key)
             if kb_rejects(ctx, full, fn):

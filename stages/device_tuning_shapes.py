@@ -358,7 +358,7 @@ class PerShapeConfig(Tactic):
         for cfg in [current, *measured, *seeds]:
             full = {**current, **{k: v for k, v in cfg.items() if k in names or k in keys}}
             for option in (self._fit(full, cls), full):
-                if option == current or option in out or no_change(there, option) or kb_rejects(ctx, option, fn):
+                if option in out or no_change(there, option) or kb_rejects(ctx, option, fn):
                     continue
                 out.append(option)
             if len(out) >= CONFIGS_PER_CLASS:
@@ -376,7 +376,7 @@ class PerShapeConfig(Tactic):
         for cfg in [*measured_configs(ctx.run_dir, site.kernel, FROM_SEARCH, tactics=("launch-params",)),
                     *kb_configs(ctx, ctx.source, site.kernel, FROM_KB)]:
             opts = {k: v for k, v in cfg.items() if k in keys}
-            if opts and any(current.get(k) != v for k, v in opts.items()) and opts not in out:
+            if opts and not no_change(current, opts) and opts not in out:
                 out.append(opts)
         return out
 

@@ -32,7 +32,7 @@ from xeforge.kb.roles import first_int
 from xeforge.rewrite.tiling.grid import (GridInfo, GridTranslator, _cdiv_args, enclosing_function, launch_grid,
                                          launched_kernels_gemm_first, single_launch)
 from xeforge.rewrite.tiling.edit import LaunchEdit, edit_launch
-from xeforge.rewrite.tiling.host_rule import HostMade, host_made, overridable, override
+from xeforge.rewrite.tiling.host_rule import HostMade, at_primary, host_made, overridable, override
 
 #: launch options a configuration may carry besides constexprs
 OPTION_KEYS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "grf_mode", "warp_size", "threads_per_warp")
@@ -294,21 +294,13 @@ def option_keys(fn: JitFunction) -> tuple[str, ...]:
 
 
 def traced_options(model: KernelModel, site: LaunchSite, variant: str | None = None) -> dict[str, Any]:
-    """The launch options the traces saw at ``site`` at ``variant`` (default: the primary timed shape, else the
-    first bench shape), including those the host computes (``num_warps=_num_warps(BLOCK)``), which
-    :func:`current_config` cannot name: a configuration that sets what the heuristic already gives is no change."""
-    out = {}
-    for k, vals in observed(model, site).items():
-        if k not in OPTION_KEYS or not vals:
-            continue
-        if variant is None:
-            bench = sorted(v for v in vals if v.startswith("bench-"))
-            variant_ = "bench-gpu" if "bench-gpu" in vals else (bench[0] if bench else None)
-        else:
-            variant_ = variant
-        if variant_ is not None and vals.get(variant_) is not None:
-            out[k] = vals[variant_]
-    return out
+    """The launch options the traces saw at ``site`` at ``variant`` (default: the primary timed shape, as
+    :func:`~xeforge.rewrite.tiling.host_rule.at_primary` picks it), including those the host computes
+    (``num_warps=_num_warps(BLOCK)``), which :func:`current_config` cannot name: a configuration that sets what the
+    heuristic already gives is no change."""
+    seen = {k: v for k, v in observed(model, site).items() if k in OPTION_KEYS}
+    got = {k: at_primary(vals) if variant is None else vals.get(variant) for k, vals in seen.items()}
+    return {k: v for k, v in got.items() if v is not None}
 
 
 def no_change(effective: dict[str, Any], cfg: dict[str, Any]) -> bool:

@@ -41,13 +41,21 @@ class HostMade:
     @property
     def value(self) -> Any:
         """The value at the primary timed shape (else the first bench shape, else any traced one)."""
-        if PRIMARY in self.values:
-            return self.values[PRIMARY]
-        bench = sorted(k for k in self.values if k.startswith("bench-"))
-        return self.values[bench[0] if bench else sorted(self.values)[0]]
+        return at_primary(self.values)
 
     def shown(self) -> str:
         return ", ".join(f"{v!r} at {k}" for k, v in sorted(self.values.items()))
+
+
+def at_primary(values: dict[str, Any]) -> Any:
+    """Of ``values`` (variant -> what the traces saw), the one at the primary timed shape, else at the first bench
+    shape, else any; None when there is none."""
+    if not values:
+        return None
+    if PRIMARY in values:
+        return values[PRIMARY]
+    bench = sorted(k for k in values if k.startswith("bench-"))
+    return values[bench[0] if bench else sorted(values)[0]]
 
 
 def _stores(node: ast.AST, var: str) -> bool:
