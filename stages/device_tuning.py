@@ -14,7 +14,9 @@ the launch with the decorator removed, so the verifier times them one by one.
 The stage's other tactics live beside it, in this order (each one works on the best kernel of the ones before):
 ``split-k`` (:mod:`stages.device_tuning_splitk`, SPLIT_K programs per output tile over slices of K when a GEMM's
 tiles leave cores idle; first, because the swizzle would make the 2D grid 1D and the search should tune the
-split kernel), ``group-swizzle`` (:mod:`stages.device_tuning_swizzle`, grouped tile order, before the search so
+split kernel), ``split-reduction`` (:mod:`stages.device_tuning_splitred`, the same for a kernel that is not a GEMM:
+SPLIT programs per program over slices of a long reduction loop — a running max, sums, sums rescaled by the max —
+combined in order by a second kernel), ``group-swizzle`` (:mod:`stages.device_tuning_swizzle`, grouped tile order, before the search so
 it tunes GROUP_SIZE_M), ``swap-ab`` (:mod:`stages.device_tuning_swap`, after the search: the GEMM's tile computed
 transposed so that N fills the matrix unit's deep side at decode-sized M, timed at every shape),
 ``per-shape-config`` (:mod:`stages.device_tuning_shapes`, right after the search: where the
@@ -41,6 +43,7 @@ from stages.device_tuning_host_desc import HostDescriptors
 from stages.device_tuning_rows import RowsPerProgram
 from stages.device_tuning_shapes import PerShapeConfig
 from stages.device_tuning_splitk import SplitK
+from stages.device_tuning_splitred import SplitReduction
 from stages.device_tuning_swap import SwapAB
 from stages.device_tuning_swizzle import GroupedTileOrder
 from xeforge.analysis.launches import autotune_configs, bindings, block_params, live_launches
@@ -244,12 +247,13 @@ STAGE = Stage(
     order=7,
     goal="pick tile sizes, num_warps, num_stages, grf_mode, warp_size and GROUP_SIZE_M for the device",
     kb_topics=("tiles", "warps", "grf", "slm", "swizzle"),
-    # split-K first: it needs the 2D grid the swizzle replaces, and the search then tunes the split kernel;
+    # split-K first: it needs the 2D grid the swizzle replaces, and the search then tunes the split kernel; the
+    # split reduction beside it, for the loops of kernels that are not GEMMs;
     # swizzle before the search: GROUP_SIZE_M becomes searchable; swap-AB after it, timed at every shape; per-shape
     # configurations after them: the primary keeps the searched configuration and the search's trials are there to
     # draw from; the epilogue halves then, of the tuned tile; row batching then: ROWS is sized from the tuned block;
     # host-side descriptors last: they are built from the launch the tactics before settled
-    tactics=[SplitK(), GroupedTileOrder(), LaunchParamSearch(), SwapAB(target_site), PerShapeConfig(target_site),
+    tactics=[SplitK(), SplitReduction(), GroupedTileOrder(), LaunchParamSearch(), SwapAB(target_site), PerShapeConfig(target_site),
              EpilogueHalves(target_site), RowsPerProgram(), HostDescriptors()],
     detectors=[_detect_defaults],
 )

@@ -37,7 +37,12 @@ whose shape argument differs from the primary's by :data:`CLASS_RATIO` or more:
 9. **the GEMV form for decode-sized M**: for a class of the tile's rows whose timed shapes have at most
    :data:`~xeforge.rewrite.device_tuning.gemv.GEMV_ROWS` rows, its branch launching a copy of the kernel whose K
    loop multiplies and sums instead of ``tl.dot`` (``<kernel>_gemv``: :mod:`xeforge.rewrite.device_tuning.gemv`),
-   one row a program.
+   one row a program;
+10. **a split reduction for few long rows**: for a class of smaller shapes whose programs leave the device's cores
+   idle (cross-entropy at 16 tokens over a 128k vocabulary, decode attention at batch 1), where split-K offers
+   nothing: its branch launches ``<kernel>_split``, SPLIT programs per program over slices of the kernel's
+   reduction loop, and ``<kernel>_combine``, which combines their max, sums and rescaled sums and runs the rest
+   (:mod:`xeforge.rewrite.device_tuning.splitred`).
 
 Where it does not apply, it says why: on the interpreter (nothing to rank), with one timed shape, at an
 ``@triton.autotune``'d kernel (its key already picks a configuration per shape), at a kernel launched from several
@@ -60,7 +65,7 @@ from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling.configs import (OPTION_KEYS, apply_config, current_config, describe, kb_configs,
                                             kb_errors, kb_rejects, measured_configs, no_change, option_keys,
                                             traced_options, tunable)
-from xeforge.rewrite.device_tuning import gemv, splitk
+from xeforge.rewrite.device_tuning import gemv, splitk, splitred
 from xeforge.rewrite.device_tuning.swap_ab import swap_ab, swapped_branch
 from xeforge.rewrite.tiling.dispatch import Branch, dispatch, launch_statement
 from xeforge.rewrite.tiling.grid import _cdiv_args, launch_bindings, launch_grid
@@ -116,8 +121,8 @@ class ShapeClass:
 @dataclass(frozen=True)
 class Proposal:
     """What one candidate of the tactic changes, so its verdict can be combined with another's: ``kind`` "config"
-    (the class's branch launches ``config``), "swap" / "split" / "gemv" (the branch launches a swap-AB, split-K or
-    GEMV-form copy; its ``what`` says how) or "else" (``config`` for every shape but the class's, whose branch keeps
+    (the class's branch launches ``config``), "swap" / "split" / "gemv" / "splitred" (the branch launches a
+    swap-AB, split-K or GEMV-form copy, or a split reduction; its ``what`` says how) or "else" (``config`` for every shape but the class's, whose branch keeps
     the incumbent's)."""
 
     cls: ShapeClass
@@ -417,7 +422,8 @@ class PerShapeConfig(Tactic):
                     self._proposed[source_hash(cand.source)] = Proposal(cls, "config", cfg)
                     out.append(cand)
             out.extend(self._swapped(ctx, kernel, cls, cfgs[:SWAPPED_PER_CLASS], current))
-            out.extend(self._split(ctx, kernel, cls))
+            split = self._split(ctx, kernel, cls)
+            out.extend(split or self._split_reduction(ctx, kernel, cls))
             out.extend(self._gemv(ctx, plan.site, cls, current))
             out.extend(self._primary_winners(ctx, plan.site, cls, current))
         return out
@@ -497,6 +503,41 @@ class PerShapeConfig(Tactic):
             out.append(self._record(Candidate(src, self.name, desc, kind="search",
                                               params={splitk.PARAM: s, "when": cls.test}, time_all_shapes=True),
                                     Proposal(cls, "split", {}, what)))
+        return out
+
+    def _split_reduction(self, ctx: StageContext, kernel: str, cls: ShapeClass) -> list[Candidate]:
+        """For a class of smaller shapes whose programs leave the device's cores idle: the kernel's reduction loop
+        split over SPLIT programs per program and their partial states combined by a second kernel, only there
+        (:func:`xeforge.rewrite.device_tuning.splitred.apply` with ``when``), sized at the class's first timed
+        shape; a loop whose length is read from memory (a sequence length) is sized by the programs alone."""
+        if cls.op != "<=":
+            return []
+        cores, where = core_count(ctx)
+        variant = next((v for v in ctx.problem.timed_variants(ctx.device.kind) if v.name in cls.serves), None)
+        if cores is None or variant is None:
+            return []
+        try:
+            plan = splitred.find(ctx.source, kernel)
+            programs, steps = splitred.sizes(ctx.source, plan, ctx.problem, variant)
+        except NotApplicable:
+            return []
+        if programs >= cores:
+            return []
+        out = []
+        for s in splitred.split_values(programs, steps, cores)[:SPLIT_PER_CLASS]:
+            try:
+                src = splitred.apply(ctx.source, plan, s, when=cls.test)
+            except NotApplicable:
+                return out
+            if kb_errors(ctx, src):
+                continue
+            length = f"{steps} loop steps" if steps is not None else "a loop whose length is read from memory"
+            what = (f"a split reduction, {s} programs per program ({programs} programs and {length} at "
+                    f"{variant.name} for {cores} cores, {where}), combined in slice order by {plan.combine_kernel}")
+            desc = f"{kernel}: if {cls.test} ({', '.join(cls.serves)}): {what}; else the incumbent's launch"
+            out.append(self._record(Candidate(src, self.name, desc, kind="search",
+                                              params={splitred.PARAM: s, "when": cls.test}, time_all_shapes=True),
+                                    Proposal(cls, "splitred", {}, what)))
         return out
 
     def _gemv(self, ctx: StageContext, site: LaunchSite, cls: ShapeClass, current: dict[str, Any]) -> list[Candidate]:

@@ -184,6 +184,15 @@ class Parsed:
         return None
 
 
+def function_copy(source: str, name: str, copy: str) -> cst.FunctionDef:
+    """Top-level function ``name`` of ``source`` renamed ``copy``, with two blank lines before it (a kernel's copy
+    to place beside it); LookupError when ``source`` has no such function."""
+    fn = Parsed.of(source).function(name)
+    if fn is None:
+        raise LookupError(f"{name} is not a top-level function")
+    return fn.with_changes(name=cst.Name(copy), leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+
+
 def body_statements(fn: cst.FunctionDef) -> Sequence[cst.BaseStatement]:
     return fn.body.body if isinstance(fn.body, cst.IndentedBlock) else ()
 

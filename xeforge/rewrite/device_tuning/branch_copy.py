@@ -11,7 +11,7 @@ from __future__ import annotations
 import libcst as cst
 
 from xeforge.rewrite import NotApplicable
-from xeforge.rewrite.cst_tools import Parsed, code
+from xeforge.rewrite.cst_tools import code, function_copy
 
 
 class _BranchLaunch(cst.CSTTransformer):
@@ -44,10 +44,10 @@ def branch_copy(dispatched: str, rewritten: str, kernel: str, suffix: str, test:
     ``kernel`` renamed, placed right after the kernel. NotApplicable where the branch or the kernel is not found,
     or the copy's name is taken."""
     copy = f"{kernel}{suffix}"
-    fn = Parsed.of(rewritten).function(kernel)
-    if fn is None:
-        raise NotApplicable(f"{kernel} is not a top-level function")
-    fn = fn.with_changes(name=cst.Name(copy), leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+    try:
+        fn = function_copy(rewritten, kernel, copy)
+    except LookupError as exc:
+        raise NotApplicable(str(exc)) from None
     tr = _BranchLaunch(test, kernel, copy)
     module = cst.parse_module(dispatched).visit(tr)
     if tr.done != 1:

@@ -44,7 +44,8 @@ import copy
 import libcst as cst
 
 from xeforge.kernel_model import parse_kernel, parse_python, segment_of
-from xeforge.rewrite.cst_tools import Edits, Parsed, apply_edits, expr, set_call_kwargs, statements, walk
+from xeforge.rewrite.cst_tools import (Edits, Parsed, apply_edits, expr, function_copy, set_call_kwargs, statements,
+                                      walk)
 from xeforge.rewrite.device_tuning.splitk_plan import (EPILOGUE, PARAM, SUM_KERNEL, Increment, SplitPlan, find, plan,
                                                       sizes)
 from xeforge.rewrite.tiling import NotApplicable
@@ -313,10 +314,10 @@ class _Inline(ast.NodeTransformer):
 
 
 def _function_copy(source: str, kernel: str, name: str) -> cst.FunctionDef:
-    fn = Parsed.of(source).function(kernel)
-    if fn is None:
-        raise NotApplicable(f"{kernel} is not a top-level function")
-    return fn.with_changes(name=cst.Name(name), leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+    try:
+        return function_copy(source, kernel, name)
+    except LookupError as exc:
+        raise NotApplicable(str(exc)) from None
 
 
 def _apply_copies(source: str, p: SplitPlan, split: int, when: str | None) -> str:

@@ -116,7 +116,7 @@ def _reads(st: ast.stmt) -> set[str]:
     return names
 
 
-def _carried(loop: ast.For) -> list[str]:
+def carried(loop: ast.For) -> list[str]:
     """Names the loop body reads before it assigns them in the same iteration: state carried across steps. An ``if``
     is followed branch by branch (``if EVEN_K: ... else: k_left = ...; ... k_left ...`` carries nothing); after
     it, what both branches assign counts as assigned."""
@@ -207,7 +207,7 @@ def _plan_loop(loop: ast.For, source: str, kernel: str) -> tuple[KLoop, str]:
     """The loop's increments and its accumulator; NotApplicable for any other state carried across steps."""
     inside = assigned_names(loop.body)
     incs, accs = [], []
-    for name in _carried(loop):
+    for name in carried(loop):
         assigns = _assigns_of(loop, name)
         if assigns and all(_dot_accumulates(st, name) for st in assigns):
             accs.append(name)
@@ -596,14 +596,16 @@ def sizes(source: str, plan_: SplitPlan, problem: Any, variant: Any) -> tuple[in
     fn = model.functions[plan_.kernel].node
     defs = {st.targets[0].id: st.value for st in fn.body if isinstance(st, ast.Assign) and len(st.targets) == 1
             and isinstance(st.targets[0], ast.Name)}
-    ev = lambda text, default: default if text is None else _int(parse_python(text, mode="eval").body, values, defs)
+    ev = lambda text, default: default if text is None else int_value(parse_python(text, mode="eval").body, values, defs)
     start, stop, step = ev(plan_.start, 0), ev(plan_.stop, None), ev(plan_.step, 1)
     if None in (start, stop, step) or step <= 0:
         raise NotApplicable(f"the K-loop length of {plan_.kernel} at {variant.name} cannot be evaluated statically")
     return tiles, max(0, -(-(stop - start) // step))
 
 
-def _int(node: ast.AST, values: dict[str, int], defs: dict[str, ast.AST], depth: int = 0) -> int | None:
+def int_value(node: ast.AST, values: dict[str, int], defs: dict[str, ast.AST], depth: int = 0) -> int | None:
+    """``node`` evaluated as an integer from ``values`` (kernel parameters at a variant) and ``defs`` (the kernel's
+    top-level assignments): numbers, + - * //, cdiv, min and max; None where anything is unknown."""
     if depth > 20:
         return None
     if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
@@ -611,9 +613,9 @@ def _int(node: ast.AST, values: dict[str, int], defs: dict[str, ast.AST], depth:
     if isinstance(node, ast.Name):
         if node.id in values:
             return values[node.id]
-        return _int(defs[node.id], values, defs, depth + 1) if node.id in defs else None
+        return int_value(defs[node.id], values, defs, depth + 1) if node.id in defs else None
     if isinstance(node, ast.BinOp):
-        a, b = _int(node.left, values, defs, depth + 1), _int(node.right, values, defs, depth + 1)
+        a, b = int_value(node.left, values, defs, depth + 1), int_value(node.right, values, defs, depth + 1)
         if a is None or b is None:
             return None
         ops = {ast.Add: lambda: a + b, ast.Sub: lambda: a - b, ast.Mult: lambda: a * b,
@@ -622,7 +624,7 @@ def _int(node: ast.AST, values: dict[str, int], defs: dict[str, ast.AST], depth:
         return f() if f else None
     if isinstance(node, ast.Call) and not node.keywords:
         name = (dotted_name(node.func) or "").rsplit(".", 1)[-1]
-        args = [_int(a, values, defs, depth + 1) for a in node.args]
+        args = [int_value(a, values, defs, depth + 1) for a in node.args]
         if None in args:
             return None
         if name == "cdiv" and len(args) == 2 and args[1]:
