@@ -4,10 +4,14 @@ family (the ``kind`` of each ``examples/realworld/<name>/new.yaml``) and overall
 is slower than the starting kernel at some timed shape, and the kernels with no figures (and why).
 
 Usage (repo root):
-    .venv/bin/python scripts/corpus_table.py BENCH_JSON [--earlier OLDER_BENCH_JSON ...] [--corpus examples/realworld]
+    .venv/bin/python scripts/corpus_table.py BENCH_JSON [--earlier OLDER_BENCH_JSON ...] [--also OTHER_BENCH_JSON ...]
+        [--corpus examples/realworld]
 
 --earlier names reports of earlier calls of the same bench: a kernel without figures in BENCH_JSON (a row dropped by
 ``--resume --redo`` and not run again, say) is explained from the newest earlier report that has a row for it.
+--also names other reports taken on the same device (another bench call, a start-only bench of kernels the ports had
+no time for): a kernel without figures in BENCH_JSON takes its row from the first of them that timed its start, and
+the row says which report it came from.
 
 Every figure is read from BENCH_JSON as ``xeforge bench`` wrote it (``xeforge/bench.py``): per problem, ``shapes``
 (each timed shape with the median times of start, final, eager and compile, and the speedups final_vs_start and
@@ -101,8 +105,20 @@ def main(argv=None) -> int:
     ap.add_argument("bench_json")
     ap.add_argument("--corpus", default="examples/realworld")
     ap.add_argument("--earlier", action="append", default=[], help="an earlier report, newest last (repeatable)")
+    ap.add_argument("--also", action="append", default=[],
+                    help="another report on the same device: rows for kernels BENCH_JSON has no figures for")
     a = ap.parse_args(argv)
     rep = json.loads(Path(a.bench_json).read_text())
+    also: dict[str, tuple[str, dict]] = {}
+    for f in a.also:
+        other = json.loads(Path(f).read_text())
+        if (other.get("device") or {}).get("name") != (rep.get("device") or {}).get("name"):
+            sys.exit(f"corpus_table: {f} was taken on {(other.get('device') or {}).get('name')}, "
+                     f"{a.bench_json} on {(rep.get('device') or {}).get('name')}: their figures do not mix")
+        for r in other.get("problems", []):
+            shs = shapes_of(r)
+            if shs and "start" in (shs[0].get("times") or {}):
+                also.setdefault(r["problem"], (f, r))
     kinds = corpus_kinds(Path(a.corpus))
     rows_by = {r["problem"]: r for r in rep.get("problems", [])}
     earlier: dict[str, tuple[str, dict]] = {}
@@ -114,7 +130,11 @@ def main(argv=None) -> int:
     fam = {f: {"vs_start": [], "vs_compile": [], "start_vs_compile": []} for f in FAMILIES}
     timed_kernels = {f: 0 for f in FAMILIES}
     for name, meta in kinds.items():
-        r = rows_by.get(name)
+        r, source = rows_by.get(name), ""
+        timed = r is not None and shapes_of(r) and "start" in (shapes_of(r)[0].get("times") or {})
+        if not timed and name in also:
+            source, r = also[name]
+            source = f"from {Path(source).name}"
         if r is None:
             if name in earlier:
                 f, er = earlier[name]
@@ -136,6 +156,7 @@ def main(argv=None) -> int:
             note = "no port result" + (f": {f['error'][:120]}" if f.get("error") else "")
         elif not f.get("timed"):
             note = f"port not timed: {f.get('not_timed') or f.get('error') or ''}"[:160]
+        note = "; ".join(b for b in (source, note) if b)
         wider = bool((ents.get("compile") or {}).get("unlike"))  # the reference computes wider: not like-for-like
         if wider:
             note = "; ".join(b for b in (note, "torch.compile of a reference that computes wider (left out)") if b)

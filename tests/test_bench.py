@@ -465,6 +465,25 @@ def test_blas_baseline_takes_the_problems_compute_dtype_where_the_variant_names_
     assert ns["Model"]().a.dtype == torch.float32  # ci is a float32 variant
 
 
+def test_an_int8_gemm_computes_in_int8_against_a_float64_reference(tmp_path):
+    """W8A8 (int8 operands listed before their float32 scales): on an H100 the bench took float32 for its dtype, so
+    its roofline was the 67 TFLOP/s fp32 peak (1201%), its BLAS baseline an fp32 GEMM (15.6x) and its reference's
+    float64 product a like-for-like torch.compile (13.8x). It computes in int8 now: the int8 peak, no float BLAS
+    GEMM, and the float64 reference named as wider."""
+    from tests.realworld import problem_dir
+    from xeforge.kb.loader import load_kb
+    from xeforge.problem import load_problem
+
+    p = load_problem(problem_dir("w8a8_int8_matmul"))
+    v = p.variant("bench-gpu")
+    assert v.dtype is None and p.compute_dtype(v) == "int8"
+    assert bench.blas_baseline(p, v, tmp_path) is None
+    why = bench.reference_widening(p, v)
+    assert why and "in float64 where the problem computes in int8" in why, why
+    roof = bench.roofline_for(v, "int8", load_kb().devices["h100"])
+    assert roof["dtype"] == "int8" and roof["peak_flops"] == pytest.approx(1979e12)
+
+
 def test_blas_baseline_of_a_batched_gemm_times_the_whole_batch(tmp_path):
     """batched_matmul_3d (B = 128 GEMMs of 4096 x 128 @ 128 x 512) was compared with one GEMM of that size on an
     H200: 0.0069 ms against the kernel's 0.289. The baseline now runs the batch its flop count says; a flop count

@@ -94,7 +94,7 @@ CPU_HEADER = ("CORRECTNESS ONLY: --device cpu runs Triton's interpreter, which m
               "Kernels were verified (gates 0-2); nothing was timed and no speedup is claimed; no compiler facts or "
               "profiles (the interpreter compiles nothing).")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-_DTYPE_SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
+_DTYPE_SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64", "int8": "int8"}
 
 
 @dataclass
@@ -544,22 +544,29 @@ class Model(torch.nn.Module):
 MATMUL_OPS = frozenset({"mm", "bmm", "matmul", "addmm", "baddbmm", "linear", "einsum", "scaled_dot_product_attention"})
 
 
+#: the dtypes a reference's matrix product may run in that are wider than the problem's compute dtype
+_WIDER = {"bfloat16": ("float32", "float64"), "float16": ("float32", "float64"),
+          "int8": ("float16", "bfloat16", "float32", "float64")}
+
+
 def reference_widening(problem, variant) -> str | None:
     """Why the reference is not a like-for-like speed baseline at ``variant``, or None: a reference that computes its
     matrix products in a wider dtype than the problem's (an oracle-style ``x.float() @ w.float()`` on bfloat16
-    inputs) makes eager and torch.compile time an fp32 GEMM where the kernel runs a bf16 one. Read from the
-    reference's trace at the variant (on the meta device, or the CPU where its host code reads data)."""
+    inputs, a float64 product of int8 operands) makes eager and torch.compile time an fp32 GEMM where the kernel
+    runs a bf16 one. Read from the reference's trace at the variant (on the meta device, or the CPU where its host
+    code reads data)."""
     from xeforge.analysis.observe import trace_at  # lazy: the facts worker, only for a problem with a reference
 
     dtype = problem.compute_dtype(variant)
-    if problem.reference_source is None or dtype not in ("bfloat16", "float16"):
+    wider = _WIDER.get(dtype or "")
+    if problem.reference_source is None or wider is None:
         return None
     trace = trace_at(problem, variant, problem.reference_source)
     if isinstance(trace, str):
         return None
     for op in trace.ops:
         name = op.op.rsplit(".", 1)[-1].strip("_")
-        wide = sorted({a.dtype for a in op.inputs if a.kind == "tensor" and a.dtype in ("float32", "float64")})
+        wide = sorted({a.dtype for a in op.inputs if a.kind == "tensor" and a.dtype in wider})
         if name in MATMUL_OPS and wide:
             at = f" ({op.stack[-1].function}, line {op.stack[-1].line})" if op.stack else ""
             return (f"the reference runs its {name}{at} in {', '.join(wide)} where the problem computes in {dtype}: "

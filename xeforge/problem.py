@@ -266,10 +266,11 @@ class Problem:
         return [self.spec.inputs[n] for n in names]
 
     def compute_dtype(self, variant: Variant) -> str | None:
-        """The dtype a variant computes in: its own ``dtype``, else its first floating input's (an int64 index
-        tensor listed first says nothing of it)."""
+        """The dtype a variant computes in: its own ``dtype``, else its first floating or int8 input's (an int64 index
+        tensor listed first says nothing of it; a W8A8 GEMM's int8 operands come before their float32 scales, and it
+        runs on the int8 matrix units: its roofline and baselines are int8's)."""
         return variant.dtype or next((i.dtype for i in self.input_specs(variant)
-                                      if str(i.dtype).startswith(("float", "bfloat"))), None)
+                                      if str(i.dtype).startswith(("float", "bfloat")) or str(i.dtype) == "int8"), None)
 
     def ragged_variants(self, base: Variant) -> list[Variant]:
         """Ragged shapes for the correctness gate, derived from ``base`` (normally ``ci``)."""
