@@ -218,19 +218,26 @@ def _grid_exprs(model: KernelModel, site: LaunchSite) -> dict[str, str]:
     return out
 
 
-def _block_on(model: KernelModel, site: LaunchSite, expr: str) -> str | None:
-    """The tunable block size that tiles the grid axis ``cdiv(<expr>, BLOCK)``, if one does."""
+def _block_on(model: KernelModel, site: LaunchSite, expr: str, param: str | None = None) -> str | None:
+    """The tunable block size that tiles the grid axis ``cdiv(<expr>, BLOCK)``, if one does; else the one the kernel
+    tiles its parameter ``param`` by itself (a persistent kernel's ``tiles_m = tl.cdiv(M, BLOCK_M)``)."""
     grid = launch_grid(model, site)
-    if grid is None:
-        return None
-    axes = axis_blocks(model.functions[site.kernel])
     names = tunable(model, site)
-    for ax, el in enumerate(grid.elements):
-        cd = _cdiv_args(el)
-        if cd is None:
-            continue
-        if (ast.get_source_segment(model.source, cd[0]) or ast.unparse(cd[0])).strip() == expr.strip():
-            return next((n for n in axes.get(ax, []) if n in names), None)
+    if grid is not None:
+        axes = axis_blocks(model.functions[site.kernel])
+        for ax, el in enumerate(grid.elements):
+            cd = _cdiv_args(el)
+            if cd is None:
+                continue
+            if (ast.get_source_segment(model.source, cd[0]) or ast.unparse(cd[0])).strip() == expr.strip():
+                return next((n for n in axes.get(ax, []) if n in names), None)
+    if param is None:
+        return None
+    for node in ast.walk(model.functions[site.kernel].node):
+        cd = _cdiv_args(node)
+        if cd is not None and isinstance(cd[0], ast.Name) and cd[0].id == param and isinstance(cd[1], ast.Name) \
+                and cd[1].id in names:
+            return cd[1].id
     return None
 
 
@@ -259,7 +266,7 @@ def _classes(ctx: StageContext, site: LaunchSite, args: dict[str, tuple[str, str
         else:
             across = max(x for x in values if x < a)
             op, threshold = ">", max(_floor_pow2(math.sqrt(a * across)), across)
-        cls = ShapeClass(dim, param, expr, op, threshold, (), _block_on(ctx.model, site, expr), a)
+        cls = ShapeClass(dim, param, expr, op, threshold, (), _block_on(ctx.model, site, expr, param), a)
         cls = replace(cls, serves=tuple(t.name for t in timed[1:] if cls.holds(t.dims)))
         if any(c.test == cls.test for c in out):
             continue

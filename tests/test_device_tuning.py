@@ -225,3 +225,38 @@ def test_the_search_tries_no_warps_the_host_heuristic_already_gives_and_no_stage
     assert {"num_warps": 8} not in proposed and all(p.get("num_warps") != 8 for p in proposed), proposed
     looping = tactic_context(load_problem(problem_dir("cross_entropy_fwd")), kind="cuda", target="h200", cores=132)
     assert any("num_stages" in c.params for c in LaunchParamSearch().propose(looping))  # its vocab loop pipelines
+
+
+def test_the_search_sizes_shared_memory_for_the_widest_dtype_a_candidate_runs_in(tmp_path):
+    """On an H100 four of matmul_config_by_m's launch-search trials (128 x 256 x 64, 3 stages) failed gate 0 at its
+    float32 `ci`, out of shared memory: 288 KB of 227, sized for its bf16 bench shapes. A problem brought in with
+    `xeforge new` runs `ci` in its bench dtype on a GPU now, as the suite's problems do, and the tile fits; a problem
+    with a float32 shape to pass on the GPU keeps it out of the search."""
+    import shutil
+
+    from tests.realworld import problem_dir
+    from xeforge.rewrite.tiling.configs import kb_rejects, widest_dtype
+
+    wide = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3}
+    p = load_problem(problem_dir("matmul_config_by_m"))
+    assert p.spec.variants["ci"].dtype == "float32"
+    ci = p.correctness_variants("cuda")[0]
+    assert ci.name == "ci@bfloat16" and ci.dtype is None and p.compute_dtype(ci) == "bfloat16"
+    assert p.correctness_variants("cpu")[0].name == "ci"  # the interpreter still runs it in float32
+    ctx = tactic_context(p, kind="cuda", target="h100", cores=132)
+    fn = parse_kernel(p.kernel_source).functions["_linear_kernel"]
+    assert widest_dtype(ctx) == "bfloat16" and not kb_rejects(ctx, wide, fn)
+
+    folder = tmp_path / "gemm_square"
+    shutil.copytree(KERNELS / "gemm_square", folder)
+    spec = folder / "spec.yaml"
+    text = spec.read_text()
+    block = text[text.index("bench-gpu:"):text.index("bench-gpu-1:")]
+    fp32 = "\n".join(ln for ln in block.splitlines() if not ln.startswith("#")).replace("bench-gpu:", "bench-gpu-9:", 1) \
+        .replace("dtype: bfloat16", "dtype: float32")
+    spec.write_text(text + "\n" + fp32 + "\n")
+    q = load_problem(folder)
+    qctx = tactic_context(q, kind="cuda", target="h100", cores=132)
+    qfn = parse_kernel(q.kernel_source).functions["matmul_kernel"]
+    assert widest_dtype(qctx) == "float32"
+    assert kb_rejects(qctx, wide, qfn)

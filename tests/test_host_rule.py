@@ -204,3 +204,30 @@ def test_a_split_size_the_grid_reads_through_a_local_is_searched_by_its_neighbou
     assert new.index("chunk = _chunk_for(") < rule < new.index("n_chunks = triton.cdiv(")
     verdict = verify(p, new)
     assert verdict.correct, verdict.feedback()
+
+
+def test_a_persistent_gemms_tiles_from_a_host_table_are_searched_and_fitted_per_class(verify):
+    """persistent_matmul takes BLOCK_M/N/K from a dict keyed on the dtype; the kernel tiles M and N itself
+    (`tiles_m = tl.cdiv(M, BLOCK_M)`, a tile loop up to `num_tiles`) and the host sizes the grid from the same
+    values. On an H100 the search left them alone ("neither sizes a grid axis nor steps a loop"), and M = 16 ran a
+    128-row tile at 0.45x of torch.compile. The tiles are searched now, and the M = 16 class fits BLOCK_M to 16;
+    both verified on the interpreter."""
+    from stages.device_tuning import STAGE
+    from tests.realworld import problem_dir
+
+    p = load_problem(problem_dir("persistent_matmul"))
+    ctx = tactic_context(p, kind="cuda", target="h100", cores=132)
+    search = next(t for t in STAGE.tactics if t.name == "launch-params")
+    app = search.check(ctx)
+    assert app.applies and "BLOCK_M, BLOCK_N, BLOCK_K" in app.reason, app.reason
+    assert "GROUP_SIZE_M=group_m is made on the host (8 at" in app.reason  # not a tile: left as it is
+    tile = next(c for c in search.propose(ctx) if "BLOCK_M=64" in c.description)
+    assert "block_m = min(block_m, 64)" in tile.source
+    per_shape = next(t for t in STAGE.tactics if t.name == "per-shape-config")
+    plan = per_shape.plan(ctx)
+    assert [(c.test, c.block) for c in plan.classes] == [("M <= 256", "BLOCK_M")]
+    fitted = next(c for c in per_shape.propose(ctx) if c.params.get("BLOCK_M") == 16 and "swap" not in
+                  c.description)
+    for src in (tile.source, fitted.source.replace("if M <= 256:", "if M <= 32:")):  # ci's 64 rows take the else
+        verdict = verify(p, src)
+        assert verdict.correct, verdict.feedback()

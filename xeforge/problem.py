@@ -218,11 +218,13 @@ class Problem:
             return [self.spec.variants[n] for n in names]
         out = [self.spec.variants[n] for n in names]
         gpu = self.timing_variant(device_kind)
-        if "ci" in self.spec.variants and gpu.name != "ci" and gpu.dtype and gpu.dtype != self.spec.variants["ci"].dtype:
+        ci = self.spec.variants.get("ci")
+        gpu_dtype = self.compute_dtype(gpu)
+        if ci is not None and gpu.name != "ci" and gpu_dtype and gpu_dtype != self.compute_dtype(ci):
             # ci exists for the interpreter (which cannot run bf16 dots); on a GPU its shapes are checked in the
-            # problem's GPU dtype, with that variant's tolerances
-            ci = self.spec.variants["ci"]
-            out[names.index("ci")] = Variant(f"ci@{gpu.dtype}", ci.params, gpu.dtype, ci.dims, ci.flop_expr,
+            # problem's GPU dtype (the bench variant's own, or its inputs' as `xeforge new` writes them), with that
+            # variant's tolerances: a tile that fits shared memory in bf16 need not fit in the float32 of ci_dtype
+            out[names.index("ci")] = Variant(f"ci@{gpu_dtype}", ci.params, gpu.dtype, ci.dims, ci.flop_expr,
                                              ci.bytes_expr, gpu.rtol, gpu.atol)
         return out
 

@@ -115,12 +115,14 @@ class TuningSpace:
         functions: dict[str, JitFunction] | None = None,
         fixed: dict[str, Any] | None = None,
         limit: int | None = None,
+        dtype: str | None = None,
     ) -> Iterator[dict[str, Any]]:
         """KB-valid configurations for a kernel with these constexpr names, seeds first, no duplicates.
 
         ``fixed``: other literal values of the launch (e.g. ``HEAD_DIM=64``) that constraints should see;
         they are not part of the yielded dicts. ``kernel`` lets the constraints know whether it uses
-        ``tl.dot``; without it the family decides (gemm/attention: yes).
+        ``tl.dot``; without it the family decides (gemm/attention: yes). ``dtype``: of the ``tl.dot`` operands
+        (the widest the kernel runs in), for the shared-memory estimate.
         """
         names = list(constexpr_names)
         role_names = {f: names_for(f, names) for f in SPACE_FIELDS if f not in OPTION_FIELDS}
@@ -142,7 +144,7 @@ class TuningSpace:
                 return False
             seen.add(key)
             probe = replace(template, values={**(fixed or {}), **cfg})
-            problems = kb.check_launch_config(probe, self.device_id, self.triton)
+            problems = kb.check_launch_config(probe, self.device_id, self.triton, dtype=dtype)
             return not any(v.is_error for v in problems)
 
         seeds = ([(self._keyed(f, role_names), v) for f, v in seed.items()] for seed in self.seeds)

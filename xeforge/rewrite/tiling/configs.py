@@ -28,6 +28,7 @@ from xeforge.analysis.launches import (Binding, autotune_configs, bindings, bloc
                                        launch_options, observed)
 from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, axis_blocks, literal, parse_kernel, segment_of
 from xeforge.rewrite.tiling import KernelAnalysis, NotApplicable
+from xeforge.kb._base import DTYPE_BYTES, dtype_key
 from xeforge.kb.roles import first_int
 from xeforge.rewrite.tiling.grid import (GridInfo, GridTranslator, _cdiv_args, enclosing_function, launch_grid,
                                          launched_kernels_gemm_first, single_launch)
@@ -344,7 +345,7 @@ def kb_configs(ctx: Any, source: str, kernel: str, limit: int, include_current: 
     fixed = {k: b.value for k, b in bindings(model, site).items() if k not in names and b.value is not None}
     out: list[dict[str, Any]] = []
     try:
-        pool = space.configs(names, kernel=fn, functions=model.functions, fixed=fixed)
+        pool = space.configs(names, kernel=fn, functions=model.functions, fixed=fixed, dtype=widest_dtype(ctx))
         for cfg in pool:
             cfg = {k: v for k, v in cfg.items() if k in names or k in OPTION_KEYS}
             if not cfg:
@@ -467,13 +468,31 @@ def measured_configs(run_dir: Path | None, kernel: str, limit: int, tactics: tup
     return out
 
 
+def widest_dtype(ctx: Any) -> str | None:
+    """The widest dtype the problem computes in at a shape the candidate must pass on this device (gate 2 runs
+    every correctness shape: a spec's float32 ``ci`` beside its bfloat16 bench shapes, on a GPU too), or None when
+    the problem tells nothing. A configuration whose operands fit shared memory in bfloat16 but not in float32
+    fails at ``ci`` (on an H100 four of matmul_config_by_m's launch-search trials did: 288 KB of 227)."""
+    problem = getattr(ctx, "problem", None)
+    device = getattr(ctx, "device", None)
+    if problem is None or device is None:
+        return None
+    try:
+        variants = problem.correctness_variants(device.kind, getattr(ctx.settings, "ragged_shapes", True))
+        sizes = {dt: DTYPE_BYTES.get(dtype_key(dt) or "", 0) for dt in (problem.compute_dtype(v) for v in variants)
+                 if dt}
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return max(sizes, key=sizes.get) if sizes else None
+
+
 def kb_rejects(ctx: Any, cfg: dict[str, Any], fn: JitFunction) -> bool:
-    """Whether the knowledge base refuses configuration ``cfg`` of ``fn`` on the target (False without a KB, or
-    with one that cannot check configurations)."""
+    """Whether the knowledge base refuses configuration ``cfg`` of ``fn`` on the target at the widest dtype the
+    candidate must run in (False without a KB, or with one that cannot check configurations)."""
     if getattr(ctx, "kb", None) is None or not getattr(ctx, "device_id", None):
         return False
     try:
-        return bool(ctx.kb.check_config(cfg, ctx.device_id, ctx.triton, fn))
+        return bool(ctx.kb.check_config(cfg, ctx.device_id, ctx.triton, fn, dtype=widest_dtype(ctx)))
     except AttributeError:
         return False
 

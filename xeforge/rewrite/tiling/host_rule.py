@@ -103,7 +103,24 @@ def host_made(model: KernelModel, site: LaunchSite, binds: dict[str, Binding] | 
 
 def _loop_steps(fn: JitFunction) -> set[str]:
     """Constexprs a loop of the kernel walks its dimension by, whatever their value: the step of
-    ``for start in range(0, N, BLOCK_N)``, or the block of ``for k in range(0, tl.cdiv(K, BLOCK_K))``."""
+    ``for start in range(0, N, BLOCK_N)``, or the block of ``for k in range(0, tl.cdiv(K, BLOCK_K))`` — also through
+    names the kernel assigns once (a persistent kernel's ``tiles_m = tl.cdiv(M, BLOCK_M)``, ``num_tiles = tiles_m *
+    tiles_n``, ``for tile_id in range(pid, num_tiles, NUM_SMS)``: every tile of any size is visited)."""
+    defs: dict[str, list[ast.expr]] = {}
+    for node in ast.walk(fn.node):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            defs.setdefault(node.targets[0].id, []).append(node.value)
+
+    def spelled(expr: ast.AST, depth: int = 0) -> list[ast.AST]:
+        """``expr`` and the values of the once-assigned names it reads, transitively."""
+        out = [expr]
+        if depth > 6:
+            return out
+        for n in ast.walk(expr):
+            if isinstance(n, ast.Name) and len(defs.get(n.id, ())) == 1:
+                out += spelled(defs[n.id][0], depth + 1)
+        return out
+
     out: set[str] = set()
     for node in ast.walk(fn.node):
         if not (isinstance(node, ast.For) and isinstance(node.iter, ast.Call) and
@@ -113,9 +130,10 @@ def _loop_steps(fn: JitFunction) -> set[str]:
         if len(args) >= 3:
             out |= {n.id for n in ast.walk(args[2]) if isinstance(n, ast.Name)}
         for a in args[:2]:
-            for c in ast.walk(a):
-                if isinstance(c, ast.Call) and (dotted_name(c.func) or "").endswith("cdiv") and len(c.args) == 2:
-                    out |= {n.id for n in ast.walk(c.args[1]) if isinstance(n, ast.Name)}
+            for part in spelled(a):
+                for c in ast.walk(part):
+                    if isinstance(c, ast.Call) and (dotted_name(c.func) or "").endswith("cdiv") and len(c.args) == 2:
+                        out |= {n.id for n in ast.walk(c.args[1]) if isinstance(n, ast.Name)}
     return out
 
 
@@ -126,7 +144,8 @@ def overridable(fn: JitFunction, name: str, made: HostMade, follows_grid: bool) 
         return f"{name}={made.target} is not a power of two at every shape ({made.shown()})"
     if follows_grid or name in _loop_steps(fn):
         return None
-    return (f"{name}={made.target} changes with the shape ({made.shown()}) and neither sizes a grid axis "
+    how = "changes with the shape" if len(set(made.values.values())) > 1 else "is made on the host"
+    return (f"{name}={made.target} {how} ({made.shown()}) and neither sizes a grid axis "
             f"(cdiv(..., {made.target})) nor steps a loop of {fn.name}: it may have to cover a whole row")
 
 
