@@ -415,12 +415,19 @@ def _model_text(doc: str, call: ast.Call, call_text: str, params: list[str], ini
     lines += ["", f"    def forward(self{''.join(', ' + p for p in params)}):"]
     if dims_in_body:
         lines.append(f"        {', '.join(dims_in_body)} = {', '.join('self.' + d for d in dims_in_body)}")
-    lines += [f"        {o} = {o}.clone()  # written in place by the call: the caller's tensor stays as it was"
+    lines += [f"        {o} = self._keep({o})  # written in place by the call: the caller's tensor stays as it was"
               for o in outputs]
     lines += [f"        {name} = {expr}" for name, expr in derived.items()]
     lines.append(f"        result = {call_text if not setup_names else ast.unparse(call)}")
     ret = returns[0] if len(returns) == 1 else "(" + ", ".join(returns) + ")"
     lines.append(f"        return {ret}")
+    if outputs:
+        lines += ["", "    @staticmethod", "    @torch.compiler.disable",
+                  "    def _keep(t):",
+                  '        """A copy of an input the call writes in place, made outside torch.compile\'s graph: the copy is '
+                  "the\n        harness's, not the problem's work: torch.compile may fold a copy and the reference's in-place "
+                  'op into one\n        pass, where the kernel\'s Model runs a copy and then the kernel."""',
+                  "        return t.clone()"]
     return "\n".join(lines) + "\n"
 
 
