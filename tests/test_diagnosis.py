@@ -123,8 +123,13 @@ def test_a_finding_that_holds_at_another_timed_shape_names_that_shape(kb):
     assert any(x.startswith("diagnosis: [dx-fewer-programs-than-cores] matmul_kernel at bench-gpu-1: the grid has "
                             "16 programs") for x in lines), lines
     assert not any(x.startswith("compiler at") for x in lines)  # the same compiled kernel at both: said once
-    order, why = tactic_order([SimpleNamespace(name=n) for n in ("launch-params", "split-k")], "device_tuning", d)
-    assert order[0].name == "split-k" and "16 programs" in why["split-k"]
+    names = ("launch-params", "split-k", "swap-ab", "per-shape-config")
+    order, why = tactic_order([SimpleNamespace(name=n) for n in names], "device_tuning", d)
+    # that shape's class gets its own branch first (split-K, swap-AB or smaller tiles there only), then split-K for
+    # every shape: a one-minute port on an H100 ran out of time after the launch search, before per-shape-config
+    assert [t.name for t in order] == ["per-shape-config", "split-k", "launch-params", "swap-ab"]
+    assert why["per-shape-config"].startswith("diagnosis dx-fewer-programs-than-cores at bench-gpu-1:")
+    assert "16 programs" in why["split-k"]
     # a shape that compiled differently (another specialization) gets its own compiler line
     other = json.loads(json.dumps(decode))
     other["kernels"][0]["facts"]["regs"] = 99

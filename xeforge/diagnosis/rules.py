@@ -193,15 +193,26 @@ def findings_of(diagnosis: dict[str, Any] | None) -> list[Finding]:
     return out
 
 
+#: the tactic that gives a class of shapes its own branch
+PER_SHAPE = "per-shape-config"
+
+
 def tactic_order(tactics: list[Any], stage: str, diagnosis: dict[str, Any] | None) -> tuple[list[Any], dict[str, str]]:
     """``tactics`` (objects with ``name``) with those the diagnosis names for ``stage`` first, in the order the
-    findings name them; and for each tactic moved, the reason (the finding's id and cause)."""
+    findings name them; and for each tactic moved, the reason (the finding's id and cause). A finding that holds at
+    a shape other than the primary one puts ``per-shape-config`` first among its tactics, where it names it: that
+    shape's class gets its own branch there, and a port whose time budget runs out after the launch search (on an
+    H100, most corpus GEMMs' one-minute ports) still reaches it."""
     reasons: dict[str, str] = {}
     for f in findings_of(diagnosis):
         if f.stage != stage:
             continue
-        for name in f.tactics:
-            reasons.setdefault(name, f"diagnosis {f.id}: {f.cause}")
+        names = list(f.tactics)
+        if f.shape and PER_SHAPE in names:
+            names = [PER_SHAPE] + [n for n in names if n != PER_SHAPE]
+        for name in names:
+            at = f" at {f.shape}" if f.shape else ""
+            reasons.setdefault(name, f"diagnosis {f.id}{at}: {f.cause}")
     first = [t for name in reasons for t in tactics if t.name == name]
     return first + [t for t in tactics if t not in first], {t.name: reasons[t.name] for t in first}
 
