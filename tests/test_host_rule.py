@@ -231,3 +231,23 @@ def test_a_persistent_gemms_tiles_from_a_host_table_are_searched_and_fitted_per_
     for src in (tile.source, fitted.source.replace("if M <= 256:", "if M <= 32:")):  # ci's 64 rows take the else
         verdict = verify(p, src)
         assert verdict.correct, verdict.feedback()
+
+
+def test_a_grid_axis_the_host_computes_from_the_block_lets_the_block_be_searched(verify):
+    """moe_grouped_gemm pads each expert's rows to BLOCK_M on the host (`_align_rows_to_blocks(offsets,
+    cfg["BLOCK_M"], T)`) and launches one program per padded block (`n_blocks = block_expert.numel()`): the grid
+    follows the block through those locals. The search left BLOCK_M alone ("neither sizes a grid axis nor steps a
+    loop"); it sets it where cfg is made now, before the padding, and the result verifies."""
+    from stages.device_tuning import STAGE
+    from tests.realworld import problem_dir
+
+    p = load_problem(problem_dir("moe_grouped_gemm"))
+    ctx = tactic_context(p, kind="cuda", target="h100", cores=132)
+    search = next(t for t in STAGE.tactics if t.name == "launch-params")
+    app = search.check(ctx)
+    assert app.applies and "BLOCK_M, BLOCK_N, BLOCK_K" in app.reason, app.reason
+    cand = next(c for c in search.propose(ctx) if c.params.get("BLOCK_M") == 128)
+    src = cand.source
+    assert src.index("cfg = {**cfg, 'BLOCK_M': 128") < src.index("_align_rows_to_blocks(expert_offsets, cfg[")
+    verdict = verify(p, src)
+    assert verdict.correct, verdict.feedback()

@@ -93,6 +93,49 @@ def _axis_via_local(model: KernelModel, site: LaunchSite, grid: Any, axis: int, 
     return bool(sets) and max(sets) < assigns[0].lineno
 
 
+def _axis_computed_from(model: KernelModel, site: LaunchSite, grid: Any, axis: int, made: HostMade) -> bool:
+    """Grid axis ``axis`` is a local the launching function computes, through other locals, from the block's host
+    value after the host last sets it: a MoE wrapper's ``row_ids, block_expert = _align(offsets, cfg["BLOCK_M"], T)``,
+    ``n_blocks = block_expert.numel()``, grid ``(n_blocks, cdiv(N, BLOCK_N))``. A value set where the block is made
+    reaches the grid through them (gate 2 checks the coverage at every correctness shape)."""
+    fn = enclosing_function(model, site)
+    if fn is None or grid is None or axis >= len(grid.elements):
+        return False
+    sets = [n.lineno for n in ast.walk(fn) if isinstance(n, ast.stmt) and not isinstance(n, ast.FunctionDef)
+            and n.lineno < site.line and _stores_name(n, made.var)]
+    if not sets:
+        return False
+    last_set = max(sets)
+    assigns: dict[str, list[ast.Assign]] = {}
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Assign) and n.lineno < site.line:
+            for t in n.targets:
+                for name in ast.walk(t):
+                    if isinstance(name, ast.Name) and isinstance(name.ctx, ast.Store):
+                        assigns.setdefault(name.id, []).append(n)
+    target = made.target.replace(" ", "")
+
+    def reads_block(expr: ast.AST) -> bool:
+        return any((isinstance(n, ast.Name) and n.id == made.var and made.var == made.target) or
+                   ast.unparse(n).replace(" ", "").replace("'", '"') == target.replace("'", '"')
+                   for n in ast.walk(expr) if isinstance(n, (ast.Name, ast.Subscript)))
+
+    seen: set[str] = set()
+    todo = [n.id for n in ast.walk(grid.elements[axis]) if isinstance(n, ast.Name)]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in assigns:
+            continue
+        seen.add(name)
+        if len(assigns[name]) != 1 or assigns[name][0].lineno <= last_set:
+            continue  # set twice, or before the block takes its value: the new value may not reach it
+        value = assigns[name][0].value
+        if reads_block(value):
+            return True
+        todo += [n.id for n in ast.walk(value) if isinstance(n, ast.Name)]
+    return False
+
+
 def _stores_name(node: ast.stmt, var: str) -> bool:
     """``node`` itself (not a statement nested in it) assigns the name ``var``."""
     targets = node.targets if isinstance(node, ast.Assign) else \
@@ -195,7 +238,8 @@ def tunable_names(model: KernelModel, site: LaunchSite) -> tuple[list[str], dict
             coupled = [ax for ax, names in axes.items() if name in names]
             follows = name in products or bool(coupled and (
                 _axis_follows(model, site, grid, coupled[0], name, bd) or
-                _axis_via_local(model, site, grid, coupled[0], made[name]))) or \
+                _axis_via_local(model, site, grid, coupled[0], made[name]) or
+                _axis_computed_from(model, site, grid, coupled[0], made[name]))) or \
                 (grid is not None and grid.kind == "lambda" and any(
                     isinstance(n, ast.Subscript) and literal(n.slice) == name for el in grid.elements
                     for n in ast.walk(el)))
