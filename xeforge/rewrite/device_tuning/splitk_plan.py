@@ -293,12 +293,13 @@ def _cast_of(value: ast.AST, acc: str) -> tuple[bool, ast.AST | None]:
     return False, None
 
 
-def _sum_cast(dtype: ast.AST | None, out: str, kernel: str) -> str:
-    """The output dtype as the summing kernel (whose output pointer is ``out_ptr``) writes it."""
+def _sum_cast(dtype: ast.AST | None, out: str, kernel: str, descs: list[str] = ()) -> str:
+    """The output dtype as the summing kernel (whose output pointer is ``out_ptr``) writes it; ``descs``: tensor
+    descriptors the kernel makes over ``out`` (``acc.to(c_desc.dtype)`` is ``out``'s element type)."""
     if dtype is None:
         return "out_ptr.dtype.element_ty"
     text = ast.unparse(dtype)
-    if text == f"{out}.dtype.element_ty":
+    if text == f"{out}.dtype.element_ty" or text in {f"{d}.dtype" for d in descs}:
         return "out_ptr.dtype.element_ty"
     if text.startswith(("tl.", "triton.language.")) and text.count(".") <= 2:
         return text
@@ -431,7 +432,8 @@ def _output(fn, loops: list[ast.For], acc: str, parents: dict[int, ast.AST], sou
         raise NotApplicable(f"{kernel} casts the accumulator differently in different stores")
     if _reads_output(node, an, out):
         raise NotApplicable(f"{kernel} reads {out} as well as writing it; the slices would each add what it holds")
-    return out, _sum_cast(next(iter(dtypes.values())), out, kernel), value_lines
+    descs = [d for d, base in _desc_bases(node).items() if base == out]
+    return out, _sum_cast(next(iter(dtypes.values())), out, kernel, descs), value_lines
 
 
 def plan(model: KernelModel, kernel: str) -> SplitPlan:
