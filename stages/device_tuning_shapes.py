@@ -282,6 +282,16 @@ def _classes(ctx: StageContext, site: LaunchSite, args: dict[str, tuple[str, str
     return out, skipped
 
 
+def _idle_cores_class(ctx: StageContext, cls: ShapeClass) -> tuple[int, str, Variant] | None:
+    """(cores, where the count came from, the class's first timed shape) for a class of smaller shapes (``<=``),
+    where a split (of K, of a reduction loop) is sized; None for a class of larger ones or without a core count."""
+    if cls.op != "<=":
+        return None
+    cores, where = core_count(ctx)
+    variant = next((v for v in ctx.problem.timed_variants(ctx.device.kind) if v.name in cls.serves), None)
+    return None if cores is None or variant is None else (cores, where, variant)
+
+
 def chain_coverage(classes: list[ShapeClass], shapes: list[Variant]) -> str | None:
     """Why a dispatch over ``classes`` in this order (the first test that holds wins, the rest to ``else``) would
     leave a branch no correctness shape reaches; None when every branch is reached."""
@@ -481,12 +491,10 @@ class PerShapeConfig(Tactic):
         tile: one row of tiles): split-K only there (:func:`xeforge.rewrite.device_tuning.splitk.apply` with
         ``when``: ``if M <= 128:`` the split copy and its second kernel, ``else:`` the incumbent's launch). Sized
         like the split-k tactic, at the class's first timed shape."""
-        if cls.op != "<=":
+        sized = _idle_cores_class(ctx, cls)
+        if sized is None:
             return []
-        cores, where = core_count(ctx)
-        variant = next((v for v in ctx.problem.timed_variants(ctx.device.kind) if v.name in cls.serves), None)
-        if cores is None or variant is None:
-            return []
+        cores, where, variant = sized
         try:
             plan = splitk.find(ctx.source, ctx.problem)
             if plan.kernel != kernel:
@@ -517,12 +525,10 @@ class PerShapeConfig(Tactic):
         split over SPLIT programs per program and their partial states combined by a second kernel, only there
         (:func:`xeforge.rewrite.device_tuning.splitred.apply` with ``when``), sized at the class's first timed
         shape; a loop whose length is read from memory (a sequence length) is sized by the programs alone."""
-        if cls.op != "<=":
+        sized = _idle_cores_class(ctx, cls)
+        if sized is None:
             return []
-        cores, where = core_count(ctx)
-        variant = next((v for v in ctx.problem.timed_variants(ctx.device.kind) if v.name in cls.serves), None)
-        if cores is None or variant is None:
-            return []
+        cores, where, variant = sized
         try:
             plan = splitred.find(ctx.source, kernel)
             programs, steps = splitred.sizes(ctx.source, plan, ctx.problem, variant)

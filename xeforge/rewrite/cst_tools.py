@@ -193,6 +193,33 @@ def function_copy(source: str, name: str, copy: str) -> cst.FunctionDef:
     return fn.with_changes(name=cst.Name(copy), leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
 
 
+def place_copies(source: str, kernel: str, copies: list[cst.FunctionDef], keep: bool) -> str:
+    """``source`` with ``copies`` (new kernels: a split copy and its second kernel) right after top-level function
+    ``kernel``; without ``keep`` they take its place (nothing launches it any more). LookupError when ``kernel`` is
+    not there or a copy's name is taken."""
+    module = cst.parse_module(source)
+    body = list(module.body)
+    names = {c.name.value for c in copies}
+    taken = [st.name.value for st in body if isinstance(st, cst.FunctionDef) and st.name.value in names]
+    if taken:
+        raise LookupError(f"the file already defines {', '.join(taken)}")
+    at = next((i for i, st in enumerate(body) if isinstance(st, cst.FunctionDef) and st.name.value == kernel), None)
+    if at is None:
+        raise LookupError(f"{kernel} is not a top-level function")
+    body[at:at + 1] = [body[at], *copies] if keep else [
+        copies[0].with_changes(leading_lines=body[at].leading_lines), *copies[1:]]
+    return module.with_changes(body=body).code
+
+
+def branch_block(block: list[str], when: str | None, original: str) -> list[str]:
+    """``block`` (host statements) under ``if <when>:`` with ``original`` in the ``else``; ``block`` as it is
+    without ``when``."""
+    if when is None:
+        return block
+    return [f"if {when}:", *("    " + ln for b in block for ln in b.splitlines()), "else:",
+            *("    " + ln for ln in original.splitlines())]
+
+
 def body_statements(fn: cst.FunctionDef) -> Sequence[cst.BaseStatement]:
     return fn.body.body if isinstance(fn.body, cst.IndentedBlock) else ()
 

@@ -44,8 +44,8 @@ import copy
 import libcst as cst
 
 from xeforge.kernel_model import parse_kernel, parse_python, segment_of
-from xeforge.rewrite.cst_tools import (Edits, Parsed, apply_edits, expr, function_copy, set_call_kwargs, statements,
-                                      walk)
+from xeforge.rewrite.cst_tools import (Edits, Parsed, apply_edits, branch_block, expr, function_copy, place_copies,
+                                      set_call_kwargs, statements, walk)
 from xeforge.rewrite.device_tuning.splitk_plan import (EPILOGUE, PARAM, SUM_KERNEL, Increment, SplitPlan, find, plan,
                                                       sizes)
 from xeforge.rewrite.tiling import NotApplicable
@@ -422,25 +422,15 @@ def _launch_copies(source: str, p: SplitPlan, model, parsed: Parsed, split: int,
              f"dtype=torch.{acc_dtype})",
              code(relaunch(p.split_kernel, grid3, True, {stride: f"{parts}.stride(0)", PARAM: split_var})),
              second]
-    if when is not None:
-        original = code(launch)
-        block = [f"if {when}:", *("    " + ln for b in block for ln in b.splitlines()), "else:",
-                 *("    " + ln for ln in original.splitlines())]
+    block = branch_block(block, when, code(launch))
     host_edits = Edits()
     statement = next(st for st in ast.walk(host) if isinstance(st, ast.Expr) and st.value is site.node)
     host_edits.replace[statement.lineno] = statements("\n".join(block))
     try:
         out = apply_edits(source, host_edits, parsed)
+        # without ``when`` nothing launches the kernel any more: its copies take its place
+        out = place_copies(out, p.kernel, [split_fn] + ([epilogue_fn] if epilogue_fn is not None else []),
+                           keep=when is not None)
     except LookupError as exc:
         raise NotApplicable(f"the split-K edit could not be placed ({exc})") from None
-    module = cst.parse_module(out)
-    body = list(module.body)
-    at = next(i for i, st in enumerate(body) if isinstance(st, cst.FunctionDef) and st.name.value == p.kernel)
-    if any(isinstance(st, cst.FunctionDef) and st.name.value in (p.split_kernel, p.epilogue_kernel) for st in body):
-        raise NotApplicable(f"the file already defines {p.split_kernel} or {p.epilogue_kernel}")
-    # without ``when`` nothing launches the kernel any more: its copies take its place
-    copies = [split_fn] + ([epilogue_fn] if epilogue_fn is not None else [])
-    body[at:at + 1] = [body[at], *copies] if when is not None else [
-        copies[0].with_changes(leading_lines=body[at].leading_lines), *copies[1:]]
-    out = module.with_changes(body=body).code
     return out if epilogue_fn is not None else _add_sum_kernel(out, p.cast)

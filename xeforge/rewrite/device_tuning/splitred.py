@@ -37,8 +37,8 @@ from typing import Any
 import libcst as cst
 
 from xeforge.kernel_model import dotted_name, parse_kernel, parse_python, segment_of
-from xeforge.rewrite.cst_tools import (Edits, Parsed, apply_edits, expr, function_copy, set_call_kwargs, statements,
-                                      walk)
+from xeforge.rewrite.cst_tools import (Edits, Parsed, apply_edits, branch_block, expr, function_copy, place_copies,
+                                      set_call_kwargs, statements, walk)
 from xeforge.rewrite.device_tuning.splitk_plan import carried as carried_names
 from xeforge.rewrite.device_tuning.splitk_plan import int_value
 from xeforge.rewrite.memory import launch_facts
@@ -650,25 +650,15 @@ def _host(source: str, parsed: Parsed, model, plan: Plan, split: int, when: str 
     wide = ", ".join([f"{grid_var}[0] * {split_var}"] + [f"{grid_var}[{i}]" for i in range(1, axes)])
     wide = f"({wide},)" if axes == 1 else f"({wide})"
     block += [relaunch(plan.split_kernel, wide), relaunch(plan.combine_kernel, grid_var)]
-    if when is not None:
-        block = [f"if {when}:", *("    " + ln for b in block for ln in b.splitlines()), "else:",
-                 *("    " + ln for ln in code(launch).splitlines())]
+    block = branch_block(block, when, code(launch))
     statement = next(st for st in ast.walk(host) if isinstance(st, ast.Expr) and st.value is site.node)
     host_edits = Edits()
     host_edits.replace[statement.lineno] = statements("\n".join(block))
     try:
         out = apply_edits(source, host_edits, parsed)
+        return place_copies(out, plan.kernel, [split_fn, combine_fn], keep=when is not None)
     except LookupError as exc:
         raise NotApplicable(f"the split-reduction edit could not be placed ({exc})") from None
-    module = cst.parse_module(out)
-    body = list(module.body)
-    if any(isinstance(st, cst.FunctionDef) and st.name.value in (plan.split_kernel, plan.combine_kernel)
-           for st in body):
-        raise NotApplicable(f"the file already defines {plan.split_kernel} or {plan.combine_kernel}")
-    at = next(i for i, st in enumerate(body) if isinstance(st, cst.FunctionDef) and st.name.value == plan.kernel)
-    body[at:at + 1] = [body[at], split_fn, combine_fn] if when is not None else [
-        split_fn.with_changes(leading_lines=body[at].leading_lines), combine_fn]
-    return module.with_changes(body=body).code
 
 
 def _a_tensor_argument(model, site, bound: dict[str, str]) -> str:
