@@ -138,8 +138,11 @@ def _ce(old: str, new: str):
     (_ce("    lse = m + tl.log(s)", "    lse = m + tl.log(s) + 0.0 * tl.max(z, axis=0)"), "reads z, set inside"),
     (_ce("    s = tl.zeros([], dtype=tl.float32)", "    s = tl.zeros([], dtype=tl.float16)"),
      "the partials are stored in float32"),
+    (_ce("tl.where(mask, z, 0.0)", "tl.where(mask, z - m_new, 0.0)"),
+     "adds to total a value made from m, m_new (line 34): a slice's sum would depend on the others'"),
+    (_ce("tl.where(mask, z, 0.0)", "tl.where(mask, z * s, 0.0)"), "adds to total a value made from m, m_new, s (line 34)"),
 ], ids=["not-a-max", "not-an-exponential", "store-in-the-loop", "not-the-identity", "loop-local-after",
-        "fp16-state"])
+        "fp16-state", "sum-of-the-max", "sum-of-another-state"])
 def test_loops_the_combine_cannot_merge_are_left_alone_with_the_reason(make, reason):
     p = problem(CE)
     with pytest.raises(NotApplicable) as err:
@@ -147,10 +150,20 @@ def test_loops_the_combine_cannot_merge_are_left_alone_with_the_reason(make, rea
     assert reason in str(err.value), str(err.value)
 
 
+def test_a_max_started_as_zeros_minus_inf_is_a_max():
+    """`m_i = tl.zeros([BLOCK_H], dtype=tl.float32) - float("inf")`, the other way kernels write it."""
+    p = problem(GQA)
+    src = p.kernel_source.replace('m_i = tl.full([BLOCK_H], -float("inf"), dtype=tl.float32)',
+                                  'm_i = tl.zeros([BLOCK_H], dtype=tl.float32) - float("inf")')
+    assert src != p.kernel_source
+    assert states(splitred.find(src, GQA_KERNEL))[0] == ("m_i", "max", ["BLOCK_H"], None)
+
+
 @pytest.mark.parametrize("name,kernel,reason", [
     ("swiglu_fwd", "_swiglu_fwd_kernel", "depends on the meta-parameters"),
     ("fused_add_rmsnorm", "_fused_add_rmsnorm_kernel", "has no loop at its top level to split"),
-    ("matmul_config_by_m", "_linear_kernel", "carries x_ptrs (line 40), which starts as x_ptr + rows"),
+    ("matmul_config_by_m", "_linear_kernel", "advances x_ptrs from x_ptr + rows[:, None] * stride_xm + ks[None, :] * "
+     "stride_xk (line 40): a pointer or counter"),
 ])
 def test_other_kernels_are_left_alone_with_the_reason(name, kernel, reason):
     p = problem(name)

@@ -162,6 +162,38 @@ def _update_kind(st: ast.stmt, name: str) -> tuple[str, ast.expr | None] | None:
     return None
 
 
+def _added_names(st: ast.stmt, name: str) -> set[str]:
+    """The names an additive update of ``name`` reads in what it adds (``name`` itself left out)."""
+    value = st.value
+    if isinstance(st, ast.Assign) and _dot_into(value, name):
+        return _names(value.args[0]) | _names(value.args[1])
+    if isinstance(st, ast.Assign):
+        return set().union(*(_names(t) for t in _terms(value) if name not in _names(t)))
+    return _names(value) - {name}
+
+
+def _dependencies(loop: ast.For, carried: set[str]) -> dict[str, set[str]]:
+    """Per name the loop assigns, the carried states and max-values it is made from (through the loop's other names,
+    every assignment counted); a carried name depends on itself."""
+    direct: dict[str, set[str]] = {}
+    for n in ast.walk(loop):
+        targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AugAssign) else []
+        for t in targets:
+            for name in (x.id for x in ast.walk(t) if isinstance(x, ast.Name)):
+                direct.setdefault(name, set()).update(_names(n.value))
+    out = {name: ({name} if name in carried else set()) | direct[name] for name in direct}
+    for _ in range(len(out) + 1):
+        changed = False
+        for name, got in out.items():
+            more = set().union(*(out.get(d, set()) for d in got if d not in carried))
+            if not more <= got:
+                got |= more
+                changed = True
+        if not changed:
+            break
+    return out
+
+
 def _exp_call(node: ast.AST) -> bool:
     return isinstance(node, ast.Call) and (dotted_name(node.func) or "").rsplit(".", 1)[-1] in _EXPS
 
@@ -187,8 +219,16 @@ def _init(fn: ast.FunctionDef, loop: ast.For, name: str) -> ast.Assign | None:
 
 
 def _is_neg_inf(node: ast.AST) -> bool:
+    """-inf as kernels write it (``float("-inf")``, ``-float("inf")``, ``-math.inf``), or a finite stand-in for it
+    (``-1e30``): a slice that saw nothing then adds nothing to the combine."""
     text = ast.unparse(node).replace(" ", "")
-    return "inf" in text and ("-inf" in text or "-float" in text or "-math.inf" in text)
+    if "inf" in text and ("-inf" in text or "-float" in text or "-math.inf" in text):
+        return True
+    try:
+        value = float(ast.literal_eval(node))
+    except (ValueError, TypeError, SyntaxError):
+        return False
+    return value <= -1e20
 
 
 def _is_zero(node: ast.AST) -> bool:
@@ -206,6 +246,14 @@ def _shape_of(value: ast.AST, kind: str, source: str) -> list[str]:
         if not ok:
             raise NotApplicable(f"starts at {text}, not {what}")
         return []
+    if kind == "max" and isinstance(value, ast.BinOp) and isinstance(value.op, ast.Sub) and \
+            is_tl_call(value.left, "zeros") and _is_neg_inf(ast.UnaryOp(ast.USub(), value.right)):
+        value = value.left  # tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf"): its shape and dtype
+        return _shape_of(ast.Call(ast.Attribute(ast.Name("tl", ast.Load()), "full", ast.Load()),
+                                  [_kw(value, "shape", 0), ast.UnaryOp(ast.USub(), ast.Name("inf", ast.Load()))],
+                                  [k for k in value.keywords if k.arg == "dtype"] or
+                                  ([ast.keyword("dtype", value.args[1])] if len(value.args) > 1 else [])),
+                         kind, source)
     if is_tl_call(value, "zeros") or is_tl_call(value, "full"):
         full = is_tl_call(value, "full")
         if kind == "max" and not (full and _is_neg_inf(_kw(value, "value", 1) or ast.Constant(0))):
@@ -275,6 +323,7 @@ def _plan_loop(fn: ast.FunctionDef, loop: ast.For, source: str, kernel: str) -> 
     the_max = next(iter(maxes), None)
     new_max, max_line = maxes[the_max] if the_max else (set(), 0)
 
+    deps = _dependencies(loop, set(carried))
     states: list[State] = []
     for name in carried:
         ups = _updates(loop, name)
@@ -296,16 +345,29 @@ def _plan_loop(fn: ast.FunctionDef, loop: ast.For, source: str, kernel: str) -> 
                 u, f = scales[0]
                 factor = _factor(f, top_locals, new_max, the_max, max_line, u, source, at, name)
             kind = "rescaled" if factor is not None else "sum"
+            # what a step adds is this slice's own: it may read the max's new value only where the sum is rescaled
+            # by it, and no other state at all
+            allowed = ({the_max} | new_max) if kind == "rescaled" and the_max else set()
+            for u, (k, _) in zip(ups, kinds):
+                added = _added_names(u, name) if k == "add" else set()
+                reads = set().union(*(deps.get(n, set()) | {n} for n in added)) & ((set(carried) | new_max) - allowed - {name})
+                if reads:
+                    raise NotApplicable(f"{at} adds to {name} a value made from {', '.join(sorted(reads))} (line "
+                                        f"{u.lineno}): a slice's sum would depend on the others'")
         init = _init(fn, loop, name)
         if init is None:
             raise NotApplicable(f"{at} carries {name}, which is not set before the loop at the top of the kernel")
         try:
             shape = _shape_of(init.value, kind, source)
         except NotApplicable as exc:
+            v = init.value
+            if kind == "sum" and not isinstance(v, (ast.Constant, ast.UnaryOp)) and not (
+                    is_tl_call(v, "zeros") or is_tl_call(v, "full")):
+                raise NotApplicable(f"{at} advances {name} from {segment_of(source, v) or ast.unparse(v)} (line "
+                                    f"{init.lineno}): a pointer or counter, which a slice would have to start mid-way "
+                                    "(split-K does that for a GEMM's K loop)") from None
             raise NotApplicable(f"{at} carries {name} (line {init.lineno}), which {exc}") from None
         states.append(State(name, kind, shape, factor, line))
-    if not any(s.kind != "max" for s in states) and the_max is None:
-        raise NotApplicable(f"{at} carries no reduction state")
 
     # what comes after the loop may read the states and what was set before it, not the loop's own names
     idx = fn.body.index(loop)
@@ -404,9 +466,8 @@ def find(source: str, kernel: str) -> Plan:
     if grid.kind == "lambda" and any(grid.meta in _names(e) for e in grid.elements):
         raise NotApplicable(f"the grid of {kernel} at line {site.line} depends on the meta-parameters")
     jit = model.functions[kernel]
-    constexprs = [p for p in jit.params if p in jit.constexpr_params] or \
-        [a.arg for a in fn.args.args if a.annotation is not None and "constexpr" in ast.unparse(a.annotation)]
-    first_constexpr = next((i for i, a in enumerate(fn.args.args) if a.arg in constexprs), len(fn.args.args))
+    first_constexpr = next((i for i, a in enumerate(fn.args.args) if a.arg in jit.constexpr_params),
+                           len(fn.args.args))
     if len(site.node.args) > first_constexpr:
         raise NotApplicable(f"the launch at line {site.line} passes a tl.constexpr parameter by position")
     loops = [st for st in fn.body if isinstance(st, ast.For)]
