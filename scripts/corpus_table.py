@@ -11,7 +11,8 @@ Usage (repo root):
 ``--resume --redo`` and not run again, say) is explained from the newest earlier report that has a row for it.
 --also names other reports taken on the same device (another bench call, a start-only bench of kernels the ports had
 no time for): a kernel without figures in BENCH_JSON takes its row from the first of them that timed its start, and
-the row says which report it came from.
+the row says which report it came from. --starts does the same with the start, eager and torch.compile figures only
+(a probe that benched a candidate with --final has no port result to show).
 
 Every figure is read from BENCH_JSON as ``xeforge bench`` wrote it (``xeforge/bench.py``): per problem, ``shapes``
 (each timed shape with the median times of start, final, eager and compile, and the speedups final_vs_start and
@@ -100,6 +101,19 @@ def _why_not(row: dict) -> str:
     return "; ".join(bits) or "no timed start"
 
 
+def _starts_only(row: dict) -> dict:
+    """``row`` without its port result: no final entry, no final time or ratio at any shape."""
+    row = json.loads(json.dumps(row))
+    row.get("entries", {}).pop("final", None)
+    for sh in row.get("shapes") or []:
+        (sh.get("times") or {}).pop("final", None)
+        for k in [k for k in (sh.get("speedups") or {}) if k.startswith("final")]:
+            sh["speedups"].pop(k)
+    for k in [k for k in (row.get("speedups") or {}) if k.startswith("final")]:
+        row["speedups"].pop(k)
+    return row
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bench_json")
@@ -107,10 +121,14 @@ def main(argv=None) -> int:
     ap.add_argument("--earlier", action="append", default=[], help="an earlier report, newest last (repeatable)")
     ap.add_argument("--also", action="append", default=[],
                     help="another report on the same device: rows for kernels BENCH_JSON has no figures for")
+    ap.add_argument("--starts", action="append", default=[],
+                    help="as --also, the start, eager and torch.compile figures only (a report whose port result "
+                         "was given with --final, a probe's candidate, is not a port)")
     a = ap.parse_args(argv)
     rep = json.loads(Path(a.bench_json).read_text())
     also: dict[str, tuple[str, dict]] = {}
-    for f in a.also:
+    for f in [*a.also, *a.starts]:
+        only_starts = f in a.starts
         other = json.loads(Path(f).read_text())
         if (other.get("device") or {}).get("name") != (rep.get("device") or {}).get("name"):
             sys.exit(f"corpus_table: {f} was taken on {(other.get('device') or {}).get('name')}, "
@@ -118,7 +136,7 @@ def main(argv=None) -> int:
         for r in other.get("problems", []):
             shs = shapes_of(r)
             if shs and "start" in (shs[0].get("times") or {}):
-                also.setdefault(r["problem"], (f, r))
+                also.setdefault(r["problem"], (f, _starts_only(r) if only_starts else r))
     kinds = corpus_kinds(Path(a.corpus))
     rows_by = {r["problem"]: r for r in rep.get("problems", [])}
     earlier: dict[str, tuple[str, dict]] = {}
