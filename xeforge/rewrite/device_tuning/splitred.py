@@ -22,9 +22,10 @@ every run — and then the code after the loop as written. The host launches the
 with the partials in one float32 buffer per state; with ``when`` (a test such as ``n_rows <= 256``: the
 per-shape-config tactic's class of few rows) only there, the kernel as written in the ``else``.
 
-Anything else the loop carries (a pointer it advances, a counter, a running product), a store or atomic before or
-in the loop, a ``return``/``break`` in it, a persistent kernel, a grid made by a function of the meta-parameters or
-a state whose size the launch does not pass is left alone, with the reason and its line.
+Anything else the loop carries (a pointer it advances, a counter, a running product), a step that adds a value made
+from another state (or from the max, to a sum the max does not rescale), a store or atomic before or in the loop, a
+``return``/``break`` in it, a persistent kernel, a grid made by a function of the meta-parameters or a state whose
+size the launch does not pass is left alone, with the reason and its line.
 """
 
 from __future__ import annotations
