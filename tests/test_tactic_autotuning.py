@@ -245,3 +245,20 @@ def test_sizes_a_heuristic_sets_are_named_as_the_heuristics_not_as_missing(tmp_p
         autotune.rewrite(src, [], "cuda")
     assert "BLOCK, EVEN, num_warps come from add_kernel's @triton.heuristics" in str(exc.value)
     assert "not passed" not in str(exc.value), exc.value
+
+
+def test_a_block_the_grid_reaches_through_a_local_stays_the_hosts_and_the_options_are_tuned(verify):
+    """rope_cache's grid is `(num_tokens, n_q_blocks + triton.cdiv(n_k, BLOCK_H))` with `n_q_blocks = cdiv(n_q,
+    BLOCK_H)`: META cannot express it. Since the launch search can set BLOCK_H where the host makes it, autotuning
+    refused the whole launch ("size(s) the grid in a way the rewrite cannot express"); it now leaves BLOCK_H to the
+    host and tunes the launch options."""
+    from tests.realworld import problem_dir
+
+    p = load_problem(problem_dir("rope_cache"))
+    ctx = tactic_context(p, kind="cuda", target="h100", cores=132)
+    app = TACTIC.check(ctx)
+    assert app.applies and "of num_warps" in app.reason, app.reason
+    cand = TACTIC.propose(ctx)[0]
+    assert "BLOCK_H=BLOCK_H" in cand.source and "'BLOCK_H'" not in cand.source  # the host's, at the launch
+    verdict = verify(p, cand.source)
+    assert verdict.correct, verdict.feedback()

@@ -126,6 +126,22 @@ def plan_autotune(model: KernelModel, kernel: str, configs: list[dict[str, Any]]
                         "above it leaves to it")
         raise NotApplicable(f"{kernel}'s launch has no block sizes or launch options with one value to tune"
                             + (f" ({'; '.join(left)})" if left else ""))
+    # the grid must follow META wherever a tuned block sizes a grid axis; a block that sizes it in a way META cannot
+    # express (through a local the host computes) stays the host's, and the rest is tuned (rope_cache's BLOCK_H,
+    # once the launch search could set it where the host makes it, took its launch options out of autotuning)
+    grid_info = launch_grid(model, site)
+    if grid_info is None:
+        raise NotApplicable(f"the grid of the launch at line {site.line} is not a tuple or a lambda returning one")
+    tr = GridTranslator(model, site, an, grid_info)
+    coupled = {n for names_ in axis_blocks(fn).values() for n in names_} & set(names)
+    if grid_info.kind == "tuple":
+        used = {b for el in grid_info.elements for b in tr.blocks_in(el)}
+        hidden = coupled - used
+        if hidden:
+            names = [n for n in names if n not in hidden]
+            if not names and not launch_opts:
+                raise NotApplicable(f"{', '.join(sorted(hidden))} size(s) the grid in a way the rewrite cannot "
+                                    "express with META, and nothing else is left to tune")
     xpu = device_kind == "xpu"
     current = {**{n: values[n] for n in names}, **launch_opts}
     cleaned: list[dict[str, Any]] = []
@@ -141,22 +157,11 @@ def plan_autotune(model: KernelModel, kernel: str, configs: list[dict[str, Any]]
     if not cleaned:
         raise NotApplicable("no configuration to autotune over")
     options = sorted({k for c in cleaned for k in c if k in OPTION_KEYS} | set(launch_opts))
-    # the grid must follow META wherever a tuned block sizes a grid axis
-    grid_info = launch_grid(model, site)
-    if grid_info is None:
-        raise NotApplicable(f"the grid of the launch at line {site.line} is not a tuple or a lambda returning one")
-    coupled = {n for names_ in axis_blocks(fn).values() for n in names_} & set(names)
-    tr = GridTranslator(model, site, an, grid_info)
     new_grid = None
     if grid_info.kind == "tuple":
-        elems = []
-        for el in grid_info.elements:
-            elems.append(tr.meta_expr(el))
-        used = {b for el in grid_info.elements for b in tr.blocks_in(el)}
-        if coupled - used:
-            raise NotApplicable(f"{', '.join(sorted(coupled - used))} size(s) the grid in a way the rewrite cannot "
-                                "express with META")
-        if used:
+        tuned_in_grid = {b for el in grid_info.elements for b in tr.blocks_in(el)} & set(names)
+        if tuned_in_grid:
+            elems = [tr.meta_expr(el) for el in grid_info.elements]
             new_grid = "lambda META: (" + ", ".join(elems) + ("," if len(elems) == 1 else "") + ")"
     else:
         literal_blocks = [b for el in grid_info.elements for b in tr.blocks_in(el)
