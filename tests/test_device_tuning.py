@@ -246,6 +246,8 @@ def test_the_search_sizes_shared_memory_for_the_widest_dtype_a_candidate_runs_in
     ctx = tactic_context(p, kind="cuda", target="h100", cores=132)
     fn = parse_kernel(p.kernel_source).functions["_linear_kernel"]
     assert widest_dtype(ctx) == "bfloat16" and not kb_rejects(ctx, wide, fn)
+    # a plan made on the interpreter for a GPU target sizes for that GPU's shapes, not the interpreter's float32 ci
+    assert widest_dtype(tactic_context(p, kind="cpu", target="arc-b580")) == "bfloat16"
 
     folder = tmp_path / "gemm_square"
     shutil.copytree(KERNELS / "gemm_square", folder)

@@ -516,13 +516,15 @@ def widest_dtype(ctx: Any) -> str | None:
     """The widest dtype the problem computes in at a shape the candidate must pass on this device (gate 2 runs
     every correctness shape: a spec's float32 ``ci`` beside its bfloat16 bench shapes, on a GPU too), or None when
     the problem tells nothing. A configuration whose operands fit shared memory in bfloat16 but not in float32
-    fails at ``ci`` (on an H100 four of matmul_config_by_m's launch-search trials did: 288 KB of 227)."""
+    fails at ``ci`` (on an H100 four of matmul_config_by_m's launch-search trials did: 288 KB of 227). On the
+    interpreter the shapes are the target GPU's, where the configuration is meant to run."""
     problem = getattr(ctx, "problem", None)
     device = getattr(ctx, "device", None)
     if problem is None or device is None:
         return None
+    kind = device.kind if device.kind != "cpu" else "cuda"  # a GPU's shapes: which GPU does not change them
     try:
-        variants = problem.correctness_variants(device.kind, getattr(ctx.settings, "ragged_shapes", True))
+        variants = problem.correctness_variants(kind, getattr(ctx.settings, "ragged_shapes", True))
         sizes = {dt: DTYPE_BYTES.get(dtype_key(dt) or "", 0) for dt in (problem.compute_dtype(v) for v in variants)
                  if dt}
     except (AttributeError, TypeError, ValueError):
