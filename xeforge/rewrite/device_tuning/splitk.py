@@ -112,7 +112,7 @@ def _trip_count(p: SplitPlan) -> str:
     return f"tl.cdiv({span}, {p.step})"
 
 
-def _node_at(parsed: Parsed, kind: type, line: int) -> cst.CSTNode:
+def node_at(parsed: Parsed, kind: type, line: int) -> cst.CSTNode:
     for n in walk(parsed.module):
         if isinstance(n, kind) and parsed.line(n) == line:
             return n
@@ -187,7 +187,7 @@ def _kernel_edits(model, parsed: Parsed, p: SplitPlan) -> tuple[Edits, str]:
 
     lo, hi, step = _loop_range(p, k_lo, k_hi)
     for kl in p.loops:
-        node = _node_at(parsed, cst.For, kl.node.lineno)
+        node = node_at(parsed, cst.For, kl.node.lineno)
         call = node.iter
         rest = [a for a in call.args if a.keyword is not None and a.keyword.value != "step"]
         new_args = [lo, hi] + ([step] if step else [])
@@ -212,7 +212,7 @@ def apply(source: str, p: SplitPlan, split: int, when: str | None = None) -> str
     parsed = Parsed.of(source)
     edits, stride = _kernel_edits(model, parsed, p)
     for line in sorted(set(p.value_lines)):
-        st = _node_at(parsed, cst.SimpleStatementLine, line)
+        st = node_at(parsed, cst.SimpleStatementLine, line)
         edits.replace[line] = [st.visit(_Uncast(p.acc)).with_changes(leading_lines=[])]
 
     site, host, split_var, parts = _host_names(model, p)
@@ -232,7 +232,7 @@ def apply(source: str, p: SplitPlan, split: int, when: str | None = None) -> str
         sum(1 for n in ast.walk(host) if isinstance(n, ast.Name) and n.id == grid.variable
             and isinstance(n.ctx, ast.Load)) == 1
     if grid_var:
-        g = _node_at(parsed, cst.SimpleStatementLine, grid.assign.lineno)
+        g = node_at(parsed, cst.SimpleStatementLine, grid.assign.lineno)
         assign = g.body[0].with_changes(value=expr(new_grid))
         edits.replace[grid.assign.lineno] = [*statements("\n".join(choose)),
                                                g.with_changes(body=[assign], leading_lines=[])]
@@ -303,14 +303,14 @@ class _Rename(ast.NodeTransformer):
         return ast.copy_location(ast.Name(self.names.get(node.id, node.id), node.ctx), node)
 
 
-class _Inline(ast.NodeTransformer):
-    """A name replaced by (a copy of) the expression it was assigned."""
+class Inline(ast.NodeTransformer):
+    """Names replaced by (copies of) the expressions they stand for."""
 
-    def __init__(self, name: str, value: ast.expr) -> None:
-        self.name, self.value = name, value
+    def __init__(self, values: dict[str, ast.expr]) -> None:
+        self.values = values
 
     def visit_Name(self, node: ast.Name) -> ast.AST:
-        return copy.deepcopy(self.value) if node.id == self.name else node
+        return copy.deepcopy(self.values[node.id]) if node.id in self.values else node
 
 
 def _function_copy(source: str, kernel: str, name: str) -> cst.FunctionDef:
@@ -339,7 +339,7 @@ def _apply_copies(source: str, p: SplitPlan, split: int, when: str | None) -> st
     edits, stride = _kernel_edits(model, parsed, p)
     if ep is None:
         for line in sorted(set(p.value_lines)):
-            st = _node_at(parsed, cst.SimpleStatementLine, line)
+            st = node_at(parsed, cst.SimpleStatementLine, line)
             edits.replace[line] = [st.visit(_Uncast(p.acc)).with_changes(leading_lines=[])]
         split_fn = _function_copy(apply_edits(source, edits, parsed), p.kernel, p.split_kernel)
         return _launch_copies(source, p, model, parsed, split, when, split_fn, None, stride, {})
@@ -358,7 +358,7 @@ def _apply_copies(source: str, p: SplitPlan, split: int, when: str | None) -> st
     dims = {param: (s_m, s_n)[dim] for param, dim in ep.strides.items()}
     ptr_node = parse_python(ast.unparse(ep.ptr), mode="eval").body
     for st in reversed(prelude):
-        ptr_node = _Inline(st.targets[0].id, st.value).visit(ptr_node)
+        ptr_node = Inline({st.targets[0].id: st.value}).visit(ptr_node)
     ptr = ast.unparse(_Rename({p.out: part, **dims}).visit(ptr_node))
     zero = "0" if ep.acc_dtype.startswith("int") else "0.0"
     load = f"tl.load({ptr}{{off}}{mask}{f', other={zero}' if ep.mask is not None else ''})"

@@ -594,15 +594,25 @@ def sizes(source: str, plan_: SplitPlan, problem: Any, variant: Any) -> tuple[in
     shape = getattr(bound[0].get(plan_.out), "shape", None)
     if shape is not None and len(shape) != 2:
         raise NotApplicable(f"{plan_.kernel} writes a {len(shape)}-D tensor; the summing kernel adds matrices")
-    values = {k: v for k, v in bound[0].items() if isinstance(v, int) and not isinstance(v, bool)}
-    fn = model.functions[plan_.kernel].node
+    steps = trip_count(model.functions[plan_.kernel].node, bound[0], plan_.start, plan_.stop, plan_.step)
+    if steps is None:
+        raise NotApplicable(f"the K-loop length of {plan_.kernel} at {variant.name} cannot be evaluated statically")
+    return tiles, steps
+
+
+def trip_count(fn: ast.FunctionDef, params: dict[str, Any], start: str | None, stop: str, step: str | None
+               ) -> int | None:
+    """How many times ``for _ in range(start, stop, step)`` runs in kernel ``fn`` with its parameters at
+    ``params`` (a variant's traced values), the bounds evaluated through the kernel's top-level assignments; None
+    where one is not known before the kernel runs (read from memory, say)."""
+    values = {k: v for k, v in params.items() if isinstance(v, int) and not isinstance(v, bool)}
     defs = {st.targets[0].id: st.value for st in fn.body if isinstance(st, ast.Assign) and len(st.targets) == 1
             and isinstance(st.targets[0], ast.Name)}
     ev = lambda text, default: default if text is None else int_value(parse_python(text, mode="eval").body, values, defs)
-    start, stop, step = ev(plan_.start, 0), ev(plan_.stop, None), ev(plan_.step, 1)
-    if None in (start, stop, step) or step <= 0:
-        raise NotApplicable(f"the K-loop length of {plan_.kernel} at {variant.name} cannot be evaluated statically")
-    return tiles, max(0, -(-(stop - start) // step))
+    lo, hi, by = ev(start, 0), ev(stop, None), ev(step, 1)
+    if None in (lo, hi, by) or by <= 0:
+        return None
+    return max(0, -(-(hi - lo) // by))
 
 
 def int_value(node: ast.AST, values: dict[str, int], defs: dict[str, ast.AST], depth: int = 0) -> int | None:

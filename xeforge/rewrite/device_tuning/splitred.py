@@ -37,11 +37,12 @@ from typing import Any
 
 import libcst as cst
 
-from xeforge.kernel_model import dotted_name, parse_kernel, parse_python, segment_of
+from xeforge.kernel_model import dotted_name, parse_kernel, segment_of
 from xeforge.rewrite.cst_tools import (Edits, Parsed, apply_edits, branch_block, expr, function_copy, place_copies,
                                       set_call_kwargs, statements, walk)
+from xeforge.rewrite.device_tuning.splitk import Inline, node_at
 from xeforge.rewrite.device_tuning.splitk_plan import carried as carried_names
-from xeforge.rewrite.device_tuning.splitk_plan import int_value
+from xeforge.rewrite.device_tuning.splitk_plan import trip_count
 from xeforge.rewrite.memory import launch_facts
 from xeforge.rewrite.persistent import launched_programs
 from xeforge.rewrite.tiling import NotApplicable, _assign_counts, _kw, assigned_names, is_tl_call
@@ -75,7 +76,6 @@ class State:
 class Plan:
     kernel: str
     loop_line: int
-    target: str
     start: str | None
     stop: str
     step: str | None
@@ -197,14 +197,6 @@ def _dependencies(loop: ast.For, carried: set[str]) -> dict[str, set[str]]:
 
 def _exp_call(node: ast.AST) -> bool:
     return isinstance(node, ast.Call) and (dotted_name(node.func) or "").rsplit(".", 1)[-1] in _EXPS
-
-
-class _Inline(ast.NodeTransformer):
-    def __init__(self, values: dict[str, ast.expr]) -> None:
-        self.values = values
-
-    def visit_Name(self, node: ast.Name) -> ast.AST:
-        return copy.deepcopy(self.values[node.id]) if node.id in self.values else node
 
 
 def _init(fn: ast.FunctionDef, loop: ast.For, name: str) -> ast.Assign | None:
@@ -385,7 +377,7 @@ def _plan_loop(fn: ast.FunctionDef, loop: ast.For, source: str, kernel: str) -> 
                 raise NotApplicable(f"line {n.lineno} writes memory before {at}: every slice would write it")
     if not after:
         raise NotApplicable(f"nothing follows {at}")
-    return Plan(kernel, loop.lineno, loop.target.id, start, stop, step, states, new_max,
+    return Plan(kernel, loop.lineno, start, stop, step, states, new_max,
                 [st.lineno for st in after])
 
 
@@ -439,7 +431,7 @@ def _factor(f: ast.expr, top_locals: dict[str, ast.Assign], new_max: set[str], t
             break
         if any(top_locals[n].lineno > max_line for n in inline) and max_line:
             raise refuse(f"computed after the max moves on (line {max_line})")
-        node = _Inline(inline).visit(node)
+        node = Inline(inline).visit(node)
     names = _names(node)
     if the_max not in names or not (names & new_max) or not any(_exp_call(n) for n in ast.walk(node)):
         raise refuse(f"which is not an exponential of {the_max} against its next value")
@@ -503,16 +495,7 @@ def sizes(source: str, plan: Plan, problem: Any, variant: Any) -> tuple[int, int
     bound = launch_facts(model, site, problem, variant)
     if programs is None or bound is None:
         raise NotApplicable(f"the programs of {plan.kernel} at {variant.name} cannot be read from the trace")
-    values = {k: v for k, v in bound[0].items() if isinstance(v, int) and not isinstance(v, bool)}
-    fn = model.functions[plan.kernel].node
-    defs = {st.targets[0].id: st.value for st in fn.body if isinstance(st, ast.Assign) and len(st.targets) == 1
-            and isinstance(st.targets[0], ast.Name)}
-    ev = lambda text, default: default if text is None else int_value(parse_python(text, mode="eval").body,
-                                                                       values, defs)
-    start, stop, step = ev(plan.start, 0), ev(plan.stop, None), ev(plan.step, 1)
-    if None in (start, stop, step) or step <= 0:
-        return programs, None
-    return programs, max(0, -(-(stop - start) // step))
+    return programs, trip_count(model.functions[plan.kernel].node, bound[0], plan.start, plan.stop, plan.step)
 
 
 def split_values(programs: int, steps: int | None, cores: int) -> list[int]:
@@ -535,13 +518,6 @@ def _offsets(shape: list[str]) -> tuple[str, str]:
         return shape[0], f" + tl.arange(0, {shape[0]})"
     a, b = shape
     return f"{a} * {b}", f" + tl.arange(0, {a})[:, None] * {b} + tl.arange(0, {b})[None, :]"
-
-
-def _node_at(parsed: Parsed, kind: type, line: int) -> cst.CSTNode:
-    for n in walk(parsed.module):
-        if isinstance(n, kind) and parsed.line(n) == line:
-            return n
-    raise NotApplicable(f"no {kind.__name__} at line {line}")
 
 
 def _loop_code(plan: Plan, names: dict[str, str]) -> tuple[list[str], list[str]]:
@@ -586,10 +562,10 @@ def _split_kernel(source: str, parsed: Parsed, model, plan: Plan, names: dict[st
         if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):  # the docstring stays first
             edits.insert_after[first.lineno] = statements("\n".join(head))
         else:
-            node = _node_at(parsed, (cst.SimpleStatementLine, cst.For, cst.If, cst.While), first.lineno)
+            node = node_at(parsed, (cst.SimpleStatementLine, cst.For, cst.If, cst.While), first.lineno)
             edits.replace[first.lineno] = statements("\n".join(head)) + [node]
     pre, args = _loop_code(plan, names)
-    loop = _node_at(parsed, cst.For, plan.loop_line)
+    loop = node_at(parsed, cst.For, plan.loop_line)
     call = loop.iter
     rest = [a for a in call.args if a.keyword is not None]
     new_args = [cst.Arg(expr(t), comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))) for t in args] + rest
@@ -636,7 +612,7 @@ def _combine_kernel(source: str, parsed: Parsed, plan: Plan, names: dict[str, st
                 continue
             mapping = {the_max.name: ast.Name(mj, ast.Load()),
                        **{n: ast.Name(the_max.name, ast.Load()) for n in plan.new_max}}
-            f = ast.unparse(_Inline(mapping).visit(copy.deepcopy(s.factor)))
+            f = ast.unparse(Inline(mapping).visit(copy.deepcopy(s.factor)))
             # a slice that saw only -inf (an empty slice, a masked block) adds nothing, even where its sum is NaN
             w = names[f"w:{s.name}"]
             code += [f"    {w} = {f}", f"    {s.name} = {s.name} + tl.where({w} > 0, {load(s)} * {w}, 0.0)"]

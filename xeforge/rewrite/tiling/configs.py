@@ -73,29 +73,10 @@ def _axis_follows(model: KernelModel, site: LaunchSite, grid: Any, axis: int, na
     return bd.expr is not None and src == bd.expr.strip()
 
 
-def _axis_via_local(model: KernelModel, site: LaunchSite, grid: Any, axis: int, made: HostMade) -> bool:
-    """Grid axis ``axis`` is a local of the launching function made from ``cdiv(..., <the host variable>)`` after
-    the host last sets that variable (``num_splits = triton.cdiv(kv_len, block_seq)``, the grid
-    ``(batch, heads, num_splits)``): a value set where the block is made reaches the grid through it."""
-    fn = enclosing_function(model, site)
-    if fn is None or grid is None or axis >= len(grid.elements) or not isinstance(grid.elements[axis], ast.Name):
-        return False
-    local = grid.elements[axis].id
-    assigns = [n for n in ast.walk(fn) if isinstance(n, ast.Assign) and n.lineno < site.line and
-               any(isinstance(t, ast.Name) and t.id == local for t in n.targets)]
-    if len(assigns) != 1 or len(assigns[0].targets) != 1:
-        return False
-    cd = _cdiv_args(assigns[0].value)
-    if cd is None or not (isinstance(cd[1], ast.Name) and cd[1].id == made.var == made.target):
-        return False
-    sets = [n.lineno for n in ast.walk(fn) if isinstance(n, ast.stmt) and not isinstance(n, ast.FunctionDef)
-            and n.lineno < site.line and _stores_name(n, made.var)]
-    return bool(sets) and max(sets) < assigns[0].lineno
-
-
 def _axis_computed_from(model: KernelModel, site: LaunchSite, grid: Any, axis: int, made: HostMade) -> bool:
     """Grid axis ``axis`` is a local the launching function computes, through other locals, from the block's host
-    value after the host last sets it: a MoE wrapper's ``row_ids, block_expert = _align(offsets, cfg["BLOCK_M"], T)``,
+    value after the host last sets it: a split-KV wrapper's ``num_splits = triton.cdiv(kv_len, block_seq)``, grid
+    ``(batch, heads, num_splits)``; a MoE wrapper's ``row_ids, block_expert = _align(offsets, cfg["BLOCK_M"], T)``,
     ``n_blocks = block_expert.numel()``, grid ``(n_blocks, cdiv(N, BLOCK_N))``. A value set where the block is made
     reaches the grid through them (gate 2 checks the coverage at every correctness shape)."""
     fn = enclosing_function(model, site)
@@ -238,7 +219,6 @@ def tunable_names(model: KernelModel, site: LaunchSite) -> tuple[list[str], dict
             coupled = [ax for ax, names in axes.items() if name in names]
             follows = name in products or bool(coupled and (
                 _axis_follows(model, site, grid, coupled[0], name, bd) or
-                _axis_via_local(model, site, grid, coupled[0], made[name]) or
                 _axis_computed_from(model, site, grid, coupled[0], made[name]))) or \
                 (grid is not None and grid.kind == "lambda" and any(
                     isinstance(n, ast.Subscript) and literal(n.slice) == name for el in grid.elements
