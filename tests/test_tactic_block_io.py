@@ -41,7 +41,8 @@ def rewritten(p, **kw) -> str:
 
 
 @pytest.mark.parametrize("folder", [KERNELS / "kb09_matmul_subtract_multiply_relu",
-                                    KERNELS / "gemm_square", KERNELS / "gemm_tall_k", HERE / "linear_small_tiles"],
+                                    KERNELS / "gemm_square", KERNELS / "gemm_tall_k", HERE / "linear_small_tiles",
+                                    HERE / "inline_program_ids"],
                          ids=lambda p: Path(p).name)
 def test_descriptor_rewrite_is_correct(verify, folder):
     p = load_problem(folder)
@@ -51,6 +52,15 @@ def test_descriptor_rewrite_is_correct(verify, folder):
     assert any(blockio.FLAG in f.constexpr_params for f in fn.values())
     verdict = verify(p, src)
     assert verdict.correct, verdict.feedback()
+
+
+def test_program_ids_read_inline_are_named_first():
+    """``tl.program_id(axis=0) * TM + tl.arange(0, TM)`` written where it is used (no ``pid = ...`` line), and K
+    offsets summed inline (``(k + ks)[None, :]``): the tile starts are named at the kernel's top, so the loads and
+    the store are recognised tiles (before, their pointers read as unknown and nothing was rewritten)."""
+    src = rewritten(load_problem(HERE / "inline_program_ids"))
+    assert "pid_0 = tl.program_id(0)" in src and "lhs = a_desc.load([pid_0 * TM, k])" in src, src
+    assert "out_desc.store([pid_0 * TM, pid_1 * TN]" in src, src
 
 
 def test_weight_used_transposed_gets_a_transposed_view_and_a_runtime_guard():

@@ -44,6 +44,7 @@ from xeforge.rewrite.tiling.grid import (dot_helpers, fresh_name, gemm_kernels, 
                                          single_launch)
 from xeforge.rewrite.cst_tools import expr, statements
 from xeforge.rewrite.jit_inline import inline_helpers
+from xeforge.rewrite.tiling.pids import hoist_program_ids
 from xeforge.rewrite.tiling.edit import FunctionEdit, LaunchEdit, edit_function, edit_launch, if_else
 
 FLAG = "USE_BLOCK_IO"
@@ -557,6 +558,7 @@ def choose_kernel(model: KernelModel) -> str:
 
 def rewrite(source: str, mode: str = DESCRIPTOR, allocator: bool = True, kernel: str | None = None,
             epilogue_loads: bool = False) -> tuple[str, BlockIOPlan]:
+    source = hoist_program_ids(source)  # ``tl.program_id(0) * BLOCK_M + tl.arange(...)``: a named tile start
     model = parse_kernel(source)
     errors = []
     names = [kernel] if kernel else gemm_kernels(model) + [s.kernel for s in live_launches(model)
