@@ -262,3 +262,19 @@ def test_the_search_sizes_shared_memory_for_the_widest_dtype_a_candidate_runs_in
     qfn = parse_kernel(q.kernel_source).functions["matmul_kernel"]
     assert widest_dtype(qctx) == "float32"
     assert kb_rejects(qctx, wide, qfn)
+
+
+def test_program_ids_read_inline_by_keyword_tie_the_grid_to_the_blocks(verify):
+    """``tl.program_id(axis=0) * TM`` with no ``pid = ...`` line: the grid's literal 16s are each block's, so the
+    blocks are searchable (they were left alone as "an index computation the search cannot follow"), and a larger
+    tile with its grid verifies."""
+    from tests.conftest import FIXTURES
+    from xeforge.rewrite.tiling.configs import apply_config
+
+    p = load_problem(FIXTURES / "tactics" / "block_io" / "inline_program_ids")
+    m = parse_kernel(p.kernel_source)
+    names, why = tunable_names(m, target_site(m))
+    assert {"TM", "TN", "TK"} <= set(names), why
+    out = apply_config(p.kernel_source, "gemm_bias", {"TM": 32, "TN": 64})
+    assert "grid = (triton.cdiv(x.shape[0], 32), triton.cdiv(w.shape[0], 64))" in out, out
+    assert verify(p, out).correct

@@ -372,37 +372,35 @@ def parse_kernel(source: str, path: str = "kernel.py") -> KernelModel:
     )
 
 
+def _program_id_axis(node: ast.AST) -> int | None:
+    """The literal axis of a ``tl.program_id(0)`` / ``tl.program_id(axis=0)`` call, else None."""
+    if not (isinstance(node, ast.Call) and (dotted_name(node.func) or "").endswith("program_id")):
+        return None
+    arg = node.args[0] if node.args else next((kw.value for kw in node.keywords if kw.arg == "axis"), None)
+    val = literal(arg) if arg is not None else None
+    return val if is_literal(val) and isinstance(val, int) and not isinstance(val, bool) else None
+
+
 def axis_blocks(fn: JitFunction) -> dict[int, set[str]]:
-    """Which constexpr block sizes scale each grid axis: ``pid = tl.program_id(0)`` ... ``pid * BLOCK`` -> {0: {BLOCK}}."""
+    """Which constexpr block sizes scale each grid axis: ``pid = tl.program_id(0)`` ... ``pid * BLOCK`` -> {0: {BLOCK}};
+    ``tl.program_id(axis=0) * BLOCK`` written inline counts the same."""
     pid_axis: dict[str, int] = {}
     for node in ast.walk(fn.node):
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
-                and isinstance(node.value, ast.Call) and (dotted_name(node.value.func) or "").endswith("program_id"):
-            arg = node.value.args[0] if node.value.args else None
-            for kw in node.value.keywords:
-                if kw.arg == "axis":
-                    arg = kw.value
-            val = literal(arg)
-            if is_literal(val) and isinstance(val, int):
-                pid_axis[node.targets[0].id] = val
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            axis = _program_id_axis(node.value)
+            if axis is not None:
+                pid_axis[node.targets[0].id] = axis
     out: dict[int, set[str]] = {}
     consts = set(fn.constexpr_params)
     for node in ast.walk(fn.node):
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
-            sides = [node.left, node.right]
-            names = [s.id for s in sides if isinstance(s, ast.Name)]
-            for a in names:
-                for b in names:
-                    if a in pid_axis and b in consts:
-                        out.setdefault(pid_axis[a], set()).add(b)
-        # tl.program_id(0) * BLOCK written inline
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
-            for call, other in ((node.left, node.right), (node.right, node.left)):
-                if isinstance(call, ast.Call) and (dotted_name(call.func) or "").endswith("program_id") \
-                        and isinstance(other, ast.Name) and other.id in consts and call.args:
-                    val = literal(call.args[0])
-                    if is_literal(val):
-                        out.setdefault(val, set()).add(other.id)
+        if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)):
+            continue
+        for side, other in ((node.left, node.right), (node.right, node.left)):
+            if not (isinstance(other, ast.Name) and other.id in consts):
+                continue
+            axis = pid_axis.get(side.id) if isinstance(side, ast.Name) else _program_id_axis(side)
+            if axis is not None:
+                out.setdefault(axis, set()).add(other.id)
     return out
 
 
