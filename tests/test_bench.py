@@ -468,8 +468,11 @@ def test_blas_baseline_takes_the_problems_compute_dtype_where_the_variant_names_
 def test_an_int8_gemm_computes_in_int8_against_a_float64_reference(tmp_path):
     """W8A8 (int8 operands listed before their float32 scales): on an H100 the bench took float32 for its dtype, so
     its roofline was the 67 TFLOP/s fp32 peak (1201%), its BLAS baseline an fp32 GEMM (15.6x) and its reference's
-    float64 product a like-for-like torch.compile (13.8x). It computes in int8 now: the int8 peak, no float BLAS
-    GEMM, and the float64 reference named as wider."""
+    float64 product a like-for-like torch.compile (13.8x). It computes in int8 now: the int8 peak, an int8 vendor
+    GEMM (``torch._int_mm``, where cuBLASLt takes the shape) for the BLAS baseline, and the float64 reference named
+    as wider."""
+    import torch
+
     from tests.realworld import problem_dir
     from xeforge.kb.loader import load_kb
     from xeforge.problem import load_problem
@@ -477,7 +480,21 @@ def test_an_int8_gemm_computes_in_int8_against_a_float64_reference(tmp_path):
     p = load_problem(problem_dir("w8a8_int8_matmul"))
     v = p.variant("bench-gpu")
     assert v.dtype is None and p.compute_dtype(v) == "int8"
-    assert bench.blas_baseline(p, v, tmp_path) is None
+    import dataclasses
+
+    assert "torch._int_mm" in bench.blas_baseline(p, v, tmp_path).read_text()
+    ci = dataclasses.replace(v, dims={**v.dims, "M": 40, "N": 48, "K": 64})  # bench-gpu's form at a CPU's size
+    path = bench.blas_baseline(p, ci, tmp_path)  # M = 40 > 16: cuBLASLt's int8 GEMM takes it
+    assert "torch._int_mm" in path.read_text() and "torch.matmul" not in path.read_text()
+    ns: dict = {}
+    exec(compile(path.read_text(), str(path), "exec"), ns)
+    m = ns["Model"]()
+    out = m()
+    assert out.dtype == torch.int32 and out.shape == (ci.dims["M"], ci.dims["N"])
+    assert torch.equal(out, m.a.int() @ m.w.int().t())
+    decode = next(x for x in p.spec.variants.values() if x.dims.get("M") == 16)
+    assert bench.blas_baseline(p, decode, tmp_path) is None  # 16 rows: _int_mm's CUDA check refuses it
+    assert bench.blas_baseline(p, ci, tmp_path, kind="xpu") is None
     why = bench.reference_widening(p, v)
     assert why and "in float64 where the problem computes in int8" in why, why
     roof = bench.roofline_for(v, "int8", load_kb().devices["h100"])
