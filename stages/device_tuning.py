@@ -47,7 +47,6 @@ from stages.device_tuning_splitred import SplitReduction
 from stages.device_tuning_swap import SwapAB
 from stages.device_tuning_swizzle import GroupedTileOrder
 from xeforge.analysis.launches import autotune_configs, bindings, block_params, live_launches
-from xeforge.kb.roles import role_of
 from xeforge.kernel_model import KernelModel, LaunchSite
 from xeforge.rewrite import NotApplicable, autotune
 from xeforge.rewrite.tiling.configs import (OPTION_KEYS, apply_config, current_config, kb_rejects, kernel_family,
@@ -91,13 +90,15 @@ def _fallback_space(current: dict[str, Any], names: list[str], device_kind: str)
     return space
 
 
-def _role_less(current: dict[str, Any], names: list[str]) -> list[dict[str, Any]]:
-    """One configuration per neighbour (half, double, a quarter, four times) of each tunable block size that plays
-    no role a tuning space keys on, the others as they are."""
+def _role_less(current: dict[str, Any], names: list[str], varied: set[str]) -> list[dict[str, Any]]:
+    """One configuration per neighbour (half, double, a quarter, four times) of each tunable block size the tuning
+    space never varies (``varied``: the names its configurations set) — one that plays no role the space keys on
+    (a split-KV kernel's BLOCK_SEQ), or whose role the family's space leaves out (an elementwise kernel's column
+    block called BLOCK_N) — the others as they are."""
     out = []
     for n in names:
         v = current.get(n)
-        if role_of(n) is not None or not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        if n in varied or not isinstance(v, int) or isinstance(v, bool) or v < 1:
             continue
         out += [{n: w} for w in (v // 2, v * 2, v // 4, v * 4) if w >= 1]
     return out
@@ -164,7 +165,7 @@ class LaunchParamSearch(Tactic):
             n_seeds = len(getattr(kb_space, "seeds", []) or [])
             # block sizes no role of the KB's space names (a split-KV kernel's BLOCK_SEQ): the space never varies
             # them, so each gets its own neighbours right after the seeds, the rest of the launch as it is
-            pool[n_seeds:n_seeds] = _role_less(current, names)
+            pool[n_seeds:n_seeds] = _role_less(current, names, {k for cfg in pool for k in cfg})
         else:
             space = _fallback_space(current, names, ctx.device.kind)
             keys = list(space)

@@ -68,6 +68,7 @@ from xeforge.rewrite.tiling.configs import (OPTION_KEYS, apply_config, current_c
 from xeforge.rewrite.device_tuning import gemv, splitk, splitred
 from xeforge.rewrite.device_tuning.swap_ab import swap_ab, swapped_branch
 from xeforge.rewrite.tiling.dispatch import Branch, dispatch, launch_statement
+from xeforge.rewrite.tiling.host_rule import heuristic_made
 from xeforge.rewrite.tiling.grid import _cdiv_args, launch_bindings, launch_grid
 
 #: a timed shape is a class of its own when one shape argument differs from the primary's by this factor or more
@@ -339,10 +340,10 @@ class PerShapeConfig(Tactic):
             raise NotApplicable(f"{site.kernel} is launched from {len(sites)} places (lines "
                                 f"{', '.join(map(str, sites))}): a dispatch splits one launch")
         launch_statement(m, site)
-        if not tunable(m, site) and not self._option_configs(ctx, site):
-            raise NotApplicable(f"{site.kernel} at line {site.line} has no block size a configuration may change, "
-                                "and no launch option (num_warps, num_stages) the search or the KB would set "
-                                "another way")
+        if not set(tunable(m, site)) - set(heuristic_made(m, site)) and not self._option_configs(ctx, site):
+            raise NotApplicable(f"{site.kernel} at line {site.line} has no block size a configuration may change "
+                                "(none its @triton.heuristics sets: Triton sets those over the launch's), and no "
+                                "launch option (num_warps, num_stages) the search or the KB would set another way")
         args, why = shape_arguments(ctx, site)
         if not args:
             raise NotApplicable(f"no scalar argument of {site.kernel} (line {site.line}) carries a spec dim"
@@ -370,12 +371,14 @@ class PerShapeConfig(Tactic):
         the incumbent's, the search's verified trials and the KB's seeds, each fitted to the class first."""
         m = ctx.model
         fn = m.functions[site.kernel]
-        names = tunable(m, site)
-        current = current_config(m, site)
+        # what the kernel's @triton.heuristics makes, Triton sets over a branch's launch: the branches leave it
+        heur = heuristic_made(m, site)
+        names = [n for n in tunable(m, site) if n not in heur]
+        current = {k: v for k, v in current_config(m, site).items() if k not in heur}
         measured = measured_configs(ctx.run_dir, site.kernel, FROM_SEARCH, tactics=("launch-params",))
         seeds = kb_configs(ctx, ctx.source, site.kernel, FROM_KB)
         out: list[dict[str, Any]] = []
-        keys = option_keys(fn)
+        keys = tuple(k for k in option_keys(fn) if k not in heur)
         there = {**traced_options(m, site, cls.serves[0]), **current}  # what the class's shape runs with now
         for cfg in [current, *measured, *seeds]:
             full = {**current, **{k: v for k, v in cfg.items() if k in names or k in keys}}
@@ -393,7 +396,8 @@ class PerShapeConfig(Tactic):
         (``BLOCK = next_power_of_2(N)``, one row a program): the launch search's verified trials and the KB's
         seeds, options only. A decode-sized class may want other warps than the heuristic gives every shape."""
         current = {**traced_options(ctx.model, site), **current_config(ctx.model, site)}
-        keys = option_keys(ctx.model.functions[site.kernel])
+        heur = heuristic_made(ctx.model, site)  # set by Triton over the launch's: not a branch's to change
+        keys = tuple(k for k in option_keys(ctx.model.functions[site.kernel]) if k not in heur)
         out = []
         for cfg in [*measured_configs(ctx.run_dir, site.kernel, FROM_SEARCH, tactics=("launch-params",)),
                     *kb_configs(ctx, ctx.source, site.kernel, FROM_KB)]:

@@ -251,3 +251,73 @@ def test_a_grid_axis_the_host_computes_from_the_block_lets_the_block_be_searched
     assert src.index("cfg = {**cfg, 'BLOCK_M': 128") < src.index("_align_rows_to_blocks(expert_offsets, cfg[")
     verdict = verify(p, src)
     assert verdict.correct, verdict.feedback()
+
+
+HEURISTIC_KERNEL = textwrap.dedent('''\
+    import torch
+    import triton
+    import triton.language as tl
+
+
+    @triton.heuristics({
+        "BLOCK_R": lambda a: 1 if a["n_rows"] < 64 else 4,
+        "BLOCK_N": lambda a: min(triton.next_power_of_2(a["N"]), 1024),
+        "num_warps": lambda a: 4 if a["N"] >= 512 else 2,
+    })
+    @triton.jit
+    def _scale_rows(x_ptr, y_ptr, n_rows, N, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        for start in range(0, N, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            m = (rows[:, None] < n_rows) & (cols[None, :] < N)
+            x = tl.load(x_ptr + rows[:, None] * N + cols[None, :], mask=m, other=0.0)
+            tl.store(y_ptr + rows[:, None] * N + cols[None, :], x * 2.0, mask=m)
+
+
+    def scale_rows(x):
+        y = torch.empty_like(x)
+        _scale_rows[lambda meta: (triton.cdiv(x.shape[0], meta["BLOCK_R"]),)](x, y, x.shape[0], x.shape[1])
+        return y
+    ''') + MODEL
+
+
+def test_values_a_kernels_heuristics_make_are_searched_and_set_in_its_decorator(tmp_path, verify):
+    """``@triton.heuristics`` sets BLOCK_R, BLOCK_N and num_warps over anything the launch passes, so the launch
+    search left them alone ("BLOCK_N is not passed at line ...", said of the real-world swiglu). They are read from
+    the trace per variant and a configuration is written into the decorator's entries: a constant where the grid
+    reads the block from its meta-parameters, a cap around the user's own entry where a loop steps the row by it.
+    The new values are what runs (the trace of the candidate sees them), and the result verifies."""
+    from stages.device_tuning_shapes import PerShapeConfig
+    from stages.device_tuning import target_site
+    from xeforge.analysis.launches import observed
+    from xeforge.rewrite.tiling.host_rule import heuristic_made
+
+    d = tmp_path / "heuristics"
+    d.mkdir()
+    (d / "kernel.py").write_text(HEURISTIC_KERNEL)
+    (d / "reference.py").write_text(REFERENCE)
+    (d / "spec.yaml").write_text(SPEC + "bench-gpu-1:\n  - {params: [x], dims: {R: 16, N: 4096}}\n")
+    p = load_problem(d)
+    traces(p)
+    model = parse_kernel(p.kernel_source)
+    site = single_launch(model, "_scale_rows")
+    made = heuristic_made(model, site)
+    assert made["BLOCK_N"].values == {"ci": 128, "bench-gpu": 1024, "bench-gpu-1": 1024}
+    assert made["BLOCK_R"].values["bench-gpu-1"] == 1 and made["num_warps"].values["bench-gpu"] == 4
+    names, why = tunable_names(model, site)
+    assert set(names) == {"BLOCK_R", "BLOCK_N"}, why
+    new = apply_config(p.kernel_source, "_scale_rows", {"BLOCK_R": 8, "BLOCK_N": 64, "num_warps": 8})
+    assert '"BLOCK_R": lambda args: 8,' in new and '"num_warps": lambda args: 8,' in new, new
+    assert '"BLOCK_N": lambda args: min((lambda a: min(triton.next_power_of_2(a["N"]), 1024))(args), 64),' in new
+    assert "# xeforge launch-params" in new and "_scale_rows[lambda meta:" in new and "BLOCK_N=" not in new
+    p2 = load_problem(d)
+    traces(p2, new)
+    m2 = parse_kernel(new)
+    seen = observed(m2, single_launch(m2, "_scale_rows"))
+    assert set(seen["BLOCK_R"].values()) == {8} and set(seen["BLOCK_N"].values()) == {64}
+    assert seen["num_warps"]["bench-gpu"] == 8
+    verdict = verify(p, new)
+    assert verdict.correct, verdict.feedback()
+    # a per-shape branch's launch arguments would be overridden by the heuristics: the dispatch leaves them
+    app = PerShapeConfig(target_site).check(tactic_context(p, kind="cuda", target="h100"))
+    assert not app.applies and "@triton.heuristics" in app.reason, app.reason

@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xeforge.analysis.launches import autotune_configs, bindings, launch_options
-from xeforge.kernel_model import KernelModel, axis_blocks, dotted_name, parse_kernel
+from xeforge.kernel_model import KernelModel, axis_blocks, parse_kernel
 from xeforge.rewrite.tiling import BlockPtr, KernelAnalysis, Mask, NotApplicable, Ptr, is_tl_call
 from xeforge.rewrite.tiling.dispatch import undispatch
 from xeforge.rewrite.tiling.grid import GridTranslator, launch_grid, launched_kernels_gemm_first, single_launch
 from xeforge.rewrite.tiling.configs import OPTION_KEYS, apply_config, kb_configs, tunable, values_at
-from xeforge.rewrite.tiling.host_rule import host_made
+from xeforge.rewrite.tiling.host_rule import heuristic_entries, host_made
 from xeforge.rewrite.tiling.edit import LaunchEdit, add_decorator, edit_launch, extend_decorator_list, remove_decorator
 
 #: options triton.Config takes as keywords
@@ -177,15 +177,8 @@ def plan_autotune(model: KernelModel, kernel: str, configs: list[dict[str, Any]]
 def _heuristic_keys(fn: Any) -> set[str] | None:
     """The names a kernel's ``@triton.heuristics({...})`` decorators set (empty without one); None when a
     decorator's argument is not a dict literal with string keys."""
-    keys: set[str] = set()
-    for dec in fn.node.decorator_list:
-        if isinstance(dec, ast.Call) and (dotted_name(dec.func) or "").rsplit(".", 1)[-1] == "heuristics":
-            arg = dec.args[0] if dec.args else next((k.value for k in dec.keywords if k.arg == "values"), None)
-            if not isinstance(arg, ast.Dict) or not all(isinstance(k, ast.Constant) and isinstance(k.value, str)
-                                                        for k in arg.keys):
-                return None
-            keys |= {k.value for k in arg.keys}
-    return keys
+    entries = heuristic_entries(fn.node)
+    return None if entries is None else set(entries)
 
 
 def _uses_meta(node: ast.AST, meta: str | None) -> bool:

@@ -33,7 +33,8 @@ from xeforge.kb.roles import first_int
 from xeforge.rewrite.tiling.grid import (GridInfo, GridTranslator, _cdiv_args, enclosing_function, launch_grid,
                                          launched_kernels_gemm_first, single_launch)
 from xeforge.rewrite.tiling.edit import LaunchEdit, edit_launch
-from xeforge.rewrite.tiling.host_rule import HostMade, at_primary, host_made, overridable, override
+from xeforge.rewrite.tiling.host_rule import (HostMade, at_primary, heuristic_made, host_made, is_capped, overridable,
+                                              override, override_heuristics)
 
 #: launch options a configuration may carry besides constexprs
 OPTION_KEYS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "grf_mode", "warp_size", "threads_per_warp")
@@ -210,7 +211,17 @@ def tunable_names(model: KernelModel, site: LaunchSite) -> tuple[list[str], dict
     ok, why = [], {}
     blocks = block_params(fn)
     made = host_made(model, site, binds)
+    heur = heuristic_made(model, site)
     for name in fn.constexpr_params:
+        if name in heur and name in blocks:
+            # the kernel's @triton.heuristics makes it (over anything the launch passes): a new value goes there,
+            # and only a grid that reads it from the meta-parameters follows it
+            reason = overridable(fn, name, heur[name], _meta_reads(grid, name))
+            if reason is None:
+                ok.append(name)
+            else:
+                why[name] = reason
+            continue
         if name not in blocks or name not in binds:
             continue
         bd = binds[name]
@@ -219,10 +230,7 @@ def tunable_names(model: KernelModel, site: LaunchSite) -> tuple[list[str], dict
             coupled = [ax for ax, names in axes.items() if name in names]
             follows = name in products or bool(coupled and (
                 _axis_follows(model, site, grid, coupled[0], name, bd) or
-                _axis_computed_from(model, site, grid, coupled[0], made[name]))) or \
-                (grid is not None and grid.kind == "lambda" and any(
-                    isinstance(n, ast.Subscript) and literal(n.slice) == name for el in grid.elements
-                    for n in ast.walk(el)))
+                _axis_computed_from(model, site, grid, coupled[0], made[name]))) or _meta_reads(grid, name)
             reason = overridable(fn, name, made[name], follows)
             if reason is None:
                 ok.append(name)
@@ -257,6 +265,12 @@ def tunable_names(model: KernelModel, site: LaunchSite) -> tuple[list[str], dict
     return ok, why
 
 
+def _meta_reads(grid: Any, name: str) -> bool:
+    """A lambda grid reads ``name`` from its meta-parameters (``cdiv(N, META["BLOCK_N"])``): it follows any value."""
+    return grid is not None and grid.kind == "lambda" and any(
+        isinstance(n, ast.Subscript) and literal(n.slice) == name for el in grid.elements for n in ast.walk(el))
+
+
 def _set_where_made(model: KernelModel, site: LaunchSite, bd: Binding) -> bool:
     """A host-made value is set where it is made, not at the launch, when it changes with the shape or the
     launching function reads it elsewhere too (a new value at the launch would leave those readers behind)."""
@@ -277,6 +291,7 @@ def values_at(model: KernelModel, site: LaunchSite) -> dict[str, Any]:
             out[n] = made[n].value
         elif b.value is not None:
             out[n] = b.value
+    out.update({n: h.value for n, h in heuristic_made(model, site).items()})  # over what the launch passes
     return out
 
 
@@ -403,15 +418,29 @@ def apply_config(source: str, kernel: str, cfg: dict[str, Any]) -> str:
     # values the host makes are set where it makes them (the grid and every other reader follow); the rest at the
     # launch
     made = host_made(model, site, binds)
-    at_source = {k: v for k, v in keep.items() if k in made and k in binds and _set_where_made(model, site, binds[k])}
-    keep = {k: v for k, v in keep.items() if k not in at_source}
+    heur = heuristic_made(model, site)
+    in_heuristics = {k: v for k, v in keep.items() if k in heur}
+    at_source = {k: v for k, v in keep.items() if k in made and k in binds and _set_where_made(model, site, binds[k])
+                 and k not in in_heuristics}
+    keep = {k: v for k, v in keep.items() if k not in at_source and k not in in_heuristics}
     grid = launch_grid(model, site)
     shift, anchor, edited = 0, 0, source
     if at_source:
         edited, anchor, shift = override(source, model, site, made, at_source,
                                          grid.assign if grid is not None else None)
-        if not keep:
-            return edited
+    if keep:
+        edited = _apply_at_launch(edited, source, model, site, kernel, keep, names, binds, grid, shift, anchor)
+    if in_heuristics:  # last: the decorator is above the launch, and its entries may change the line count
+        capped = {k for k in in_heuristics if is_capped(model, site, heur[k])}
+        edited = override_heuristics(edited, kernel, heur, in_heuristics, capped)
+    return edited
+
+
+def _apply_at_launch(edited: str, source: str, model: KernelModel, site: LaunchSite, kernel: str,
+                     keep: dict[str, Any], names: list[str], binds: dict, grid: Any, shift: int, anchor: int) -> str:
+    """``edited`` with ``keep`` set at the launch of ``kernel`` (``shift`` lines below where ``source`` has it, from
+    line ``anchor`` on), and the grid axes the changed blocks scale following them."""
+    fn = model.functions[kernel]
     changed_names = {k for k in keep if k in names and keep[k] != binds[k].value}
     edit = LaunchEdit(kernel, site.line + shift, set_kwargs={k: repr(v) for k, v in keep.items()
                                                              if k in changed_names or k in OPTION_KEYS})

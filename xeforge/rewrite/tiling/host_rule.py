@@ -10,6 +10,10 @@ values, so the grid, the launch and every other reader of them follow, and the u
 loop's step sized from the row is capped there rather than set (:func:`is_capped`), so a cap at or above every
 traced value changes nothing (:func:`changes_nothing`).
 
+A kernel's own ``@triton.heuristics({"BLOCK_N": fn, "num_warps": fn})`` is such a maker too
+(:func:`heuristic_made`): Triton sets those values after the launch's arguments, over any the launch passes, so a
+new value goes into the decorator's entry (:func:`override_heuristics`), the user's function kept beside it.
+
 Pure reading and text edits; never runs user code.
 """
 
@@ -24,6 +28,9 @@ from xeforge.analysis.launches import Binding, bindings, observed
 from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, axis_blocks, dotted_name, parse_python
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling.grid import enclosing_function
+
+#: ``HostMade.var`` of a value a kernel's ``@triton.heuristics`` entry makes
+HEURISTICS = "@triton.heuristics"
 
 #: the variant whose traced value stands for a host-made value when a search needs one (the primary timed shape)
 PRIMARY = "bench-gpu"
@@ -101,6 +108,69 @@ def host_made(model: KernelModel, site: LaunchSite, binds: dict[str, Binding] | 
     return out
 
 
+def heuristic_entries(fn: ast.FunctionDef) -> dict[str, ast.expr] | None:
+    """Name -> the value expression of each entry of ``fn``'s ``@triton.heuristics({...})`` decorators (empty
+    without one); None when a decorator's argument is not a dict literal with string keys (what it sets cannot be
+    read)."""
+    out: dict[str, ast.expr] = {}
+    for dec in fn.decorator_list:
+        if isinstance(dec, ast.Call) and (dotted_name(dec.func) or "").rsplit(".", 1)[-1] == "heuristics":
+            arg = dec.args[0] if dec.args else next((k.value for k in dec.keywords if k.arg == "values"), None)
+            if not isinstance(arg, ast.Dict) or not all(isinstance(k, ast.Constant) and isinstance(k.value, str)
+                                                        for k in arg.keys):
+                return None
+            out.update({k.value: v for k, v in zip(arg.keys, arg.values)})
+    return out
+
+
+def heuristic_made(model: KernelModel, site: LaunchSite) -> dict[str, HostMade]:
+    """The values ``site``'s kernel's ``@triton.heuristics`` entries make, with the values the traces saw (only
+    where every traced variant has one)."""
+    entries = heuristic_entries(model.functions[site.kernel].node) or {}
+    seen = observed(model, site)
+    return {name: HostMade(name, name, HEURISTICS, dict(seen[name])) for name in entries
+            if seen.get(name) and all(v is not None for v in seen[name].values())}
+
+
+def override_heuristics(source: str, kernel: str, made: dict[str, HostMade], cfg: dict[str, Any],
+                        capped: set[str]) -> str:
+    """``source`` with each ``cfg`` entry (a key of ``kernel``'s ``@triton.heuristics``) made to give its new value:
+    ``lambda args: 512``, or for a block in ``capped`` (a loop's step the entry sizes from the row) ``lambda args:
+    min((user's entry)(args), 512)``, so a shorter row keeps its narrower block. A comment above the decorator says
+    what the entries gave."""
+    model = parse_python(source)
+    fn = next((n for n in ast.walk(model) if isinstance(n, ast.FunctionDef) and n.name == kernel), None)
+    if fn is None:
+        raise NotApplicable(f"no kernel {kernel} in the source")
+    entries = heuristic_entries(fn) or {}
+    missing = [n for n in cfg if n not in entries]
+    if missing:
+        raise NotApplicable(f"{', '.join(missing)} of {kernel} are not entries of its @triton.heuristics")
+    lines = source.splitlines(keepends=True)
+    starts = [0]
+    for ln in lines:
+        starts.append(starts[-1] + len(ln))
+
+    def offset(line: int, col: int) -> int:
+        return starts[line - 1] + len(lines[line - 1].encode()[:col].decode())
+
+    text = source
+    for name in sorted(cfg, key=lambda n: (entries[n].lineno, entries[n].col_offset), reverse=True):
+        node = entries[name]
+        a, b = offset(node.lineno, node.col_offset), offset(node.end_lineno, node.end_col_offset)
+        orig = " ".join(text[a:b].split())
+        new = f"lambda args: min(({orig})(args), {cfg[name]!r})" if name in capped else \
+            f"lambda args: {cfg[name]!r}"
+        text = text[:a] + new + text[b:]
+    first = min(fn.decorator_list, key=lambda d: d.lineno)
+    pad = " " * fn.col_offset  # a decorator's node starts after its "@"
+    note = [f"{pad}# xeforge launch-params: retuned for the port's device; the @triton.heuristics entries gave"]
+    for n in sorted(cfg):
+        note += [f"{pad}#   {ln}" for ln in textwrap.wrap(f"{n}: {made[n].shown()}", 100, subsequent_indent="  ")]
+    out = text.splitlines(keepends=True)
+    return "".join(out[:first.lineno - 1] + [ln + "\n" for ln in note] + out[first.lineno - 1:])
+
+
 def _loop_steps(fn: JitFunction) -> set[str]:
     """Constexprs a loop of the kernel walks its dimension by, whatever their value: the step of
     ``for start in range(0, N, BLOCK_N)``, or the block of ``for k in range(0, tl.cdiv(K, BLOCK_K))`` — also through
@@ -155,8 +225,8 @@ def is_capped(model: KernelModel, site: LaunchSite, made: HostMade) -> bool:
     value at every shape."""
     kfn = model.functions[site.kernel]
     coupled = {n for names in axis_blocks(kfn).values() for n in names}
-    return made.target == made.var and made.name in _loop_steps(kfn) and made.name not in coupled and \
-        len(set(made.values.values())) > 1
+    return (made.target == made.var or made.var == HEURISTICS) and made.name in _loop_steps(kfn) and \
+        made.name not in coupled and len(set(made.values.values())) > 1
 
 
 def changes_nothing(model: KernelModel, site: LaunchSite, made: HostMade, value: Any) -> bool:
