@@ -499,6 +499,11 @@ def test_an_int8_gemm_computes_in_int8_against_a_float64_reference(tmp_path):
     assert why and "in float64 where the problem computes in int8" in why, why
     roof = bench.roofline_for(v, "int8", load_kb().devices["h100"])
     assert roof["dtype"] == "int8" and roof["peak_flops"] == pytest.approx(1979e12)
+    # its output is dequantized into the bias's bfloat16: checked with bf16's tolerance at every GPU shape (int8's
+    # compute dtype gave fp32's 1e-4, and on an H100 its start was rejected at ci@int8 by its own bf16 rounding)
+    assert {p.tolerance_dtype(x) for x in p.variants_for("cuda")} == {"bfloat16"}
+    assert [x.name for x in p.variants_for("cuda")][0] == "ci@int8"
+    assert p.tolerance_dtype(p.variant("ci")) == "float32"  # the interpreter's ci, in its ci_dtype
 
 
 def test_blas_baseline_of_a_batched_gemm_times_the_whole_batch(tmp_path):

@@ -274,6 +274,19 @@ class Problem:
         return variant.dtype or next((i.dtype for i in self.input_specs(variant)
                                       if str(i.dtype).startswith(("float", "bfloat")) or str(i.dtype) == "int8"), None)
 
+    def tolerance_dtype(self, variant: Variant) -> str | None:
+        """The dtype whose rounding a variant's outputs carry: its compute dtype, except that an int8 GEMM's output
+        is dequantized into a float (a W8A8 kernel's bias or scale dtype): its narrowest floating input's, which
+        the int8 product's exact integers then meet."""
+        dt = self.compute_dtype(variant)
+        if dt != "int8":
+            return dt
+        floats = [str(i.dtype) for i in self.input_specs(variant) if str(i.dtype).startswith(("float", "bfloat"))]
+        if variant.dtype and variant.dtype != "int8" and floats:
+            return variant.dtype
+        half = [d for d in floats if d in ("float16", "bfloat16")]
+        return half[0] if half else (floats[0] if floats else dt)
+
     def ragged_variants(self, base: Variant) -> list[Variant]:
         """Ragged shapes for the correctness gate, derived from ``base`` (normally ``ci``)."""
         rg = self.spec.ragged

@@ -564,7 +564,7 @@ class Verifier:
                 + ", or compute the reference's intermediates in higher precision")
 
     def _tolerances(self, variant: Variant) -> tuple[float, float]:
-        dt = self.problem.compute_dtype(variant)
+        dt = self.problem.tolerance_dtype(variant)
         tf32 = self.problem.spec.precision == "tf32" and not self.device.interpreter
         default = default_tolerance(dt, self.settings, tf32)
         return (variant.rtol if variant.rtol is not None else default,
