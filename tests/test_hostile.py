@@ -83,3 +83,26 @@ def test_the_llm_engine_port_does_not_adopt_the_dummy_launch(tmp_path):
     assert "S021-torch-internals" in json.dumps(cand) and "the mode stack" in json.dumps(cand), cand
     final = (tmp_path / "run" / "final" / "kernel.py").read_text()
     assert "_pop_torch_function_stack" not in final and final.strip() == hostile.START.read_text().strip()
+
+
+def _account(aten: dict, device: dict, owners: dict) -> dict:
+    return {"aten": aten, "in_launch": {}, "threads": {}, "device": device, "device_owner": owners,
+            "launched": {"kern": 1}, "ranges": {"call": 1, "launch": 1}, "device_activity": True}
+
+
+def test_a_torch_op_of_the_users_host_code_that_picks_another_device_kernel_is_not_a_stranger():
+    """On the H100 a MoE wrapper's ``torch.cat`` ran CatArrayBatchedCopy at a larger block where the start's ran
+    another copy kernel: the same aten operator, as often, so the candidate was wrongly rejected. A device kernel
+    the starting call's operators do not explain (another operator, or none: a raw launch) still is one."""
+    start = _account({"aten::cat": 1}, {"CatCopy_small": 1}, {"cat|CatCopy_small": 1})
+    same_op = _account({"aten::cat": 1}, {"CatArrayBatchedCopy": 1}, {"cat|CatArrayBatchedCopy": 1})
+    assert account_problems(same_op, start, {"kern"}, 1) is None
+    gemm = _account({"aten::cat": 1}, {"CatCopy_small": 1, "sm90_gemm": 1},
+                    {"cat|CatCopy_small": 1, "mm|sm90_gemm": 1})
+    why = account_problems(gemm, start, {"kern"}, 1)
+    assert why and "sm90_gemm" in why and "CatCopy" not in why.split("shows what")[1], why
+    raw = _account({"aten::cat": 1}, {"CatArrayBatchedCopy": 1}, {"-|CatArrayBatchedCopy": 1})
+    assert "CatArrayBatchedCopy" in (account_problems(raw, start, {"kern"}, 1) or "")
+    older = _account({"aten::cat": 1}, {"CatArrayBatchedCopy": 1}, {})
+    older.pop("device_owner")  # an account without owners: every extra kernel is a stranger, as before
+    assert account_problems(older, start, {"kern"}, 1)
