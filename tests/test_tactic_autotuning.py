@@ -262,3 +262,37 @@ def test_a_block_the_grid_reaches_through_a_local_stays_the_hosts_and_the_option
     assert "BLOCK_H=BLOCK_H" in cand.source and "'BLOCK_H'" not in cand.source  # the host's, at the launch
     verdict = verify(p, cand.source)
     assert verdict.correct, verdict.feedback()
+
+
+@pytest.mark.slow  # about 20 s: five verdicts of a dequantizing GEMM on the interpreter
+def test_a_pinned_config_keeps_the_users_pruning(verify):
+    """int4_dequant_matmul's ``@triton.autotune`` prunes configs whose K tile leaves its quantization group
+    (``prune_configs_by``). Pinning a KB tile at the launch dropped that rule: on the H100 every candidate with
+    BLOCK_K = 64 was rejected at gate 2 at ci (group 32). A pinned config now goes first in the autotuner's list, and
+    the first config the user's pruning keeps runs: the pinned one where the rule allows it (the trace sees it), the
+    user's own elsewhere, so both verify. The old form (decorator removed) is wrong at ci, so the check can fail."""
+    from tests.realworld import problem_dir
+    from xeforge.analysis.launches import observed
+    from xeforge.analysis.observe import traces
+    from xeforge.kernel_model import parse_kernel
+    from xeforge.problem import load_problem
+    from xeforge.rewrite import autotune
+    from xeforge.rewrite.tiling.grid import single_launch
+
+    p = load_problem(problem_dir("int4_dequant_matmul"))
+    kernel = "_int4_dequant_mm_kernel"
+    wide_k = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3}
+    new = autotune.pin(p.kernel_source, kernel, wide_k)
+    assert "prune_configs_by=_xeforge_pinned_first(" in new and new.count("def _xeforge_pinned_first") == 1
+    assert verify(p, new).correct
+    again = autotune.pin(new, kernel, {**wide_k, "BLOCK_K": 32})  # pinned over a pinned one: one helper, still right
+    assert again.count("def _xeforge_pinned_first") == 1 and verify(p, again).correct
+    kept = autotune.pin(p.kernel_source, kernel, {**wide_k, "BLOCK_K": 32})
+    traces(p, kept)
+    m = parse_kernel(kept)
+    seen = observed(m, single_launch(m, kernel))
+    assert seen["BLOCK_K"]["ci"] == 32 and seen["BLOCK_N"]["ci"] == 64  # the pinned config ran at ci
+    unpruned = p.kernel_source.replace('prune_configs_by={"early_config_prune": _prune_int4_configs},', "")
+    assert unpruned != p.kernel_source
+    old_form = autotune.pin(unpruned, kernel, wide_k)
+    assert "@triton.autotune(" not in old_form and not verify(p, old_form).correct

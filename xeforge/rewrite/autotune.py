@@ -35,7 +35,8 @@ from xeforge.rewrite.tiling.dispatch import undispatch
 from xeforge.rewrite.tiling.grid import GridTranslator, launch_grid, launched_kernels_gemm_first, single_launch
 from xeforge.rewrite.tiling.configs import OPTION_KEYS, apply_config, kb_configs, tunable, values_at
 from xeforge.rewrite.tiling.host_rule import heuristic_entries, host_made
-from xeforge.rewrite.tiling.edit import LaunchEdit, add_decorator, edit_launch, extend_decorator_list, remove_decorator
+from xeforge.rewrite.tiling.edit import (LaunchEdit, add_before_function, add_decorator, edit_launch,
+                                        extend_decorator_list, remove_decorator, rewrite_decorator_args)
 
 #: options triton.Config takes as keywords
 CONFIG_KWARGS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
@@ -247,13 +248,42 @@ def _kwargs_code(cfg: dict[str, Any], device_kind: str) -> dict[str, str]:
     return {k: repr(v) for k, v in cfg.items() if v is not None and (xpu or k not in XPU_DICT_OPTIONS)}
 
 
+#: what a pinned configuration of a kernel whose @triton.autotune prunes its configs is run through
+PINNED_FIRST = "_xeforge_pinned_first"
+_PINNED_FIRST_CODE = f'''def {PINNED_FIRST}(prune_configs_by):
+    """xeforge: the configuration listed first (the port's) where the kernel's own pruning keeps it, else the first
+    one the pruning keeps; only that one runs, none is timed against another."""
+    early = prune_configs_by.get("early_config_prune") if isinstance(prune_configs_by, dict) else None
+
+    def first_kept(configs, named_args, **kwargs):
+        kept = list(early(configs, named_args, **kwargs)) if early is not None else list(configs)
+        return kept[:1]
+
+    return {{"early_config_prune": first_kept}}
+'''
+
+
+def _prunes(fn: Any) -> bool:
+    """``fn``'s ``@triton.autotune`` passes ``prune_configs_by`` (a rule of the user's about which configs may run:
+    a K tile inside one quantization group, say)."""
+    return any(isinstance(d, ast.Call) and any(k.arg == "prune_configs_by" for k in d.keywords)
+               for d in fn.node.decorator_list)
+
+
 def pin(source: str, kernel: str, cfg: dict[str, Any], device_kind: str = "cuda") -> str:
     """``source`` with ``kernel``'s ``@triton.autotune`` removed and ``cfg`` written at its launch (its grid reads
-    the block sizes from ``META``, which holds the launch's keyword arguments)."""
+    the block sizes from ``META``, which holds the launch's keyword arguments).
+
+    Where the autotuner prunes its configs (``prune_configs_by``), that rule is the user's and stays: the decorator
+    is kept with ``cfg`` listed first and a pruning that runs the first config the user's pruning keeps, so ``cfg``
+    runs where the rule allows it and the user's own choice elsewhere (int4_dequant_matmul's K tile of 64 broke its
+    group size of 32 once pinned at the launch)."""
     model = parse_kernel(source)
     fn = model.functions[kernel]
     if not fn.is_autotuned:
         raise NotApplicable(f"{kernel} is not @triton.autotune'd")
+    if _prunes(fn):
+        return _pin_within_pruning(source, fn, cfg, device_kind)
     site = single_launch(model, kernel)
     grid = launch_grid(model, site)
     if grid is None:
@@ -263,6 +293,17 @@ def pin(source: str, kernel: str, cfg: dict[str, Any], device_kind: str = "cuda"
         raise NotApplicable(f"config keys {', '.join(unknown)} are neither constexprs of {kernel} nor launch options")
     source = edit_launch(source, LaunchEdit(kernel, site.line, set_kwargs=_kwargs_code(cfg, device_kind)))
     return remove_decorator(source, kernel, AUTOTUNE_DECORATORS)  # last: it moves the lines below it
+
+
+def _pin_within_pruning(source: str, fn: Any, cfg: dict[str, Any], device_kind: str) -> str:
+    unknown = [k for k in cfg if k not in fn.constexpr_params and k not in OPTION_KEYS]
+    if unknown:
+        raise NotApplicable(f"config keys {', '.join(unknown)} are neither constexprs of {fn.name} nor launch options")
+    first = _config_code(cfg, [k for k in cfg if k in fn.constexpr_params], device_kind == "xpu")
+    source = rewrite_decorator_args(source, fn.name, AUTOTUNE_DECORATORS, {
+        "configs": lambda old: f"[{first}, *({old})]",
+        "prune_configs_by": lambda old: f"{PINNED_FIRST}({old})"})
+    return add_before_function(source, fn.name, _PINNED_FIRST_CODE)
 
 
 def with_configs(ctx: Any, source: str, kernel: str, limit: int) -> list[tuple[dict[str, Any], str]]:

@@ -331,6 +331,44 @@ def extend_decorator_list(source: str, function: str, names: tuple[str, ...], ke
     return new.code
 
 
+def rewrite_decorator_args(source: str, function: str, names: tuple[str, ...],
+                           edits: dict[str, Callable[[str], str]]) -> str:
+    """``source`` with keyword arguments of ``function``'s decorator named one of ``names`` rewritten: each
+    ``keyword=value`` in ``edits`` becomes ``keyword=edits[keyword](<value's source>)``. NotApplicable when the
+    decorator or one of the keywords is not there."""
+    module = cst.parse_module(source)
+    empty = cst.Module(body=[])
+    state = {"hit": False, "why": f"{function} has no {' / '.join(names)} decorator"}
+
+    class T(cst.CSTTransformer):
+        def leave_FunctionDef(self, original, updated):
+            if original.name.value != function:
+                return updated
+            decs = list(updated.decorators)
+            for i, d in enumerate(decs):
+                if not (_is_decorator(d, names) and isinstance(d.decorator, cst.Call)):
+                    continue
+                args = list(d.decorator.args)
+                done = set()
+                for j, a in enumerate(args):
+                    if a.keyword is not None and a.keyword.value in edits:
+                        args[j] = a.with_changes(value=expr(edits[a.keyword.value](empty.code_for_node(a.value))))
+                        done.add(a.keyword.value)
+                missing = sorted(set(edits) - done)
+                if missing:
+                    state["why"] = f"{function}'s decorator passes no {', '.join(k + '=' for k in missing)}"
+                    return updated
+                decs[i] = d.with_changes(decorator=d.decorator.with_changes(args=args))
+                state["hit"] = True
+                return updated.with_changes(decorators=decs)
+            return updated
+
+    new = module.visit(T())
+    if not state["hit"]:
+        raise NotApplicable(state["why"])
+    return new.code
+
+
 def add_import(source: str, line: str) -> str:
     """``source`` with the import statement ``line`` after its last top-level import (first, when it has none),
     unless the module already has it."""
@@ -361,4 +399,23 @@ def add_after_function(source: str, function: str, code: str) -> str:
     new = statements(code)
     new[0] = new[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
     body[idx + 1:idx + 1] = new
+    return module.with_changes(body=body).code
+
+
+def add_before_function(source: str, function: str, code: str) -> str:
+    """``source`` with the module-level statements ``code`` right before the definition of ``function`` (and its
+    decorators, which may read them), unless the module already defines what ``code`` defines first."""
+    module = cst.parse_module(source)
+    body = list(module.body)
+    new = statements(code)
+    first = new[0]
+    if isinstance(first, cst.FunctionDef) and any(isinstance(st, cst.FunctionDef) and st.name.value ==
+                                                  first.name.value for st in body):
+        return source
+    idx = next((i for i, st in enumerate(body) if isinstance(st, cst.FunctionDef) and st.name.value == function), None)
+    if idx is None:
+        raise NotApplicable(f"function {function} is not defined at the module's top level")
+    new[0] = new[0].with_changes(leading_lines=body[idx].leading_lines)
+    body[idx] = body[idx].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+    body[idx:idx] = new
     return module.with_changes(body=body).code
