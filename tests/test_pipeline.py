@@ -235,3 +235,58 @@ def test_a_time_budget_spent_inside_a_stage_stops_its_remaining_tactics():
                                             evaluate, lambda outs: None)
     assert len(first.outcomes) == 1 and not second.outcomes and second.applies
     assert "not run: the port's time budget (1 min) was spent" in second.note
+
+
+def test_a_stages_share_of_the_time_budget_cuts_its_tactics_candidates_and_leaves_time_to_device_tuning(
+        monkeypatch):
+    """On the H100, three minutes over nine stages went to block I/O's and the persistent loop's candidates, and
+    device_tuning's per-shape configurations never ran. Each stage now gets its weight's part of what is left
+    (device_tuning three times a plain stage's), and a tactic stops between candidates once the share is spent:
+    its first candidate is judged, the rest are not, and the note says so."""
+    from stages.base import Applicability, Candidate, Stage, Tactic, TrialOutcome
+    from tests.conftest import tactic_context
+    from xeforge import pipeline as pl
+    from xeforge.engines import RulesEngine
+    from xeforge.problem import load_problem
+    from xeforge.settings import Settings
+    from xeforge.verifier import GateResult, Verdict
+
+    now = {"t": 1000.0}
+    monkeypatch.setattr(pl.time, "monotonic", lambda: now["t"])
+    p = load_problem(ROOT / "kernels" / "gemm_relu")
+    port = pl.Pipeline(p, pl.PortOptions(device="cpu", dry_run=True))
+    port.settings = Settings().replace(port_minutes=3.0)
+    names = ["dtype", "fusion", "memory_access", "block_io", "persistent", "device_tuning", "autotuning"]
+    left = [Stage(n, i, "test", ()) for i, n in enumerate(names)]
+    start, seconds, name = port._stage_share(now["t"], left)
+    assert name == "dtype" and seconds == pytest.approx(180 / 9.5)  # 5 plain stages + 3 + 1.5
+    now["t"] += 100.0  # the first five stages took 100 s: device_tuning gets 3 of the 4.5 parts of the 80 s left
+    _, seconds, name = port._stage_share(1000.0, left[5:])
+    assert name == "device_tuning" and seconds == pytest.approx(80 * 3 / 4.5)
+    share = (now["t"], 10.0, "block_io")
+    assert port._share_spent(share) is None
+    now["t"] += 11.0
+    assert "block_io stage's share of the port's time budget (10 s) was spent" in port._share_spent(share)
+
+    class Tiles(Tactic):
+        name = "tiles"
+
+        def check(self, ctx):
+            return Applicability(True, "test")
+
+        def propose(self, ctx):
+            return [Candidate(ctx.source + f"\n# tile {i}\n", self.name, f"tile {i}") for i in range(3)]
+
+    judged = []
+
+    def evaluate(c):
+        judged.append(c.description)
+        now["t"] += 30.0  # each candidate takes 30 s of a 10 s share
+        return TrialOutcome("0001", c, Verdict("h", [GateResult("2-correctness", "pass", "ok")], correct=True))
+
+    share = (now["t"], 10.0, "block_io")
+    evaluate.spent = lambda: port._share_spent(share)
+    (rec,) = RulesEngine().run_stage(Stage("block_io", 5, "test", (), tactics=[Tiles()]), tactic_context(p),
+                                     evaluate, lambda outs: None)
+    assert judged == ["tile 0"] and len(rec.outcomes) == 1
+    assert "2 of its 3 candidates not run: the block_io stage's share" in rec.note, rec.note

@@ -74,7 +74,15 @@ class RulesEngine:
             prepare = getattr(evaluate, "prepare", None)
             if prepare is not None and len(candidates) > 1:
                 prepare(candidates)  # e.g. compile them in parallel on the host before the one-by-one cascade
-            rec.outcomes = [evaluate(c) for c in candidates]
+            rec.outcomes = []
+            for k, c in enumerate(candidates):
+                why = spent() if spent is not None and k else None
+                if why:  # the budget ran out inside this tactic: its first candidates were judged, the rest not
+                    rec.note = "; ".join(filter(None, [rec.note, f"{len(candidates) - k} of its {len(candidates)} "
+                                                                 f"candidates not run: {why}"]))
+                    candidates = candidates[:k]
+                    break
+                rec.outcomes.append(evaluate(c))
             seen = {c.source for c in candidates}
             refits = [c for o in rec.outcomes for c in refit_candidates(ctx, o) if c.source not in seen]
             rec.outcomes += [evaluate(c) for c in {c.source: c for c in refits}.values()]

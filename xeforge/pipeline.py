@@ -134,6 +134,9 @@ class StageRecord:
 
 #: runners-up of an adoption the final gate may try in its place
 FINAL_ALTERNATES = 2
+#: a stage's weight in sharing a --time-budget (1 where not named): re-tuning the launch is most of a port to a new
+#: GPU, and on the H100 three minutes over nine stages ran out before device_tuning's per-shape configurations
+STAGE_WEIGHTS = {"device_tuning": 3.0, "autotuning": 1.5}
 #: kernels the final gate verifies at most before it returns the start (each is a full cascade: bounded port time)
 FINAL_TRIES = 4
 
@@ -340,9 +343,11 @@ class Pipeline:
         # the next stage's candidates, where the incumbent is faster and the same gain is a larger fraction
         carried: tuple[str, str] | None = None
         t0 = time.monotonic()
-        for stage in self.selected_stages():
+        stages = self.selected_stages()
+        for i, stage in enumerate(stages):
             rec = StageRecord(stage.name, stage.order, stage.goal, incumbent_before=source_hash(incumbent_src))
             records.append(rec)
+            share = self._stage_share(t0, stages[i:])
             spent = self._time_spent(t0)
             if spent:
                 rec.status, rec.reason = "skipped", spent
@@ -393,7 +398,9 @@ class Pipeline:
                     self.say(f"  compiled {n} candidate(s) in parallel on the host")
 
             evaluate.prepare = prepare  # type: ignore[attr-defined]
-            evaluate.spent = lambda: self._time_spent(t0)  # type: ignore[attr-defined] # checked before each tactic
+            # checked before each tactic and each candidate after a tactic's first: the port's budget, or this
+            # stage's share of it
+            evaluate.spent = lambda share=share: self._time_spent(t0) or self._share_spent(share)  # type: ignore[attr-defined]
 
             def choose(outcomes: list[TrialOutcome]) -> TrialOutcome | None:
                 best = self._choose(outcomes, device)
@@ -455,6 +462,29 @@ class Pipeline:
         report = self._report(store, device, kbc, engine_name, baseline, records, final)
         write_reports(store.root, report)
         return report
+
+    def _stage_share(self, t0: float, left: list) -> tuple[float, float, str] | None:
+        """(when the stage starts, the seconds it may take, its name) under a time budget: the stage's weight's part
+        of what is left (:data:`STAGE_WEIGHTS`; a stage that ends early leaves its time to the ones after it), so
+        the first stages' searches do not spend the minutes the launch's re-tuning needs. None without a budget."""
+        budget = self.settings.port_minutes
+        if not budget or not left:
+            return None
+        now = time.monotonic()
+        remaining = 60 * budget - (now - t0)
+        weights = [STAGE_WEIGHTS.get(st.name, 1.0) for st in left]
+        return now, max(0.0, remaining) * weights[0] / sum(weights), left[0].name
+
+    @staticmethod
+    def _share_spent(share: tuple[float, float, str] | None) -> str | None:
+        if share is None:
+            return None
+        start, seconds, name = share
+        took = time.monotonic() - start
+        if took < seconds:
+            return None
+        return (f"the {name} stage's share of the port's time budget ({seconds:.0f} s) was spent after {took:.0f} s; "
+                "the stages after it get the rest (continue with --resume and a larger --time-budget)")
 
     def _time_spent(self, t0: float) -> str | None:
         """Why the next stage (or, inside a stage, the next tactic of the rules engine) is skipped when the port's
