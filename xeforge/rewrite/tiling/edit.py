@@ -287,9 +287,10 @@ def remove_decorator(source: str, function: str, names: tuple[str, ...]) -> str:
     return new.code
 
 
-def extend_decorator_list(source: str, function: str, names: tuple[str, ...], keyword: str, items: list[str]) -> str:
-    """Append ``items`` (expression sources) to the list literal passed as ``keyword=`` to the decorator of
-    ``function`` named one of ``names`` (``configs=[...]`` of ``@triton.autotune``)."""
+def _edit_decorator_call(source: str, function: str, names: tuple[str, ...],
+                         edit: Callable[[cst.Call], cst.Call | str]) -> str:
+    """``source`` with the call of ``function``'s decorator named one of ``names`` replaced by ``edit(call)``;
+    NotApplicable with the reason ``edit`` returns (a string) or when there is no such decorator call."""
     module = cst.parse_module(source)
     state = {"hit": False, "why": f"{function} has no {' / '.join(names)} decorator"}
 
@@ -301,64 +302,11 @@ def extend_decorator_list(source: str, function: str, names: tuple[str, ...], ke
             for i, d in enumerate(decs):
                 if not (_is_decorator(d, names) and isinstance(d.decorator, cst.Call)):
                     continue
-                call = d.decorator
-                args = list(call.args)
-                for j, a in enumerate(args):
-                    if a.keyword is None or a.keyword.value != keyword:
-                        continue
-                    if not isinstance(a.value, cst.List):
-                        state["why"] = f"{keyword}= of {function}'s decorator is not a list literal"
-                        return updated
-                    els = list(a.value.elements)
-                    if els and els[-1].comma is cst.MaybeSentinel.DEFAULT:
-                        els[-1] = els[-1].with_changes(comma=cst.Comma())
-                    last = els[-1] if els else None
-                    for k, code in enumerate(items):
-                        el = cst.Element(value=expr(code), comma=cst.Comma())
-                        if last is not None and isinstance(last.comma, cst.Comma):
-                            el = el.with_changes(comma=last.comma)
-                        els.append(el)
-                    args[j] = a.with_changes(value=a.value.with_changes(elements=els))
-                    decs[i] = d.with_changes(decorator=call.with_changes(args=args))
-                    state["hit"] = True
-                    return updated.with_changes(decorators=decs)
-                state["why"] = f"{function}'s decorator passes no {keyword}= list"
-            return updated
-
-    new = module.visit(T())
-    if not state["hit"]:
-        raise NotApplicable(state["why"])
-    return new.code
-
-
-def rewrite_decorator_args(source: str, function: str, names: tuple[str, ...],
-                           edits: dict[str, Callable[[str], str]]) -> str:
-    """``source`` with keyword arguments of ``function``'s decorator named one of ``names`` rewritten: each
-    ``keyword=value`` in ``edits`` becomes ``keyword=edits[keyword](<value's source>)``. NotApplicable when the
-    decorator or one of the keywords is not there."""
-    module = cst.parse_module(source)
-    empty = cst.Module(body=[])
-    state = {"hit": False, "why": f"{function} has no {' / '.join(names)} decorator"}
-
-    class T(cst.CSTTransformer):
-        def leave_FunctionDef(self, original, updated):
-            if original.name.value != function:
-                return updated
-            decs = list(updated.decorators)
-            for i, d in enumerate(decs):
-                if not (_is_decorator(d, names) and isinstance(d.decorator, cst.Call)):
-                    continue
-                args = list(d.decorator.args)
-                done = set()
-                for j, a in enumerate(args):
-                    if a.keyword is not None and a.keyword.value in edits:
-                        args[j] = a.with_changes(value=expr(edits[a.keyword.value](empty.code_for_node(a.value))))
-                        done.add(a.keyword.value)
-                missing = sorted(set(edits) - done)
-                if missing:
-                    state["why"] = f"{function}'s decorator passes no {', '.join(k + '=' for k in missing)}"
+                new = edit(d.decorator)
+                if isinstance(new, str):
+                    state["why"] = new
                     return updated
-                decs[i] = d.with_changes(decorator=d.decorator.with_changes(args=args))
+                decs[i] = d.with_changes(decorator=new)
                 state["hit"] = True
                 return updated.with_changes(decorators=decs)
             return updated
@@ -367,6 +315,55 @@ def rewrite_decorator_args(source: str, function: str, names: tuple[str, ...],
     if not state["hit"]:
         raise NotApplicable(state["why"])
     return new.code
+
+
+def extend_decorator_list(source: str, function: str, names: tuple[str, ...], keyword: str, items: list[str]) -> str:
+    """Append ``items`` (expression sources) to the list literal passed as ``keyword=`` to the decorator of
+    ``function`` named one of ``names`` (``configs=[...]`` of ``@triton.autotune``)."""
+
+    def extend(call: cst.Call) -> cst.Call | str:
+        args = list(call.args)
+        for j, a in enumerate(args):
+            if a.keyword is None or a.keyword.value != keyword:
+                continue
+            if not isinstance(a.value, cst.List):
+                return f"{keyword}= of {function}'s decorator is not a list literal"
+            els = list(a.value.elements)
+            if els and els[-1].comma is cst.MaybeSentinel.DEFAULT:
+                els[-1] = els[-1].with_changes(comma=cst.Comma())
+            last = els[-1] if els else None
+            for code in items:
+                el = cst.Element(value=expr(code), comma=cst.Comma())
+                if last is not None and isinstance(last.comma, cst.Comma):
+                    el = el.with_changes(comma=last.comma)
+                els.append(el)
+            args[j] = a.with_changes(value=a.value.with_changes(elements=els))
+            return call.with_changes(args=args)
+        return f"{function}'s decorator passes no {keyword}= list"
+
+    return _edit_decorator_call(source, function, names, extend)
+
+
+def rewrite_decorator_args(source: str, function: str, names: tuple[str, ...],
+                           edits: dict[str, Callable[[str], str]]) -> str:
+    """``source`` with keyword arguments of ``function``'s decorator named one of ``names`` rewritten: each
+    ``keyword=value`` in ``edits`` becomes ``keyword=edits[keyword](<value's source>)``. NotApplicable when the
+    decorator or one of the keywords is not there."""
+    empty = cst.Module(body=[])
+
+    def rewrite(call: cst.Call) -> cst.Call | str:
+        args = list(call.args)
+        done = set()
+        for j, a in enumerate(args):
+            if a.keyword is not None and a.keyword.value in edits:
+                args[j] = a.with_changes(value=expr(edits[a.keyword.value](empty.code_for_node(a.value))))
+                done.add(a.keyword.value)
+        missing = sorted(set(edits) - done)
+        if missing:
+            return f"{function}'s decorator passes no {', '.join(k + '=' for k in missing)}"
+        return call.with_changes(args=args)
+
+    return _edit_decorator_call(source, function, names, rewrite)
 
 
 def add_import(source: str, line: str) -> str:
