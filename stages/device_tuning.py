@@ -159,7 +159,7 @@ class LaunchParamSearch(Tactic):
                 kb_space = None
         n_seeds = 0
         if kb_space is not None:
-            for cfg in kb_space.configs(names):
+            for cfg in kb_space.configs(names, kernel=fn):
                 pool.append({k: v for k, v in cfg.items() if k in names or k in
                              ("num_warps", "num_stages", "grf_mode", "warp_size")})
             n_seeds = len(getattr(kb_space, "seeds", []) or [])

@@ -108,3 +108,25 @@ def test_space_to_dict_names_its_source() -> None:
     d = load_kb().space("arc-b580", "gemm", TritonInfo.parse("3.6.0", is_xpu=True)).to_dict()
     assert d["id"] == "xpu-dpas-gemm" and d["source"] == ["ixb-gemm-benchmark"]
     assert d["values"]["grf_mode"] == ["256", "128"] and "spaces/xpu-dpas.yaml:" in d["where"]
+
+
+def test_a_gemm_whose_tile_names_follow_no_convention_gets_its_roles_from_use() -> None:
+    """``TM``, ``TN``, ``TK`` match no role pattern, so the space's seeds never reached them (the search only tried
+    neighbours of the launch's tile). Their roles come from use: the accumulator ``tl.zeros((TM, TN))`` a
+    ``tl.dot`` adds into, and the step of the loop around it. The KB's checks see them too: a tile the device's
+    shared memory cannot hold is refused by name."""
+    from xeforge.kb.kernel_facts import roles_by_use
+
+    source = (Path(__file__).parent / "fixtures" / "tactics" / "block_io" / "inline_program_ids" /
+              "kernel.py").read_text()
+    kernel = parse_kernel(source).functions["gemm_bias"]
+    assert roles_by_use(kernel) == {"TM": "block_m", "TN": "block_n", "TK": "block_k"}
+    kb = load_kb()
+    triton = TritonInfo.parse("3.8.0")
+    first = next(kb.space("h200", "gemm", triton).configs(kernel.constexpr_params, kernel=kernel, dtype="bfloat16"))
+    assert first == {"TM": 128, "TN": 256, "TK": 64, "num_warps": 8, "num_stages": 3}  # the hopper-gemm seed
+    by_name = list(kb.space("h200", "gemm", triton).configs(kernel.constexpr_params))
+    assert by_name and not [c for c in by_name if "TM" in c]  # by name alone: launch options, never a tile
+    huge = {"TM": 256, "TN": 256, "TK": 128, "num_stages": 4, "num_warps": 8}
+    assert [v for v in kb.check_config(huge, "h200", triton, kernel, dtype="bfloat16") if v.is_error]
+    assert not [v for v in kb.check_config(first, "h200", triton, kernel, dtype="bfloat16") if v.is_error]

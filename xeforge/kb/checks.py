@@ -104,7 +104,7 @@ def _power_of_two(p: PowerOfTwo, ctx: CheckContext) -> list[Finding]:
             if option in cfg.values:
                 named[option] = cfg.values[option]
         for role in p.roles:
-            named.update(values_for(role, cfg.values))
+            named.update(values_for(role, cfg.values, cfg.roles))
         if p.arange_bounds:
             named.update({n: cfg.values[n] for n in sorted(cfg.arange_bounds) if n in cfg.values})
         for name, value in named.items():
@@ -476,12 +476,12 @@ def _min_dot_shape(p: MinDotShape, ctx: CheckContext) -> list[Finding]:
         if not cfg.uses_dot:
             continue
         k_roles = list(p.k_roles)
-        if values_for("head_dim", cfg.values) and "block_n" not in k_roles:
+        if values_for("head_dim", cfg.values, cfg.roles) and "block_n" not in k_roles:
             k_roles.append("block_n")
         seen: set[tuple[str, str]] = set()
         for dim, roles, minimum in (("M", p.m_roles, shape.m), ("N", p.n_roles, shape.n), ("K", k_roles, shape.k)):
             for role in roles:
-                for name, value in values_for(role, cfg.values):
+                for name, value in values_for(role, cfg.values, cfg.roles):
                     if _is_int(value) and value < minimum and (name, dim) not in seen:
                         seen.add((name, dim))
                         out.append(
@@ -538,8 +538,9 @@ def _slm_estimate(p: SlmEstimate, ctx: CheckContext) -> list[Finding]:
     for cfg in ctx.configs:
         if not cfg.uses_dot:
             continue
-        bm, bn, bk = (first_int(r, cfg.values) for r in ("block_m", "block_n", "block_k"))
-        d = first_int("head_dim", cfg.values)
+        roles = cfg.roles
+        bm, bn, bk = (first_int(r, cfg.values, roles) for r in ("block_m", "block_n", "block_k"))
+        d = first_int("head_dim", cfg.values, roles)
         stages = _option_value(cfg, "num_stages", ctx.device)
         stages = stages if _is_int(stages) and stages > 0 else 1
         if p.model == "single_stage":

@@ -4,7 +4,8 @@ Owns: :class:`LaunchConfig` (one concrete set of constexpr values and launch opt
 comes from) and the helpers that derive them from a :class:`~xeforge.kernel_model.KernelModel`: each
 launch site of a plain kernel, and each ``triton.Config`` of an autotuned one (merged with the literal
 values at its launch site); whether a jit function uses ``tl.dot`` (directly or through jit helpers it
-calls); which names bound ``tl.arange``; the line of each ``triton.Config``.
+calls); which names bound ``tl.arange``; the line of each ``triton.Config``; the tile roles of constexprs whose
+names follow no convention, read from their use (:func:`roles_by_use`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import ast
 from dataclasses import dataclass, field
 from typing import Any
 
+from xeforge.kb.roles import role_of
 from xeforge.kernel_model import JitFunction, KernelModel, dotted_name
 
 DOT_CALLS = frozenset({"tl.dot", "triton.language.dot", "tl.dot_scaled", "triton.language.dot_scaled"})
@@ -30,6 +32,61 @@ class LaunchConfig:
     origin: str = "config"  # "launch" | "autotune" | "config"
     uses_dot: bool | None = None  # None: unknown
     arange_bounds: frozenset[str] = frozenset()
+
+    @property
+    def roles(self) -> dict[str, str]:
+        """Roles of the kernel's constexprs that their names do not give (:func:`roles_by_use`)."""
+        return roles_by_use(self.fn) if self.fn is not None else {}
+
+
+def _names(node: ast.AST | None) -> list[str]:
+    return [n.id for n in ast.walk(node) if isinstance(n, ast.Name)] if node is not None else []
+
+
+def roles_by_use(fn: JitFunction) -> dict[str, str]:
+    """Tile roles of ``fn``'s constexprs that no naming convention covers (``TM``, ``TN``, ``TK``), read from how a
+    GEMM-like kernel uses them: the accumulator ``acc = tl.zeros((TM, TN), ...)`` that a ``tl.dot`` adds into gives
+    block_m and block_n; the step of the loop around the ``tl.dot`` (``range(0, K, TK)``), or the block its trip
+    count divides by (``range(0, tl.cdiv(K, TK))``), gives block_k. Empty for a kernel without ``tl.dot``."""
+    unnamed = {c for c in fn.constexpr_params if role_of(c) is None}
+    node = fn.node
+    dots = [c for c in _calls(node) if dotted_name(c.func) in DOT_CALLS]
+    if not unnamed or not dots:
+        return {}
+    zeros: dict[str, list[ast.expr]] = {}
+    for n in ast.walk(node):
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name) and \
+                isinstance(n.value, ast.Call) and dotted_name(n.value.func) in ("tl.zeros", "triton.language.zeros") \
+                and n.value.args and isinstance(n.value.args[0], (ast.Tuple, ast.List)):
+            zeros[n.targets[0].id] = list(n.value.args[0].elts)
+    accs = {n.target.id for n in ast.walk(node) if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name)
+            and any(dotted_name(c.func) in DOT_CALLS for c in _calls(n.value))}
+    for d in dots:
+        acc = d.args[2] if len(d.args) > 2 else next((k.value for k in d.keywords if k.arg == "acc"), None)
+        if isinstance(acc, ast.Name):
+            accs.add(acc.id)
+    out: dict[str, str] = {}
+    for acc in sorted(accs & set(zeros)):
+        shape = zeros[acc]
+        if len(shape) == 2:
+            for role, el in zip(("block_m", "block_n"), shape):
+                if isinstance(el, ast.Name) and el.id in unnamed:
+                    out.setdefault(el.id, role)
+    dot_ids = {id(d) for d in dots}
+    for loop in ast.walk(node):
+        if not (isinstance(loop, ast.For) and isinstance(loop.iter, ast.Call) and
+                (dotted_name(loop.iter.func) or "").rsplit(".", 1)[-1] in ("range", "static_range")):
+            continue
+        if not any(id(c) in dot_ids for st in loop.body for c in _calls(st)):
+            continue
+        args = loop.iter.args
+        steps = _names(args[2]) if len(args) > 2 else [n for c in _calls(args[-1]) if args and
+                                                       (dotted_name(c.func) or "").endswith("cdiv") and len(c.args) == 2
+                                                       for n in _names(c.args[1])]
+        for name in steps:
+            if name in unnamed:
+                out.setdefault(name, "block_k")
+    return out
 
 
 def _calls(node: ast.AST) -> list[ast.Call]:

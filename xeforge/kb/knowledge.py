@@ -23,7 +23,7 @@ from xeforge.kb._base import DTYPE_BYTES, FAMILIES, STAGES, dtype_key
 from xeforge.kb.checks import CheckContext, OptionSpelling, evaluate
 from xeforge.kb.entries import Constraint, Diagnosis, Entry, Pattern, Recognizer, SpaceEntry, fill
 from xeforge.kb.facts import DeviceEntry
-from xeforge.kb.kernel_facts import LaunchConfig, config_for, launch_configs
+from xeforge.kb.kernel_facts import LaunchConfig, config_for, launch_configs, roles_by_use
 from xeforge.kb.render import explain_entry, render_selection, selection_dict
 from xeforge.kb.roles import names_for
 from xeforge.kb.schema import OPTION_FIELDS, SPACE_FIELDS, SourceSpec
@@ -125,7 +125,8 @@ class TuningSpace:
         (the widest the kernel runs in), for the shared-memory estimate.
         """
         names = list(constexpr_names)
-        role_names = {f: names_for(f, names) for f in SPACE_FIELDS if f not in OPTION_FIELDS}
+        by_use = roles_by_use(kernel) if kernel is not None else {}  # TM, TN, TK: roles read from their use
+        role_names = {f: names_for(f, names, by_use) for f in SPACE_FIELDS if f not in OPTION_FIELDS}
         axes: list[tuple[list[str], list[Any]]] = []
         for fieldname in SPACE_FIELDS:
             vals = getattr(self, fieldname)

@@ -3,7 +3,9 @@
 Owns: the naming conventions (regular expressions, matched against the whole name) that let one tuning
 space or constraint talk about ``block_n`` whether a kernel calls it ``BLOCK_N``, ``BLOCK_SIZE_N`` or
 ``BN``. Constraints name roles in their parameters and tuning spaces are keyed by role; lint rejects an
-unknown role. To support another naming convention, extend a pattern here (and add a test).
+unknown role. To support another naming convention, extend a pattern here (and add a test). A kernel whose names
+follow none (``TM``, ``TN``, ``TK``) gives its roles by use (:func:`xeforge.kb.kernel_facts.roles_by_use`), passed
+as ``by_use`` below.
 """
 
 from __future__ import annotations
@@ -34,20 +36,23 @@ def role_of(name: str) -> str | None:
     return None
 
 
-def names_for(role: str, names: Iterable[str]) -> list[str]:
-    """The names among ``names`` that play ``role``, in their order."""
+def _plays(name: str, role: str, by_use: dict[str, str] | None) -> bool:
     rx = _COMPILED[role]
-    return [n for n in names if rx.fullmatch(n)]
+    return bool(rx.fullmatch(name)) or (bool(by_use) and by_use.get(name) == role and role_of(name) is None)
 
 
-def values_for(role: str, values: dict[str, object]) -> list[tuple[str, object]]:
+def names_for(role: str, names: Iterable[str], by_use: dict[str, str] | None = None) -> list[str]:
+    """The names among ``names`` that play ``role``, in their order (by name, else by ``by_use``)."""
+    return [n for n in names if _plays(n, role, by_use)]
+
+
+def values_for(role: str, values: dict[str, object], by_use: dict[str, str] | None = None) -> list[tuple[str, object]]:
     """``(name, value)`` pairs of ``values`` whose name plays ``role``."""
-    rx = _COMPILED[role]
-    return [(k, v) for k, v in values.items() if isinstance(k, str) and rx.fullmatch(k)]
+    return [(k, v) for k, v in values.items() if isinstance(k, str) and _plays(k, role, by_use)]
 
 
-def first_int(role: str, values: dict[str, object]) -> int | None:
-    for _, v in values_for(role, values):
+def first_int(role: str, values: dict[str, object], by_use: dict[str, str] | None = None) -> int | None:
+    for _, v in values_for(role, values, by_use):
         if isinstance(v, int) and not isinstance(v, bool):
             return v
     return None

@@ -29,6 +29,7 @@ from xeforge.analysis.launches import (Binding, autotune_configs, bindings, bloc
 from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, axis_blocks, literal, parse_kernel, segment_of
 from xeforge.rewrite.tiling import KernelAnalysis, NotApplicable
 from xeforge.kb._base import DTYPE_BYTES, dtype_key
+from xeforge.kb.kernel_facts import roles_by_use
 from xeforge.kb.roles import first_int
 from xeforge.rewrite.tiling.grid import (GridInfo, GridTranslator, _cdiv_args, enclosing_function, launch_grid,
                                          launched_kernels_gemm_first, single_launch)
@@ -603,7 +604,8 @@ def fit_stages(source: str, failure: str, elem_bytes: int = 2,
             continue
         cfg = {**{k: b.value for k, b in bindings(model, site).items() if b.value is not None}, **launch_options(model, site)}
         stages = cfg.get("num_stages")
-        bm, bn, bk = (first_int(r, cfg) for r in ("block_m", "block_n", "block_k"))
+        by_use = roles_by_use(model.functions[kernel])
+        bm, bn, bk = (first_int(r, cfg, by_use) for r in ("block_m", "block_n", "block_k"))
         if not (isinstance(stages, int) and stages > 1 and bm and bn and bk):
             continue
         per_stage = (bm + bn) * bk * elem_bytes
