@@ -604,9 +604,10 @@ def blas_baseline(problem, variant, workdir: Path, name: str = "blas_gemm.py", k
     """A Model file (``workdir / name``) timing the problem's GEMM alone with ``torch.matmul`` at the variant's M, N,
     K in its compute dtype (its own, else its first floating input's: a bf16 problem whose variants name no dtype is
     timed against a bf16 GEMM, not an fp32 one); None unless a gemm with M, N, K. An int8 GEMM is timed with
-    ``torch._int_mm`` on cuda where cuBLASLt takes the shape (:func:`int8_blas_takes`), else has none. A problem whose work is several
-    such GEMMs (a batch dim: its ``flop`` is a whole multiple of 2*M*N*K) is timed against as many, batched; one whose
-    work is not is left without a baseline rather than compared with a GEMM of another size."""
+    ``torch._int_mm`` on cuda where cuBLASLt takes the shape (:func:`int8_blas_takes`), else has none. A problem
+    whose work is several such GEMMs (a batch dim: its ``flop`` is a whole multiple of 2*M*N*K) is timed against as
+    many, batched; one whose work is not is left without a baseline rather than compared with a GEMM of another
+    size."""
     dims = variant.dims
     if problem.spec.kind != "gemm" or not all(isinstance(dims.get(d), int) for d in "MNK"):
         return None

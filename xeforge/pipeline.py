@@ -400,7 +400,8 @@ class Pipeline:
             evaluate.prepare = prepare  # type: ignore[attr-defined]
             # checked before each tactic and each candidate after a tactic's first: the port's budget, or this
             # stage's share of it
-            evaluate.spent = lambda share=share: self._time_spent(t0) or self._share_spent(share)  # type: ignore[attr-defined]
+            evaluate.spent = (  # type: ignore[attr-defined]
+                lambda share=share: self._time_spent(t0) or self._share_spent(share))
 
             def choose(outcomes: list[TrialOutcome]) -> TrialOutcome | None:
                 best = self._choose(outcomes, device)

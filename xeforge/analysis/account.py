@@ -221,9 +221,9 @@ def account_problems(cand: Any, start: Any, kernels: set[str], launches: int) ->
             found.append(f"{_shown(extra)} {what}")
     extra = c["device"] - s["device"]
     if extra:
-        # a kernel another the starting call ran does not, issued by an aten operator the starting call ran as
-        # often outside any launch (the aten counts above are equal): the same torch op of the user's host code,
-        # which chose another implementation for other sizes (a MoE wrapper's torch.cat at a larger block)
+        # a device kernel the starting call did not run, issued by an aten operator that call ran as often outside
+        # any launch (the aten counts above are equal): the same torch op of the user's host code, which picked
+        # another implementation at other sizes (a MoE wrapper's torch.cat at a larger block)
         owners: dict[str, set[str]] = {}
         for key in _counter(cand, "device_owner"):
             op, _, name = key.partition("|")

@@ -11,6 +11,7 @@ names follow no convention, read from their use (:func:`roles_by_use`).
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,11 +49,15 @@ def roles_by_use(fn: JitFunction) -> dict[str, str]:
     GEMM-like kernel uses them: the accumulator ``acc = tl.zeros((TM, TN), ...)`` that a ``tl.dot`` adds into gives
     block_m and block_n; the step of the loop around the ``tl.dot`` (``range(0, K, TK)``), or the block its trip
     count divides by (``range(0, tl.cdiv(K, TK))``), gives block_k. Empty for a kernel without ``tl.dot``."""
-    unnamed = {c for c in fn.constexpr_params if role_of(c) is None}
-    node = fn.node
+    return dict(_roles_by_use(fn.node, tuple(fn.constexpr_params)))
+
+
+@functools.lru_cache(maxsize=512)  # asked per configuration and constraint while a search checks its space
+def _roles_by_use(node: ast.FunctionDef, constexprs: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    unnamed = {c for c in constexprs if role_of(c) is None}
     dots = [c for c in _calls(node) if dotted_name(c.func) in DOT_CALLS]
     if not unnamed or not dots:
-        return {}
+        return ()
     zeros: dict[str, list[ast.expr]] = {}
     for n in ast.walk(node):
         if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name) and \
@@ -74,19 +79,21 @@ def roles_by_use(fn: JitFunction) -> dict[str, str]:
                     out.setdefault(el.id, role)
     dot_ids = {id(d) for d in dots}
     for loop in ast.walk(node):
-        if not (isinstance(loop, ast.For) and isinstance(loop.iter, ast.Call) and
+        if not (isinstance(loop, ast.For) and isinstance(loop.iter, ast.Call) and loop.iter.args and
                 (dotted_name(loop.iter.func) or "").rsplit(".", 1)[-1] in ("range", "static_range")):
             continue
         if not any(id(c) in dot_ids for st in loop.body for c in _calls(st)):
             continue
         args = loop.iter.args
-        steps = _names(args[2]) if len(args) > 2 else [n for c in _calls(args[-1]) if args and
-                                                       (dotted_name(c.func) or "").endswith("cdiv") and len(c.args) == 2
-                                                       for n in _names(c.args[1])]
+        if len(args) > 2:  # range(0, K, TK)
+            steps = _names(args[2])
+        else:  # range(0, tl.cdiv(K, TK))
+            steps = [n for c in _calls(args[-1]) if (dotted_name(c.func) or "").endswith("cdiv") and len(c.args) == 2
+                     for n in _names(c.args[1])]
         for name in steps:
             if name in unnamed:
                 out.setdefault(name, "block_k")
-    return out
+    return tuple(out.items())
 
 
 def _calls(node: ast.AST) -> list[ast.Call]:
