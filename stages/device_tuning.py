@@ -9,7 +9,9 @@ small built-in space when no KB entry applies; a block size no role of the space
 ``BLOCK_SEQ``, by its own neighbours), prune what the KB constraints forbid, keep grid sizes consistent
 with the block sizes, and hand the candidates to the verifier. The pipeline keeps the best verified one. An
 ``@triton.autotune``'d kernel is searched by pinning: each of its own configurations and the KB's is written at
-the launch with the decorator removed, so the verifier times them one by one.
+the launch with the decorator removed, so the verifier times them one by one (where the autotuner prunes its
+configs, the decorator stays with the pinned config first and the user's pruning deciding: :func:`autotune.pin`).
+A value the kernel's ``@triton.heuristics`` makes is set in its decorator entry, where Triton reads it.
 
 The stage's other tactics live beside it, in this order (each one works on the best kernel of the ones before):
 ``split-k`` (:mod:`stages.device_tuning_splitk`, SPLIT_K programs per output tile over slices of K when a GEMM's
