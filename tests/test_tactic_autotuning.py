@@ -296,3 +296,28 @@ def test_a_pinned_config_keeps_the_users_pruning(verify):
     assert unpruned != p.kernel_source
     old_form = autotune.pin(unpruned, kernel, wide_k)
     assert "@triton.autotune(" not in old_form and not verify(p, old_form).correct
+
+
+@pytest.mark.slow  # about 20 s: two traces and a verdict on the interpreter
+def test_autotuning_takes_over_the_values_a_kernels_heuristics_make(verify):
+    """swiglu_fwd (the corpus) makes BLOCK_N and num_warps in its ``@triton.heuristics``, which Triton applies over
+    an autotuner's configs: autotuning said "they come from its @triton.heuristics, which an autotuner above it
+    leaves to it" and did not apply. Those entries now leave the decorator (here all of them, so it goes) and the
+    autotuner's configs set them, the traced values first; an entry that is no tuned value (rmsnorm_heuristics'
+    EVEN_N, read from the block) stays."""
+    from tests.realworld import problem_dir
+
+    p = load_problem(problem_dir("swiglu_fwd"))
+    ctx = tactic_context(p, kind="cuda", target="h100")
+    (tactic,) = stage.STAGE.tactics
+    app = tactic.check(ctx)
+    assert app.applies and "BLOCK_N, num_warps" in app.reason, app.reason
+    src = tactic.propose(ctx)[0].source
+    assert "@triton.heuristics(" not in src and "triton.Config({'BLOCK_N': 1024}, num_warps=8)" in src, src
+    assert verify(p, src).correct
+    from xeforge.analysis.observe import traces
+
+    q = load_problem(problem_dir("rmsnorm_heuristics"))
+    traces(q)  # its block and warps are made on the host: the trace gives their values
+    kept = autotune.rewrite(q.kernel_source, [], "cuda")[0]
+    assert '@triton.heuristics({"EVEN_N"' in kept and "@triton.autotune(" in kept

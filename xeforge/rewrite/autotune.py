@@ -35,8 +35,8 @@ from xeforge.rewrite.tiling.dispatch import undispatch
 from xeforge.rewrite.tiling.grid import GridTranslator, launch_grid, launched_kernels_gemm_first, single_launch
 from xeforge.rewrite.tiling.configs import OPTION_KEYS, apply_config, kb_configs, tunable, values_at
 from xeforge.rewrite.tiling.host_rule import heuristic_entries, host_made
-from xeforge.rewrite.tiling.edit import (LaunchEdit, add_before_function, add_decorator, edit_launch,
-                                        extend_decorator_list, remove_decorator, rewrite_decorator_args)
+from xeforge.rewrite.tiling.edit import (LaunchEdit, add_before_function, add_decorator, drop_dict_entries,
+                                        edit_launch, extend_decorator_list, remove_decorator, rewrite_decorator_args)
 
 #: options triton.Config takes as keywords
 CONFIG_KWARGS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
@@ -55,6 +55,7 @@ class AutotunePlan:
     grid: str | None  # the new grid expression (None: unchanged)
     restore: list[str] = field(default_factory=list)
     added: int = 0  # configurations appended to a list the kernel already had (0: a new decorator)
+    from_heuristics: list[str] = field(default_factory=list)  # entries of its @triton.heuristics the configs take
     replaced_dispatch: int = 0  # branches of a per-shape dispatch this decorator replaces (their configs are listed)
 
     def describe(self) -> str:
@@ -99,7 +100,7 @@ def plan_autotune(model: KernelModel, kernel: str, configs: list[dict[str, Any]]
     fn = model.functions[kernel]
     if fn.is_autotuned:
         raise NotApplicable(f"{kernel} is already @triton.autotune'd")
-    heuristic = _heuristic_keys(fn)  # what @triton.heuristics sets: the autotuner above it must leave those alone
+    heuristic = _heuristic_keys(fn)  # what @triton.heuristics sets, over anything an autotuner above it passes
     if heuristic is None:
         raise NotApplicable(f"{kernel} uses @triton.heuristics whose keys are not a literal dict (what it sets is "
                             "not known, so configurations could clash with it)")
@@ -115,16 +116,20 @@ def plan_autotune(model: KernelModel, kernel: str, configs: list[dict[str, Any]]
     # launch unpacks (``**cfg``) cannot be dropped there, so they stay the host's
     made = host_made(model, site)
     in_dict = {n for n, m in made.items() if m.target != m.var}
-    names = [n for n in tunable(model, site) if n not in heuristic and n not in in_dict]
+    # a block size its @triton.heuristics makes is tuned where the search may set it (tunable: the grid reads it from
+    # META, or a loop steps by it), and so is a launch option it makes: those entries leave the decorator, the
+    # autotuner's configs set them (the traced value at the primary shape first); the other entries stay
+    names = [n for n in tunable(model, site) if n not in in_dict]
     values = values_at(model, site)
     launch_opts = {**launch_options(model, site),
-                   **{k: v for k, v in values.items() if k in OPTION_KEYS and k in made and k not in in_dict}}
+                   **{k: v for k, v in values.items() if k in OPTION_KEYS and (k in made or k in heuristic)
+                      and k not in in_dict}}
     if not names and not launch_opts:
         left = [b.why for n, b in bindings(model, site).items()
                 if b.why and not b.constant and b.how != "default" and n not in heuristic]
         if heuristic:
-            left.append(f"{', '.join(sorted(heuristic))} come from {kernel}'s @triton.heuristics, which an autotuner "
-                        "above it leaves to it")
+            left.append(f"{', '.join(sorted(heuristic))} come from {kernel}'s @triton.heuristics and none is a block "
+                        "size the grid or a loop follows")
         raise NotApplicable(f"{kernel}'s launch has no block sizes or launch options with one value to tune"
                             + (f" ({'; '.join(left)})" if left else ""))
     # the grid must follow META wherever a tuned block sizes a grid axis; a block that sizes it in a way META cannot
@@ -147,8 +152,8 @@ def plan_autotune(model: KernelModel, kernel: str, configs: list[dict[str, Any]]
     current = {**{n: values[n] for n in names}, **launch_opts}
     cleaned: list[dict[str, Any]] = []
     for cfg in ([current] if include_incumbent else []) + list(configs):
-        c = {k: v for k, v in {**current, **cfg}.items() if (k in names or k in OPTION_KEYS) and k not in heuristic
-             and k not in in_dict}
+        c = {k: v for k, v in {**current, **cfg}.items() if (k in names or k in OPTION_KEYS) and k not in in_dict
+             and (k not in heuristic or k in names or k in launch_opts)}
         if not xpu:
             c = {k: v for k, v in c.items() if k not in XPU_DICT_OPTIONS}
         if c not in cleaned:
@@ -172,7 +177,8 @@ def plan_autotune(model: KernelModel, kernel: str, configs: list[dict[str, Any]]
     loaded = {a.ptr.base for a in an.accesses if a.kind == "load" and isinstance(a.ptr, (Ptr, BlockPtr))}
     stored = {a.ptr.base for a in an.accesses if a.kind == "store" and isinstance(a.ptr, (Ptr, BlockPtr))}
     restore = [p for p in fn.params if p in loaded & stored]
-    return AutotunePlan(kernel, key, names, options, cleaned, new_grid, restore)
+    taken = sorted(k for k in heuristic if k in names or k in options)
+    return AutotunePlan(kernel, key, names, options, cleaned, new_grid, restore, from_heuristics=taken)
 
 
 def _heuristic_keys(fn: Any) -> set[str] | None:
@@ -214,6 +220,8 @@ def apply_autotune(source: str, plan: AutotunePlan, device_kind: str) -> str:
         else:
             edit.grid = plan.grid
     source = edit_launch(source, edit)
+    if plan.from_heuristics:  # Triton would set these over the autotuner's configs
+        source = drop_dict_entries(source, plan.kernel, HEURISTICS_DECORATORS, set(plan.from_heuristics))
     return add_decorator(source, plan.kernel, decorator, outermost=True)
 
 
@@ -241,6 +249,7 @@ def rewrite(source: str, configs: list[dict[str, Any]], device_kind: str, kernel
 
 
 AUTOTUNE_DECORATORS = ("triton.autotune", "autotune")
+HEURISTICS_DECORATORS = ("triton.heuristics", "heuristics")
 
 
 def _kwargs_code(cfg: dict[str, Any], device_kind: str) -> dict[str, str]:

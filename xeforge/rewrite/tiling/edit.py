@@ -416,3 +416,22 @@ def add_before_function(source: str, function: str, code: str) -> str:
     body[idx] = body[idx].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
     body[idx:idx] = new
     return module.with_changes(body=body).code
+
+
+def drop_dict_entries(source: str, function: str, names: tuple[str, ...], keys: set[str]) -> str:
+    """``source`` without the entries ``keys`` of the dict literal ``function``'s decorator named one of ``names``
+    takes first (``@triton.heuristics({...})``), and without that decorator where no entry is left."""
+    emptied = {"all": False}
+
+    def drop(call: cst.Call) -> cst.Call | str:
+        if not call.args or not isinstance(call.args[0].value, cst.Dict):
+            return f"{function}'s decorator takes no dict literal"
+        d = call.args[0].value
+        kept = [e for e in d.elements if not (isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString)
+                                               and e.key.evaluated_value in keys)]
+        emptied["all"] = not kept
+        args = [call.args[0].with_changes(value=d.with_changes(elements=kept)), *call.args[1:]]
+        return call.with_changes(args=args)
+
+    source = _edit_decorator_call(source, function, names, drop)
+    return remove_decorator(source, function, names) if emptied["all"] else source
