@@ -471,6 +471,8 @@ def test_an_int8_gemm_computes_in_int8_against_a_float64_reference(tmp_path):
     float64 product a like-for-like torch.compile (13.8x). It computes in int8 now: the int8 peak, an int8 vendor
     GEMM (``torch._int_mm``, where cuBLASLt takes the shape) for the BLAS baseline, and the float64 reference named
     as wider."""
+    import dataclasses
+
     import torch
 
     from tests.realworld import problem_dir
@@ -480,8 +482,6 @@ def test_an_int8_gemm_computes_in_int8_against_a_float64_reference(tmp_path):
     p = load_problem(problem_dir("w8a8_int8_matmul"))
     v = p.variant("bench-gpu")
     assert v.dtype is None and p.compute_dtype(v) == "int8"
-    import dataclasses
-
     assert "torch._int_mm" in bench.blas_baseline(p, v, tmp_path).read_text()
     ci = dataclasses.replace(v, dims={**v.dims, "M": 40, "N": 48, "K": 64})  # bench-gpu's form at a CPU's size
     path = bench.blas_baseline(p, ci, tmp_path)  # M = 40 > 16: cuBLASLt's int8 GEMM takes it
