@@ -330,3 +330,22 @@ def test_a_program_id_name_that_is_reassigned_is_not_reused_for_the_inline_reads
            "        k[(4,)](x, y, 4, BLOCK=4)\n        return y\n")
     out = hoist_program_ids(src)
     assert "    pid_0 = tl.program_id(0)\n" in out and "offs = pid_0 * BLOCK" in out and "pid = pid * 2" in out
+
+
+def test_a_store_through_gathered_rows_is_split_into_zeroed_partials(verify):
+    """moe_grouped_gemm (the corpus) stores its tile at rows it loads from an index array (a block's token ids), so
+    the analysis reads no tile there, and split-K said "cannot tell which tensor the store writes". The output is
+    the pointer parameter the store's sum starts from; its partial tiles are zeroed (gathered rows need not cover
+    the output). The split verifies; one slice left out of the sum is caught."""
+    from tests.realworld import problem_dir
+
+    p = load_problem(problem_dir("moe_grouped_gemm"))
+    plan = splitk.find(p.kernel_source, p)
+    assert plan.out == "out_ptr" and plan.gathered
+    src = splitk.apply(p.kernel_source, plan, 2)
+    assert "out_partials = torch.zeros((split_k, *out.shape)" in src, src
+    assert verify(p, src).correct
+    assert not splitk.find(ROOT.joinpath("kernels", "gemm_tall_k", "kernel.py").read_text(),
+                           load_problem(ROOT / "kernels" / "gemm_tall_k")).gathered
+    dropped = src.replace("tl.static_range(1, SPLIT_K)", "tl.static_range(1, 1)")
+    assert dropped != src and not verify(p, dropped).correct

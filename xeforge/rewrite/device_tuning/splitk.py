@@ -226,7 +226,7 @@ def apply(source: str, p: SplitPlan, split: int, when: str | None = None) -> str
         new_grid = f"lambda {grid.meta}: {new_grid}"
     choose = [f"# split-K: {split_var} programs per output tile, each over one slice of K; their fp32 partial tiles",
               f"# go to {parts} and {SUM_KERNEL} adds them into {p.out_host}", f"{split_var} = {split}"]
-    alloc = [f"{parts} = torch.empty(({split_var}, *{p.out_host}.shape), device={p.out_host}.device, "
+    alloc = [f"{parts} = torch.{_alloc(p)}(({split_var}, *{p.out_host}.shape), device={p.out_host}.device, "
              "dtype=torch.float32)"]
     grid_var = grid.variable and grid.assign is not None and grid.assign in host.body and \
         sum(1 for n in ast.walk(host) if isinstance(n, ast.Name) and n.id == grid.variable
@@ -259,6 +259,13 @@ def apply(source: str, p: SplitPlan, split: int, when: str | None = None) -> str
     except LookupError as exc:
         raise NotApplicable(f"the split-K edit could not be placed ({exc})") from None
     return _add_sum_kernel(source, p.cast)
+
+
+def _alloc(p: SplitPlan) -> str:
+    """How the partial tiles are allocated: ``empty`` where the slices write every element the sum reads (tiles of
+    the output), ``zeros`` where they write rows gathered through loaded indices (a MoE block's token ids), which
+    need not cover the whole output: an element no slice writes then sums to zero, not to stale memory."""
+    return "zeros" if p.gathered else "empty"
 
 
 def _host_names(model, p: SplitPlan) -> tuple:
@@ -418,7 +425,7 @@ def _launch_copies(source: str, p: SplitPlan, model, parsed: Parsed, split: int,
     block = [f"# split-K: {split_var} programs per output tile, each over one slice of K, write {acc_dtype} "
              f"partial tiles to {parts};", f"# {then}",
              f"{split_var} = {split}",
-             f"{parts} = torch.empty(({split_var}, *{p.out_host}.shape), device={p.out_host}.device, "
+             f"{parts} = torch.{_alloc(p)}(({split_var}, *{p.out_host}.shape), device={p.out_host}.device, "
              f"dtype=torch.{acc_dtype})",
              code(relaunch(p.split_kernel, grid3, True, {stride: f"{parts}.stride(0)", PARAM: split_var})),
              second]

@@ -78,6 +78,7 @@ class SplitPlan:
     value_lines: list[int]  # statements whose ``acc.to(...)`` becomes ``acc``
     axis: int = 2  # the grid axis the slices take: the first the kernel does not use (1 for a 1D grid)
     epilogue: Epilogue | None = None  # the kernel changes the tile after its K loop: a second kernel runs that
+    gathered: bool = False  # a store's rows are gathered through loaded indices: not every element need be written
 
     @property
     def epilogue_kernel(self) -> str:
@@ -262,16 +263,37 @@ def _stores(fn: ast.FunctionDef, an: KernelAnalysis) -> list[tuple[ast.Call, str
     descs = _desc_bases(fn)
     by_call = {id(a.call): a for a in an.accesses if a.kind == "store"}
     out = []
+    params = set(an.params)
     for node in ast.walk(fn):
         if is_tl_call(node, "store"):
             acc = by_call.get(id(node))
             ptr = acc.ptr if acc is not None else None
             base = ptr.base if isinstance(ptr, (Ptr, BlockPtr)) else None
+            if base is None and node.args:  # rows gathered from memory (a MoE block's token ids): not a tile the
+                base = _pointer_param(fn, node.args[0], params)  # analysis reads, but its base is still the sum's
             out.append((node, base, _kw(node, "value", 1)))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "store" \
                 and isinstance(node.func.value, ast.Name) and node.func.value.id in descs:
             out.append((node, descs[node.func.value.id], node.args[1] if len(node.args) > 1 else None))
     return out
+
+
+def _pointer_param(fn: ast.FunctionDef, expr: ast.AST, params: set[str]) -> str | None:
+    """The pointer parameter a pointer expression offsets (``out_ptr + rows[:, None] * s + ...``, or a name assigned
+    once from one): the leftmost operand of its sum, followed through single assignments; None otherwise."""
+    for _ in range(8):
+        while isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add):
+            expr = expr.left
+        if not isinstance(expr, ast.Name):
+            return None
+        if expr.id in params:
+            return expr.id
+        assigns = [n for n in ast.walk(fn) if isinstance(n, (ast.Assign, ast.AugAssign)) and any(
+            isinstance(t, ast.Name) and t.id == expr.id for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]
+        if len(assigns) != 1 or not isinstance(assigns[0], ast.Assign):
+            return None
+        expr = assigns[0].value
+    return None
 
 
 def _reads_output(fn: ast.FunctionDef, an: KernelAnalysis, out: str) -> bool:
@@ -480,8 +502,13 @@ def plan(model: KernelModel, kernel: str) -> SplitPlan:
             for dim in (0, 1):
                 if host.replace(" ", "") == f"{out_host}.stride({dim})":
                     epilogue.strides[param] = dim
+    an = KernelAnalysis(fn)
+    tiles = {id(a.call) for a in an.accesses if a.kind == "store" and isinstance(a.ptr, (Ptr, BlockPtr))}
+    gathered = any(base == out and id(call) not in tiles and is_tl_call(call, "store")
+                   for call, base, _ in _stores(node, an))
     return SplitPlan(kernel, tuple(p.stmt.lineno for p in pids), pids[0].cast, planned, start, stop, step,
-                     anchor, acc, out, out_host, cast, value_lines, axis=len(pids), epilogue=epilogue)
+                     anchor, acc, out, out_host, cast, value_lines, axis=len(pids), epilogue=epilogue,
+                     gathered=gathered)
 
 
 def _epilogue(model: KernelModel, kernel: str, loops: list[ast.For], acc: str, parents: dict[int, ast.AST],
