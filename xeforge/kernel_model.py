@@ -54,6 +54,21 @@ def _lines(source: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=16)
+def _line_starts(source: str) -> tuple[int, ...]:
+    out, at = [0], 0
+    for line in _lines(source):
+        at += len(line)
+        out.append(at)
+    return tuple(out)
+
+
+def source_offset(source: str, lineno: int, col: int) -> int:
+    """The index in ``source`` of ``ast``'s position (``lineno``, ``col``: a column in UTF-8 bytes), for text edits
+    that splice a node's span."""
+    return _line_starts(source)[lineno - 1] + len(_lines(source)[lineno - 1].encode()[:col].decode())
+
+
 def segment_of(source: str, node: ast.AST) -> str | None:
     """``ast.get_source_segment(source, node)``, with the source's lines split once per source: the tactics ask
     for thousands of segments of one kernel file, and ``ast`` splits the whole file again for each."""

@@ -100,10 +100,11 @@ def plan_autotune(model: KernelModel, kernel: str, configs: list[dict[str, Any]]
     fn = model.functions[kernel]
     if fn.is_autotuned:
         raise NotApplicable(f"{kernel} is already @triton.autotune'd")
-    heuristic = _heuristic_keys(fn)  # what @triton.heuristics sets, over anything an autotuner above it passes
-    if heuristic is None:
+    entries = heuristic_entries(fn.node)  # what @triton.heuristics sets, over anything an autotuner above it passes
+    if entries is None:
         raise NotApplicable(f"{kernel} uses @triton.heuristics whose keys are not a literal dict (what it sets is "
                             "not known, so configurations could clash with it)")
+    heuristic = set(entries)
     site = single_launch(model, kernel)
     an = KernelAnalysis(fn)
     if any(n for n in ast.walk(fn.node) if isinstance(n, ast.Call) and
@@ -179,13 +180,6 @@ def plan_autotune(model: KernelModel, kernel: str, configs: list[dict[str, Any]]
     restore = [p for p in fn.params if p in loaded & stored]
     taken = sorted(k for k in heuristic if k in names or k in options)
     return AutotunePlan(kernel, key, names, options, cleaned, new_grid, restore, from_heuristics=taken)
-
-
-def _heuristic_keys(fn: Any) -> set[str] | None:
-    """The names a kernel's ``@triton.heuristics({...})`` decorators set (empty without one); None when a
-    decorator's argument is not a dict literal with string keys."""
-    entries = heuristic_entries(fn.node)
-    return None if entries is None else set(entries)
 
 
 def _uses_meta(node: ast.AST, meta: str | None) -> bool:

@@ -288,9 +288,9 @@ def _pointer_param(fn: ast.FunctionDef, expr: ast.AST, params: set[str]) -> str 
             return None
         if expr.id in params:
             return expr.id
-        assigns = [n for n in ast.walk(fn) if isinstance(n, (ast.Assign, ast.AugAssign)) and any(
-            isinstance(t, ast.Name) and t.id == expr.id for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]
-        if len(assigns) != 1 or not isinstance(assigns[0], ast.Assign):
+        assigns = _assigns_of(fn, expr.id)
+        if len(assigns) != 1 or not isinstance(assigns[0], ast.Assign) or len(assigns[0].targets) != 1 or \
+                not isinstance(assigns[0].targets[0], ast.Name):
             return None
         expr = assigns[0].value
     return None

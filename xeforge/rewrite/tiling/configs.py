@@ -26,7 +26,8 @@ from typing import Any
 from xeforge.analysis.observe import traces
 from xeforge.analysis.launches import (Binding, autotune_configs, bindings, block_params, expression_uses,
                                        launch_options, observed)
-from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, axis_blocks, literal, parse_kernel, segment_of
+from xeforge.kernel_model import (JitFunction, KernelModel, LaunchSite, axis_blocks, literal, parse_kernel, segment_of,
+                                  source_offset)
 from xeforge.rewrite.tiling import KernelAnalysis, NotApplicable
 from xeforge.kb._base import DTYPE_BYTES, dtype_key
 from xeforge.kb.kernel_facts import roles_by_use
@@ -156,13 +157,9 @@ def _product_text(source: str, model: KernelModel, site: LaunchSite, grid: GridI
     """Grid element ``el`` (a product of cdiv factors) with the divisor of each factor whose block is in ``new``
     set to its new value; the rest of the text as written."""
     tr = GridTranslator(model, site, KernelAnalysis(model.functions[site.kernel]), grid)
-    lines = source.splitlines(keepends=True)
-    starts = [0]
-    for line in lines:
-        starts.append(starts[-1] + len(line))
 
     def offset(lineno: int, col: int) -> int:
-        return starts[lineno - 1] + col
+        return source_offset(source, lineno, col)
 
     base = offset(el.lineno, el.col_offset)
     text = source[base:offset(el.end_lineno, el.end_col_offset)]

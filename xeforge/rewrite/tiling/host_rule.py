@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from xeforge.analysis.launches import Binding, bindings, observed
-from xeforge.kernel_model import JitFunction, KernelModel, LaunchSite, axis_blocks, dotted_name, parse_python
+from xeforge.kernel_model import (JitFunction, KernelModel, LaunchSite, axis_blocks, dotted_name, parse_python,
+                                  source_offset)
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling.grid import enclosing_function
 
@@ -146,18 +147,11 @@ def override_heuristics(source: str, kernel: str, made: dict[str, HostMade], cfg
     missing = [n for n in cfg if n not in entries]
     if missing:
         raise NotApplicable(f"{', '.join(missing)} of {kernel} are not entries of its @triton.heuristics")
-    lines = source.splitlines(keepends=True)
-    starts = [0]
-    for ln in lines:
-        starts.append(starts[-1] + len(ln))
-
-    def offset(line: int, col: int) -> int:
-        return starts[line - 1] + len(lines[line - 1].encode()[:col].decode())
-
     text = source
     for name in sorted(cfg, key=lambda n: (entries[n].lineno, entries[n].col_offset), reverse=True):
-        node = entries[name]
-        a, b = offset(node.lineno, node.col_offset), offset(node.end_lineno, node.end_col_offset)
+        node = entries[name]  # spliced bottom-up: the spans above it keep their offsets in source
+        a = source_offset(source, node.lineno, node.col_offset)
+        b = source_offset(source, node.end_lineno, node.end_col_offset)
         orig = " ".join(text[a:b].split())
         new = f"lambda args: min(({orig})(args), {cfg[name]!r})" if name in capped else \
             f"lambda args: {cfg[name]!r}"
