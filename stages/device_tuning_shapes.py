@@ -59,6 +59,8 @@ from typing import Any, Callable
 from stages.base import Applicability, Candidate, StageContext, Tactic, TrialOutcome
 from stages.device_tuning_splitk import core_count, split_values
 from xeforge.analysis.observe import traces
+from xeforge.kb.kernel_facts import roles_by_use
+from xeforge.kb.roles import names_for
 from xeforge.kernel_model import KernelModel, LaunchSite, axis_blocks, parse_python, pure_expression
 from xeforge.problem import Variant, source_hash
 from xeforge.rewrite.tiling import NotApplicable
@@ -84,6 +86,8 @@ SPLIT_PER_CLASS = 2
 #: the launch search's verified trials and the KB's seeds considered per class
 FROM_SEARCH = 3
 FROM_KB = 3
+#: the seeds of the device's space for few rows (KB ``max_rows``) considered per class of few rows
+FROM_KB_FEW_ROWS = 3
 #: the launch search's configurations tried the other way round: for every shape but a class's (which keeps the
 #: incumbent's launch)
 PRIMARY_WINNERS = 2
@@ -380,7 +384,7 @@ class PerShapeConfig(Tactic):
         out: list[dict[str, Any]] = []
         keys = tuple(k for k in option_keys(fn) if k not in heur)
         there = {**traced_options(m, site, cls.serves[0]), **current}  # what the class's shape runs with now
-        for cfg in [current, *measured, *seeds]:
+        for cfg in [current, *self._few_rows(ctx, site, cls), *measured, *seeds]:
             full = {**current, **{k: v for k, v in cfg.items() if k in names or k in keys}}
             for option in (self._fit(full, cls), full):
                 if option in out or no_change(there, option) or kb_rejects(ctx, option, fn):
@@ -389,6 +393,16 @@ class PerShapeConfig(Tactic):
             if len(out) >= CONFIGS_PER_CLASS:
                 break
         return out[:CONFIGS_PER_CLASS]
+
+    @staticmethod
+    def _few_rows(ctx: StageContext, site: LaunchSite, cls: ShapeClass) -> list[dict[str, Any]]:
+        """For a class of few rows tiled by the kernel's M block (``M <= 64`` over ``BLOCK_M``): the seeds of the
+        device's space for such shapes (KB ``max_rows``: narrow tiles along N, a long K step and deeper pipelines,
+        so that a weight-bound GEMM keeps every core streaming), before the large-M tiles fitted to the class."""
+        fn = ctx.model.functions[site.kernel]
+        if cls.op != "<=" or cls.block is None or not names_for("block_m", [cls.block], roles_by_use(fn)):
+            return []
+        return kb_configs(ctx, ctx.source, site.kernel, FROM_KB_FEW_ROWS, rows=cls.size)
 
     @staticmethod
     def _option_configs(ctx: StageContext, site: LaunchSite) -> list[dict[str, Any]]:

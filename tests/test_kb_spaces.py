@@ -130,3 +130,36 @@ def test_a_gemm_whose_tile_names_follow_no_convention_gets_its_roles_from_use() 
     huge = {"TM": 256, "TN": 256, "TK": 128, "num_stages": 4, "num_warps": 8}
     assert [v for v in kb.check_config(huge, "h200", triton, kernel, dtype="bfloat16") if v.is_error]
     assert not [v for v in kb.check_config(first, "h200", triton, kernel, dtype="bfloat16") if v.is_error]
+
+
+def test_a_class_of_few_rows_gets_the_space_for_few_rows_and_other_lookups_never_do() -> None:
+    kb = load_kb()
+    triton = TritonInfo.parse("3.8.0")
+    general = kb.space("h200", "gemm", triton)
+    assert general.max_rows is None
+    few = kb.space("h200", "gemm", triton, rows=16)
+    assert few.max_rows is not None and few.max_rows >= 16 and few.id != general.id
+    # more rows than any space for few rows allows: the family's general space
+    assert kb.space("h200", "gemm", triton, rows=few.max_rows + 1).id == general.id
+    # a device with no space for few rows: its general space
+    xpu = TritonInfo.parse("3.6.0", is_xpu=True)
+    assert kb.space("arc-b580", "gemm", xpu, rows=16).id == kb.space("arc-b580", "gemm", xpu).id
+    for cfg in few.configs(NAMES["gemm"], dtype="bfloat16"):
+        assert not [v for v in kb.check_config(cfg, "h200", triton, family="gemm") if v.is_error], cfg
+
+
+def test_two_spaces_for_the_same_few_rows_are_an_overlap_but_one_beside_the_general_space_is_not(tmp_path) -> None:
+    from xeforge.kb.loader import load_paths
+
+    root = Path(__file__).parent.parent / "knowledge_base"
+    paths = sorted(root.rglob("*.yaml"))
+    kb, errors = load_paths(paths, root)
+    assert not errors, [str(e) for e in errors]
+    nvidia = (root / "spaces" / "nvidia.yaml").read_text()
+    start = nvidia.index("  - id: hopper-gemm-few-rows")
+    entry = nvidia[start:nvidia.index("\n\n", start)]
+    extra = tmp_path / "more.yaml"
+    extra.write_text("spaces:\n" + entry.replace("hopper-gemm-few-rows", "hopper-gemm-few-rows-again") + "\n")
+    _, errors = load_paths([*paths, extra], root)
+    assert any("hopper-gemm-few-rows-again" in str(e) and "both apply to gemm kernels" in str(e) for e in errors), \
+        [str(e) for e in errors]

@@ -85,6 +85,7 @@ class TuningSpace:
     grf_mode: list[str] | None = None
     warp_size: list[int] | None = None
     seeds: list[dict[str, Any]] = field(default_factory=list)
+    max_rows: int | None = None  # a space for a class of at most this many rows (decode-sized M)
     spelling: dict[str, str] = field(default_factory=dict)
     source: tuple[str, ...] = ()
     confidence: str = "unverified"
@@ -433,6 +434,7 @@ class KnowledgeBase:
             family=spec.family,
             triton=triton,
             seeds=seeds,
+            max_rows=spec.max_rows,
             spelling=spelling,
             source=(spec.source,) if isinstance(spec.source, str) else tuple(spec.source),
             confidence=spec.confidence,
@@ -443,13 +445,24 @@ class KnowledgeBase:
             **values,
         )
 
-    def space(self, device_id: str, family: str, triton: TritonInfo) -> TuningSpace:
-        """The tuning space for a device and kernel family (gemm | gemv | reduction | elementwise | attention)."""
+    def space(self, device_id: str, family: str, triton: TritonInfo, rows: int | None = None) -> TuningSpace:
+        """The tuning space for a device and kernel family (gemm | gemv | reduction | elementwise | attention).
+
+        ``rows``: a class of shapes with at most this many rows (decode-sized M) asks for the space of such shapes
+        (``max_rows`` at least ``rows``, the tightest first) and gets the family's general space where the device
+        has none. Without ``rows``, spaces for few rows are never returned.
+        """
         if family not in FAMILIES:
             raise KnowledgeBaseError("family", f"unknown kernel family {family!r}", f"use one of: {', '.join(FAMILIES)}")
         device = self.device(device_id)
-        for entry in self.space_entries:
-            if entry.spec.family == family and entry.applies(device, triton):
+        found = [e for e in self.space_entries if e.spec.family == family and e.applies(device, triton)]
+        if rows is not None:
+            few = sorted((e for e in found if e.spec.max_rows is not None and e.spec.max_rows >= rows),
+                         key=lambda e: e.spec.max_rows)
+            if few:
+                return self._resolve(few[0], device, triton)
+        for entry in found:
+            if entry.spec.max_rows is None:
                 return self._resolve(entry, device, triton)
         raise KnowledgeBaseError(
             "spaces",

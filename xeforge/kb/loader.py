@@ -24,7 +24,6 @@ from packaging.version import Version
 from pydantic import ValidationError
 
 from xeforge.errors import KnowledgeBaseError
-from xeforge.kb._base import FAMILIES
 from xeforge.kb.checks import CHECKS, COMMON_PLACEHOLDERS
 from xeforge.kb.entries import Constraint, Diagnosis, Pattern, Recognizer, SpaceEntry
 from xeforge.kb.facts import FACT_NAMES, DeviceEntry
@@ -459,8 +458,9 @@ def _check_diagnosis_facts(files: list[LoadedFile], recognizers: list[Recognizer
 def _check_space_overlap(spaces: list[SpaceEntry], devices: dict[str, DeviceEntry]) -> list[KnowledgeBaseError]:
     errors = []
     reported: set[tuple[str, str]] = set()
-    for family in FAMILIES:
-        fam = [s for s in spaces if s.spec.family == family]
+    # spaces for few rows (max_rows) overlap only each other, by the same bound
+    for family, rows in sorted({(s.spec.family, s.spec.max_rows) for s in spaces}, key=lambda fr: (fr[0], fr[1] or 0)):
+        fam = [s for s in spaces if s.spec.family == family and s.spec.max_rows == rows]
         for dev in devices.values():
             for probe in _PROBES:
                 hits = [s for s in fam if dev.id in s.spec.devices and version_applies(

@@ -173,6 +173,9 @@ class SpaceSpec(SpaceValues, Gated):
     stages: list[Stage] = Field(default_factory=lambda: ["device_tuning", "autotuning"])
     seeds: list[Seed] = Field(default_factory=list)
     variants: list[SpaceVariant] = Field(default_factory=list)
+    #: a space for a class of few rows only (decode-sized M: the tile's rows at most this); the family's space
+    #: without it serves every other lookup
+    max_rows: int | None = Field(default=None, ge=1)
     source: str | list[str]
     confidence: Confidence
     note: str | None = None

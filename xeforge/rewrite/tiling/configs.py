@@ -355,11 +355,13 @@ def current_config(model: KernelModel, site: LaunchSite) -> dict[str, Any]:
     return {**{n: values[n] for n in tunable(model, site)}, **launch_options(model, site), **options}
 
 
-def kb_configs(ctx: Any, source: str, kernel: str, limit: int, include_current: bool = False) -> list[dict[str, Any]]:
+def kb_configs(ctx: Any, source: str, kernel: str, limit: int, include_current: bool = False,
+               rows: int | None = None) -> list[dict[str, Any]]:
     """Up to ``limit`` KB-valid configurations for ``kernel`` (seeds first), keyed by its own names.
 
     Empty when no knowledge base, device entry or tuning space applies. ``include_current``: the launch's own
-    configuration may be among them (otherwise it is skipped).
+    configuration may be among them (otherwise it is skipped). ``rows``: those of the device's space for shapes of at
+    most this many rows (``max_rows``, decode-sized M), and none where the device has no such space.
     """
     if ctx is None or getattr(ctx, "kb", None) is None or not getattr(ctx, "device_id", None):
         return []
@@ -376,8 +378,10 @@ def kb_configs(ctx: Any, source: str, kernel: str, limit: int, include_current: 
         current = {k: v for k, v in (own[0] if own else {}).items() if k in names or k in OPTION_KEYS}
     declared = getattr(getattr(getattr(ctx, "problem", None), "spec", None), "kind", None)
     try:
-        space = ctx.kb.space(ctx.device_id, family(model, kernel, declared), ctx.triton)
+        space = ctx.kb.space(ctx.device_id, family(model, kernel, declared), ctx.triton, rows=rows)
     except Exception:  # no space for this device/family: the KB raises its own error type; nothing to draw
+        return []
+    if rows is not None and space.max_rows is None:
         return []
     fixed = {k: b.value for k, b in bindings(model, site).items() if k not in names and b.value is not None}
     out: list[dict[str, Any]] = []
