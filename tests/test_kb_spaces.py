@@ -143,9 +143,20 @@ def test_a_class_of_few_rows_gets_the_space_for_few_rows_and_other_lookups_never
     assert kb.space("h200", "gemm", triton, rows=few.max_rows + 1).id == general.id
     # a device with no space for few rows: its general space
     xpu = TritonInfo.parse("3.6.0", is_xpu=True)
-    assert kb.space("arc-b580", "gemm", xpu, rows=16).id == kb.space("arc-b580", "gemm", xpu).id
-    for cfg in few.configs(NAMES["gemm"], dtype="bfloat16"):
-        assert not [v for v in kb.check_config(cfg, "h200", triton, family="gemm") if v.is_error], cfg
+    assert kb.space("arc-a770", "gemm", xpu, rows=16).id == kb.space("arc-a770", "gemm", xpu).id
+
+
+@pytest.mark.parametrize("device, triton", [("h200", TritonInfo.parse("3.8.0")), ("h100", TritonInfo.parse("3.6.0")),
+                                            ("arc-b580", TritonInfo.parse("3.6.0", is_xpu=True)),
+                                            ("max-1550", TritonInfo.parse("3.5.0", is_xpu=True))])
+def test_every_configuration_for_few_rows_passes_check_config(device: str, triton: TritonInfo) -> None:
+    kb = load_kb()
+    few = kb.space(device, "gemm", triton, rows=8)
+    assert few.max_rows is not None, f"{device} has no space for few rows"
+    configs = list(few.configs(NAMES["gemm"], dtype="bfloat16"))
+    assert configs and configs[0]["BLOCK_M"] <= few.max_rows
+    for cfg in configs:
+        assert not [v for v in kb.check_config(cfg, device, triton, family="gemm") if v.is_error], cfg
 
 
 def test_two_spaces_for_the_same_few_rows_are_an_overlap_but_one_beside_the_general_space_is_not(tmp_path) -> None:
