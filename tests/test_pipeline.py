@@ -290,3 +290,52 @@ def test_a_stages_share_of_the_time_budget_cuts_its_tactics_candidates_and_leave
                                      evaluate, lambda outs: None)
     assert judged == ["tile 0"] and len(rec.outcomes) == 1
     assert "2 of its 3 candidates not run: the block_io stage's share" in rec.note, rec.note
+
+
+def test_a_stages_share_is_split_between_its_tactics_so_the_last_ones_get_their_turn(monkeypatch):
+    """On the H100 (2026-12-06, eight ports at once, 5 minutes each) group-swizzle's three tiles took device_tuning's
+    whole share and per-shape-config, the one tactic for M = 16, never ran: those ports stayed at 0.44x of
+    torch.compile there. Each tactic now stops between candidates after its part of what is left of the share
+    (over the tactics that apply from it on); one that ends early leaves its part to the ones after it."""
+    from stages.base import Applicability, Candidate, Stage, Tactic, TrialOutcome
+    from tests.conftest import tactic_context
+    from xeforge import engines
+    from xeforge.problem import load_problem
+    from xeforge.verifier import GateResult, Verdict
+
+    now = {"t": 0.0}
+    monkeypatch.setattr(engines.time, "monotonic", lambda: now["t"])
+    share_end = 90.0
+
+    def tactic(name: str, n: int, applies: bool = True) -> Tactic:
+        class T(Tactic):
+            def check(self, ctx):
+                return Applicability(applies, "test")
+
+            def propose(self, ctx):
+                return [Candidate(ctx.source + f"\n# {name} {i}\n", name, f"{name} {i}") for i in range(n)]
+        t = T()
+        t.name = name
+        return t
+
+    judged = []
+
+    def evaluate(c):
+        judged.append(c.description)
+        now["t"] += 20.0
+        return TrialOutcome("0001", c, Verdict("h", [GateResult("2-correctness", "pass", "ok")], correct=True))
+
+    evaluate.spent = lambda: None
+    evaluate.left = lambda: max(0.0, share_end - now["t"])
+    stage = Stage("device_tuning", 7, "test", (), tactics=[tactic("swizzle", 3), tactic("never", 2, applies=False),
+                                                            tactic("search", 2), tactic("per-shape", 3)])
+    recs = engines.RulesEngine().run_stage(stage, tactic_context(load_problem(ROOT / "kernels" / "gemm_relu")),
+                                           evaluate, lambda outs: None)
+    # swizzle: 30 s of 90 s for 3 tactics (the one that does not apply is not counted): two candidates of 20 s
+    # search: 25 s of the 50 s left for 2: both of its candidates; per-shape: the 10 s left, its first candidate
+    assert judged == ["swizzle 0", "swizzle 1", "search 0", "search 1", "per-shape 0"], judged
+    swizzle, _, search, per_shape = recs
+    assert "1 of its 3 candidates not run: its part of the device_tuning stage's share (30 s of the 90 s left for " \
+           "3 tactic(s)) was spent after 40 s" in swizzle.note, swizzle.note
+    assert search.note is None or "not run" not in search.note
+    assert "2 of its 3 candidates not run" in per_shape.note

@@ -12,6 +12,7 @@ returns the verdict, so an engine that learns from feedback (the llm engine's Co
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any, Callable
 
 # The registry is the one module of xeforge that imports the llm engine: engines are chosen by name here
@@ -46,19 +47,24 @@ class RulesEngine:
         """
         records = []
         tactics, first = tactic_order(list(stage.tactics), stage.name, ctx.diagnosis)
-        for tactic in tactics:
-            app = tactic.check(ctx)
+        checked = {t.name: t.check(ctx) for t in tactics}  # as the stage starts: how many tactics share its time
+        start = ctx.source
+        spent = getattr(evaluate, "spent", None)
+        left = getattr(evaluate, "left", None)
+        for i, tactic in enumerate(tactics):
+            app = checked[tactic.name] if ctx.source == start else tactic.check(ctx)  # again after an adoption
             rec = TacticRecord(tactic.name, app.applies, app.reason)
             if tactic.name in first:
                 rec.note = f"tried first: {first[tactic.name]}"
             records.append(rec)
             if not app.applies:
                 continue
-            spent = getattr(evaluate, "spent", None)
             why = spent() if spent is not None else None
             if why:  # the port's --time-budget ran out inside this stage: the tactics left are not run, and say so
                 rec.note = "; ".join(filter(None, [rec.note, f"not run: {why}"]))
                 continue
+            part = _tactic_part(stage.name, left() if left is not None else None,
+                                1 + sum(checked[t.name].applies for t in tactics[i + 1:]))
             candidates, failed = propose_safely(tactic, ctx)
             if failed:
                 rec.note = "; ".join(filter(None, [rec.note, failed]))
@@ -76,7 +82,7 @@ class RulesEngine:
                 prepare(candidates)  # e.g. compile them in parallel on the host before the one-by-one cascade
             rec.outcomes = []
             for k, c in enumerate(candidates):
-                why = spent() if spent is not None and k else None
+                why = ((spent() if spent is not None else None) or (part() if part is not None else None)) if k else None
                 if why:  # the budget ran out inside this tactic: its first candidates were judged, the rest not
                     rec.note = "; ".join(filter(None, [rec.note, f"{len(candidates) - k} of its {len(candidates)} "
                                                                  f"candidates not run: {why}"]))
@@ -94,6 +100,25 @@ class RulesEngine:
                 ctx = ctx.with_source(rec.best.candidate.source)
                 ctx.diagnosis = rec.best.verdict.diagnosis if rec.best.verdict is not None else None
         return records
+
+
+def _tactic_part(stage: str, seconds: float | None, tactics: int) -> Callable[[], str | None] | None:
+    """Under a time budget: why this tactic stops between its candidates once it has had its part of what is left
+    of the stage's share (``seconds`` over the ``tactics`` that apply from this one on, itself included), so that a
+    tactic proposing many candidates (a swizzle with every seed tile) does not leave the ones after it (the
+    per-shape configurations a decode-sized shape needs) no time. A tactic that ends early leaves its part to the
+    ones after it. None without a budget."""
+    if seconds is None:
+        return None
+    t0, part = time.monotonic(), seconds / max(1, tactics)
+
+    def why() -> str | None:
+        took = time.monotonic() - t0
+        if took < part:
+            return None
+        return (f"its part of the {stage} stage's share ({part:.0f} s of the {seconds:.0f} s left for {tactics} "
+                f"tactic(s)) was spent after {took:.0f} s; the tactics after it get the rest")
+    return why
 
 
 def refit_candidates(ctx: StageContext, outcome: TrialOutcome) -> list[Candidate]:

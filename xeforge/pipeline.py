@@ -402,6 +402,8 @@ class Pipeline:
             # stage's share of it
             evaluate.spent = (  # type: ignore[attr-defined]
                 lambda share=share: self._time_spent(t0) or self._share_spent(share))
+            # the seconds left of the stage's share, which the rules engine splits between the tactics still to run
+            evaluate.left = lambda share=share: self._share_left(share)  # type: ignore[attr-defined]
 
             def choose(outcomes: list[TrialOutcome]) -> TrialOutcome | None:
                 best = self._choose(outcomes, device)
@@ -475,6 +477,14 @@ class Pipeline:
         remaining = 60 * budget - (now - t0)
         weights = [STAGE_WEIGHTS.get(st.name, 1.0) for st in left]
         return now, max(0.0, remaining) * weights[0] / sum(weights), left[0].name
+
+    @staticmethod
+    def _share_left(share: tuple[float, float, str] | None) -> float | None:
+        """Seconds left of a stage's share of the time budget (None without a budget)."""
+        if share is None:
+            return None
+        start, seconds, _ = share
+        return max(0.0, seconds - (time.monotonic() - start))
 
     @staticmethod
     def _share_spent(share: tuple[float, float, str] | None) -> str | None:
