@@ -29,16 +29,24 @@ def cost_ms(src: str) -> float:
     return gemm + (0.01 if "sub_mul_relu_kernel[" in src else 0.0)
 
 
-def run_scripted(tmp_path: Path, monkeypatch, carry: bool = True):
+def run_scripted(tmp_path: Path, monkeypatch, carry: bool = True, minutes: float | None = None,
+                 block_io_s: float = 0.0, name: str = "scripted GPU (cost model)"):
+    """The port under the cost model; with ``minutes``, a time budget on a scripted clock where each block_io
+    candidate takes ``block_io_s`` seconds and every other one a second."""
     problem = load_problem(ROOT / "kernels" / "kb09_matmul_subtract_multiply_relu")
     pipe = Pipeline(problem, PortOptions(device="cuda", stages=["dtype", "fusion", "block_io"]),
                     progress=lambda msg: None)
-    device = devices.DeviceInfo("cuda", "scripted GPU (cost model)", cores=132)
+    clock = {"t": 0.0}
+    if minutes is not None:
+        monkeypatch.setattr("xeforge.pipeline.time.monotonic", lambda: clock["t"])
+        pipe.settings = pipe.settings.replace(port_minutes=minutes)
+    device = devices.DeviceInfo("cuda", name, cores=132)
     kbc = kb_context(device)
     store = _new_at(tmp_path / "run")
     trials = []
 
     def evaluate(store, verifier, stage, cand, inc_path, inc_src):
+        clock["t"] += block_io_s if stage.name == "block_io" else 1.0
         s = cost_ms(inc_src) / cost_ms(cand.source)
         trials.append((stage.name, cand.description, round(s, 4)))
         v = Verdict(source_hash(cand.source), [], correct=True, accepted=s > 1 + MARGIN, timed=True, speedup=s)
@@ -77,3 +85,20 @@ def test_without_the_carry_the_fusion_is_lost(tmp_path, monkeypatch):
     out, _ = run_scripted(tmp_path, monkeypatch, carry=False)
     final = Path(out["final"]["path"]).read_text()
     assert "make_tensor_descriptor" in final and "sub_mul_relu_kernel[" in final
+
+
+def test_the_carried_trial_gets_half_of_the_next_stages_time(tmp_path, monkeypatch):
+    """On the H100 (2026-12-06) a trial carried into device_tuning (tensor descriptors with a 128 x 256 tile: 4.3x at
+    4096^3, 0.97x at M = 16) got no candidate on top of it: the stage's own tactics had spent its share. Now the
+    stage's first run stops at half its share and the candidates on top of the carried trial get the rest. Here
+    each block_io candidate takes 200 s of a 5-minute budget: without the halves the second plain candidate would
+    run and nothing would be left for the carried fusion."""
+    # an H200 by name: the KB's tiles make three plain block_io candidates
+    out, trials = run_scripted(tmp_path, monkeypatch, minutes=5.0, block_io_s=200.0, name="NVIDIA H200")
+    block_io = next(r for r in out["records"] if r.name == "block_io")
+    first = [t for t in block_io.tactics if t.outcomes and "proposed on top of trial" not in (t.note or "")]
+    assert first and "block_io stage's first half (the other is for the candidates on top of trial" in first[0].note
+    assert len(first[0].outcomes) == 1
+    carried = [t for t in block_io.tactics if "proposed on top of trial" in (t.note or "") and t.outcomes]
+    assert carried, [(t.name, t.note) for t in block_io.tactics]
+    assert any("[on top of trial" in d for st, d, _ in trials if st == "block_io")
