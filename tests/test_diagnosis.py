@@ -264,7 +264,7 @@ def test_run_stage_follows_the_incumbents_diagnosis(kb):
 
     stage = Stage("device_tuning", 7, "test", [])
     stage.tactics = [T("launch-params"), T("split-k")]
-    ctx = SimpleNamespace(diagnosis=_read(kb, "gemm_tall_k", [_launch("matmul_kernel", (64,))]))
+    ctx = SimpleNamespace(source="", diagnosis=_read(kb, "gemm_tall_k", [_launch("matmul_kernel", (64,))]))
     records = RulesEngine().run_stage(stage, ctx, evaluate=None, choose=None)
     assert seen == ["split-k", "launch-params"]
     assert records[0].note.startswith("tried first: diagnosis dx-fewer-programs-than-cores")

@@ -139,8 +139,12 @@ def test_a_class_of_few_rows_gets_the_space_for_few_rows_and_other_lookups_never
     assert general.max_rows is None
     few = kb.space("h200", "gemm", triton, rows=16)
     assert few.max_rows is not None and few.max_rows >= 16 and few.id != general.id
+    # the tightest bound that holds the class: a class of 17-64 rows gets the space for up to 64
+    wider = kb.space("h200", "gemm", triton, rows=few.max_rows + 1)
+    assert wider.max_rows is not None and wider.max_rows > few.max_rows and wider.id not in (few.id, general.id)
+    assert kb.space("h200", "gemm", triton, rows=1).id == few.id
     # more rows than any space for few rows allows: the family's general space
-    assert kb.space("h200", "gemm", triton, rows=few.max_rows + 1).id == general.id
+    assert kb.space("h200", "gemm", triton, rows=wider.max_rows + 1).id == general.id
     # a device with no space for few rows: its general space
     xpu = TritonInfo.parse("3.6.0", is_xpu=True)
     assert kb.space("arc-a770", "gemm", xpu, rows=16).id == kb.space("arc-a770", "gemm", xpu).id
@@ -151,12 +155,13 @@ def test_a_class_of_few_rows_gets_the_space_for_few_rows_and_other_lookups_never
                                             ("max-1550", TritonInfo.parse("3.5.0", is_xpu=True))])
 def test_every_configuration_for_few_rows_passes_check_config(device: str, triton: TritonInfo) -> None:
     kb = load_kb()
-    few = kb.space(device, "gemm", triton, rows=8)
-    assert few.max_rows is not None, f"{device} has no space for few rows"
-    configs = list(few.configs(NAMES["gemm"], dtype="bfloat16"))
-    assert configs and configs[0]["BLOCK_M"] <= few.max_rows
-    for cfg in configs:
-        assert not [v for v in kb.check_config(cfg, device, triton, family="gemm") if v.is_error], cfg
+    for rows in (8, 64):
+        few = kb.space(device, "gemm", triton, rows=rows)
+        assert few.max_rows is not None and few.max_rows >= rows, f"{device} has no space for {rows} rows"
+        configs = list(few.configs(NAMES["gemm"], dtype="bfloat16"))
+        assert configs and configs[0]["BLOCK_M"] <= few.max_rows
+        for cfg in configs:
+            assert not [v for v in kb.check_config(cfg, device, triton, family="gemm") if v.is_error], cfg
 
 
 def test_two_spaces_for_the_same_few_rows_are_an_overlap_but_one_beside_the_general_space_is_not(tmp_path) -> None:

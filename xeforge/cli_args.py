@@ -36,8 +36,9 @@ def positive_float(text: str) -> float:
 def add_time_budget(p: argparse.ArgumentParser, what: str = "the stages") -> None:
     p.add_argument("--time-budget", type=positive_float, default=None, metavar="MINUTES",
                    help=f"wall-clock minutes for {what}: each stage gets a share of what is left (device_tuning "
-                        "three parts, autotuning 1.5, the others one), checked before each tactic and between a "
-                        "tactic's candidates; what is left is skipped, saying so, and the final gate runs on the best "
+                        "three parts, autotuning 1.5, the others one) and each tactic a part of its stage's share, "
+                        "checked before each tactic and between a tactic's candidates; what is left is skipped, "
+                        "saying so, and the final gate runs on the best "
                         "kernel so far; --resume with a larger budget continues (default: $XEFORGE_PORT_MINUTES, "
                         "else no limit)")
 

@@ -398,10 +398,8 @@ class Pipeline:
                     self.say(f"  compiled {n} candidate(s) in parallel on the host")
 
             evaluate.prepare = prepare  # type: ignore[attr-defined]
-            # checked before each tactic and each candidate after a tactic's first: the port's budget, or this
-            # stage's share of it
-            # the part of the stage's share the run at hand may take (the whole, or half of it while a carried
-            # trial waits for the other half)
+            # checked before each tactic and each candidate after a tactic's first: the port's budget, or the part
+            # of this stage's share the run at hand may take (the whole, or half while a carried trial waits)
             window = {"share": share}
             evaluate.spent = (  # type: ignore[attr-defined]
                 lambda: self._time_spent(t0) or self._share_spent(window["share"]))

@@ -459,7 +459,8 @@ def _check_space_overlap(spaces: list[SpaceEntry], devices: dict[str, DeviceEntr
     errors = []
     reported: set[tuple[str, str]] = set()
     # spaces for few rows (max_rows) overlap only each other, by the same bound
-    for family, rows in sorted({(s.spec.family, s.spec.max_rows) for s in spaces}, key=lambda fr: (fr[0], fr[1] or 0)):
+    groups = sorted({(s.spec.family, s.spec.max_rows) for s in spaces}, key=lambda fr: (fr[0], fr[1] or 0))
+    for family, rows in groups:
         fam = [s for s in spaces if s.spec.family == family and s.spec.max_rows == rows]
         for dev in devices.values():
             for probe in _PROBES:
