@@ -23,7 +23,7 @@ from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Ta
 from xeforge.rewrite import blockio
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling.configs import describe, kb_errors
-from xeforge.rewrite.autotune import with_configs
+from xeforge.rewrite.autotune import untuned_tile, with_configs
 from xeforge.rewrite.tiling.grid import gemm_kernels
 from xeforge.rewrite.tiling.tactics import RewriteMemo
 
@@ -120,10 +120,12 @@ class TensorDescriptorTiles(Tactic):
         except NotApplicable:
             return []
         params = {"mode": plan.mode, "kernel": plan.kernel}
-        out = [Candidate(src, self.name, plan.describe(), params=params)]
-        for cfg, tiled in with_configs(ctx, src, plan.kernel, RETILE_CONFIGS):
-            out.append(Candidate(tiled, self.name, f"{plan.describe()}; with {describe(cfg)}",
-                                 params={**params, **cfg}))
+        plain = Candidate(src, self.name, plan.describe(), params=params)
+        retiled = with_configs(ctx, src, plan.kernel, RETILE_CONFIGS)
+        out = [Candidate(tiled, self.name, f"{plan.describe()}; with {describe(cfg)}", params={**params, **cfg})
+               for cfg, tiled in retiled]
+        # an untuned small tile: the re-tiled rewrites first, since a time budget may judge only the first
+        out = [*out, plain] if untuned_tile(ctx.source, plan.kernel, [c for c, _ in retiled]) else [plain, *out]
         if getattr(ctx.device, "can_time", False):
             # the epilogue's tile loads (a fused residual) through descriptors too: each needs a staging buffer in
             # shared memory, which may cost pipeline stages or not fit, so it is a candidate of its own, timed

@@ -22,7 +22,7 @@ from xeforge.analysis.launches import live_launches
 from xeforge.rewrite import persistent
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling.configs import describe, kb_errors
-from xeforge.rewrite.autotune import with_configs
+from xeforge.rewrite.autotune import untuned_tile, with_configs
 from xeforge.rewrite.tiling.tactics import RewriteMemo
 
 #: how many KB tile configurations to try the rewrite with on a GPU
@@ -74,11 +74,15 @@ class PersistentTileLoop(Tactic):
                                      params={"kernel": plan.kernel, "flatten": True}))
             except NotApplicable:
                 pass
-        for cfg, tiled in with_configs(ctx, src, plan.kernel, RETILE_CONFIGS):
-            out.append(Candidate(tiled, self.name, f"{plan.describe()}; with {describe(cfg)}",
-                                 params={"kernel": plan.kernel, **cfg}))
-        out.extend(self._with_descriptors(ctx, plan))
-        return out
+        retiled = with_configs(ctx, src, plan.kernel, RETILE_CONFIGS)
+        tiled = [Candidate(t, self.name, f"{plan.describe()}; with {describe(cfg)}",
+                           params={"kernel": plan.kernel, **cfg}) for cfg, t in retiled]
+        both = self._with_descriptors(ctx, plan)  # the loop over descriptors, then re-tiled
+        if untuned_tile(ctx.source, plan.kernel, [c for c, _ in retiled]):
+            # an untuned small tile: the re-tiled loops first (over descriptors first), since a time budget may
+            # judge only the first candidates
+            return [*both[1:], *tiled, *out, *both[:1]]
+        return [*out, *tiled, *both]
 
     def _with_descriptors(self, ctx: StageContext, plan: persistent.PersistentPlan) -> list[Candidate]:
         """On a GPU, where the block_io stage's descriptors were not adopted (they lost alone), the tile loop over
