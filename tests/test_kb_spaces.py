@@ -143,6 +143,10 @@ def test_a_class_of_few_rows_gets_the_space_for_few_rows_and_other_lookups_never
     wider = kb.space("h200", "gemm", triton, rows=few.max_rows + 1)
     assert wider.max_rows is not None and wider.max_rows > few.max_rows and wider.id not in (few.id, general.id)
     assert kb.space("h200", "gemm", triton, rows=1).id == few.id
+    from xeforge.kb.render import space_lines  # `xeforge kb show` says which class a space is for
+
+    assert f"(a class of at most {few.max_rows} rows)" in space_lines(few)[0]
+    assert "rows)" not in space_lines(general)[0]
     # more rows than any space for few rows allows: the family's general space
     assert kb.space("h200", "gemm", triton, rows=wider.max_rows + 1).id == general.id
     # a device with no space for few rows: its general space

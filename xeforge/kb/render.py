@@ -93,7 +93,8 @@ def pattern_lines(p: Pattern) -> list[str]:
 
 def space_lines(s: TuningSpace) -> list[str]:
     vals = "; ".join(f"{k} {v}" for k, v in s.values().items())
-    lines = [f"- [{s.id}] {s.family}: {vals}"]
+    rows = f" (a class of at most {s.max_rows} rows)" if s.max_rows else ""
+    lines = [f"- [{s.id}] {s.family}{rows}: {vals}"]
     for seed in s.seeds:
         shown = ", ".join(f"{s.spelling.get(k, k)}={v!r}" for k, v in seed.items())
         lines.append(f"  seed: {shown}")
