@@ -1,5 +1,5 @@
-"""Launch-configuration sweep of a GEMM + bias + epilogue kernel at decode-sized M: where the knowledge base's
-``hopper-gemm-decode`` seeds come from.
+"""Launch-configuration sweep of a GEMM + bias + epilogue kernel at decode-sized M: where the seeds of the knowledge
+base's spaces for few rows (``hopper-gemm-few-rows``, ``hopper-gemm-rows-64``) come from.
 
 Not part of the port loop (the port's search is budgeted and verified); this is the measurement behind those seeds.
 It times one kernel form, that of the epilogue-graph problems (x [M, K] times a weight stored [N, K] as F.linear
@@ -15,7 +15,9 @@ against ``torch.compile`` of the same Model over ``F.linear`` (default mode) and
 Timing: ``triton.testing.do_bench`` (L2 cleared before each call), median. Output: one JSON line per
 (shape, configuration) on stdout, the fastest per shape on stderr.
 
-Usage (GPU machine): python3 scripts/small_m_sweep.py [--m 1 16 64] [--nk 4096x4096 ...] > sweep.jsonl
+Usage (GPU machine): python3 scripts/small_m_sweep.py [--m 16 64] [--nk 4096x4096 ...] > sweep.jsonl
+(a tile of max(16, M) rows; 64-row tiles with a long K step and five stages do not fit in shared memory and are
+skipped; configurations that fail to compile are recorded with their error)
 """
 from __future__ import annotations
 

@@ -8,6 +8,8 @@ import pytest
 
 from xeforge.errors import KnowledgeBaseError
 from xeforge.kb import FAMILIES, TritonInfo, TuningSpace, load_kb
+from xeforge.kb.loader import load_paths
+from xeforge.kb.render import space_lines
 from xeforge.kernel_model import parse_kernel
 
 KERNELS = Path(__file__).parent / "fixtures" / "kb" / "kernels"
@@ -143,8 +145,7 @@ def test_a_class_of_few_rows_gets_the_space_for_few_rows_and_other_lookups_never
     wider = kb.space("h200", "gemm", triton, rows=few.max_rows + 1)
     assert wider.max_rows is not None and wider.max_rows > few.max_rows and wider.id not in (few.id, general.id)
     assert kb.space("h200", "gemm", triton, rows=1).id == few.id
-    from xeforge.kb.render import space_lines  # `xeforge kb show` says which class a space is for
-
+    # `xeforge kb show` says which class a space is for
     assert f"(a class of at most {few.max_rows} rows)" in space_lines(few)[0]
     assert "rows)" not in space_lines(general)[0]
     # more rows than any space for few rows allows: the family's general space
@@ -169,8 +170,6 @@ def test_every_configuration_for_few_rows_passes_check_config(device: str, trito
 
 
 def test_two_spaces_for_the_same_few_rows_are_an_overlap_but_one_beside_the_general_space_is_not(tmp_path) -> None:
-    from xeforge.kb.loader import load_paths
-
     root = Path(__file__).parent.parent / "knowledge_base"
     paths = sorted(root.rglob("*.yaml"))
     kb, errors = load_paths(paths, root)
