@@ -4,7 +4,8 @@
 # Usage (repo root, GPU machine): bash scripts/h200-epilogues.sh OUTDIR [CASE ...]
 # The environment of h200-suite.sh applies (LANES, BUDGET, TIME_BUDGET, STAGES, STOP_AFTER, RESUME). For all nine
 # stages give each port room: on an H100 (2026-12-06) eight lanes at TIME_BUDGET=5 left per-shape-config unrun in
-# five of the seven ports whose start verified; five lanes at 6 minutes reached it in three of five. Use LANES<=5 and TIME_BUDGET>=6.
+# five of the seven ports whose start verified; five lanes at 6 minutes reached it in three of five. Use LANES<=5
+# and TIME_BUDGET>=6.
 set -uo pipefail
 OUTDIR=${1:-bench-out/h200-epilogues}
 shift || true
