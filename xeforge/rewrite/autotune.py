@@ -344,7 +344,7 @@ def untuned_tile(source: str, kernel: str, configs: list[dict[str, Any]]) -> boo
     """Whether the launch of ``kernel`` in ``source`` tiles its output with at most a quarter of the area of every one
     of ``configs`` (a 32 x 32 start against the KB's 128 x 128 and larger tiles): then a rewrite re-tiled with them
     is the more likely gain and goes first. On an H100 (2026-12-06), tensor descriptors at a 32 x 32 tile ran 0.83x and
-    a persistent loop over it 0.24x of the start, while descriptors at 128 x 256 ran 4.3x; under a time budget the
+    a persistent loop over it 0.24x of the incumbent, while descriptors at 128 x 256 ran 4.3x; under a time budget the
     plain candidates had used the stage's share. False for an ``@triton.autotune``'d kernel, a launch without one
     literal tile, or configurations without one."""
     model = parse_kernel(source)
