@@ -400,9 +400,9 @@ class Pipeline:
             evaluate.prepare = prepare  # type: ignore[attr-defined]
             # checked before each tactic and each candidate after a tactic's first: the port's budget, or the part
             # of this stage's share the run at hand may take (the whole, or half while a carried trial waits)
-            window = {"share": share}
+            window: dict[str, Any] = {"share": share, "rest_for": None}
             evaluate.spent = (  # type: ignore[attr-defined]
-                lambda: self._time_spent(t0) or self._share_spent(window["share"]))
+                lambda: self._time_spent(t0) or self._share_spent(window["share"], window["rest_for"]))
             # the seconds left of it, which the rules engine splits between the tactics still to run
             evaluate.left = lambda: self._share_left(window["share"])  # type: ignore[attr-defined]
 
@@ -421,8 +421,8 @@ class Pipeline:
             if carried is not None and engine.name == "rules" and share is not None:
                 # the candidates on top of the carried trial get the second half (a 4x faster tile that was 3%
                 # slower at M = 16 is what device_tuning's per-shape branch on top of it turns into a gain)
-                window["share"] = (share[0], share[1] / 2, f"{share[2]} stage's first half (the other is for the "
-                                                           f"candidates on top of trial {carried[1]})")
+                window.update(share=(share[0], share[1] / 2, share[2]),
+                              rest_for=f"the candidates on top of trial {carried[1]}")
             try:
                 rec.tactics = engine.run_stage(stage, ctx, evaluate, choose)
             except EngineError as exc:
@@ -432,7 +432,7 @@ class Pipeline:
                 engine_name, engine = "rules", make_engine("rules", self.opt)
                 self.fallback = f"llm engine failed at stage {stage.name}: {exc.what}; rules engine used from there"
                 rec.tactics = engine.run_stage(stage, ctx, evaluate, choose)
-            window["share"] = share
+            window.update(share=share, rest_for=None)
             if carried is not None and engine.name == "rules":
                 self.say(f"  again on top of trial {carried[1]} (correct; not adopted: its gain was below the noise "
                          "margin, or it was slower at one of the shapes)")
@@ -495,15 +495,17 @@ class Pipeline:
         return max(0.0, seconds - (time.monotonic() - start))
 
     @staticmethod
-    def _share_spent(share: tuple[float, float, str] | None) -> str | None:
+    def _share_spent(share: tuple[float, float, str] | None, rest_for: str | None = None) -> str | None:
+        """Why a stage's share (or, with ``rest_for``, its first half: the other is for that) is spent, or None."""
         if share is None:
             return None
         start, seconds, name = share
         took = time.monotonic() - start
         if took < seconds:
             return None
-        if " " in name:  # a part of a stage's share, named with what the rest is for
-            return f"the {name} of the port's time budget ({seconds:.0f} s) was spent after {took:.0f} s"
+        if rest_for:
+            return (f"the {name} stage's first half (the other is for {rest_for}) of the port's time budget "
+                    f"({seconds:.0f} s) was spent after {took:.0f} s")
         return (f"the {name} stage's share of the port's time budget ({seconds:.0f} s) was spent after {took:.0f} s; "
                 "the stages after it get the rest (continue with --resume and a larger --time-budget)")
 
