@@ -32,8 +32,10 @@ bench-gpu-1:
 #: scaled-then-centred's H100 miss (0.50 at 48.0, where a bf16 step is 0.25) left 0.08 under 0.1 + 1% of 48: 0.2.
 #: decomposed-ops' start missed by 0.0235 and 0.0248 on the H100 (2026-12-06, second session: its lerp towards x and
 #: elu of a bf16 y), where the reference run in bf16 needed 0.0108-0.0135; the verifier proposed 0.016 and 0.02.
+#: At 0.03 (H100, 2026-12-06, third session) it missed again on outlier inputs at 4096^3, by 0.0367 and 0.0377,
+#: where the reference run in bf16 needed 0.037 and 0.0364; the verifier proposed 0.055 and 0.056: hence 0.06.
 BENCH_ATOL = {"the-input-as-residual": 0.1, "scaled-then-centred": 0.2, "softmax-numerator": 0.15,
-              "decomposed-ops": 0.03}
+              "decomposed-ops": 0.06}
 
 
 def _atol(name: str) -> str:

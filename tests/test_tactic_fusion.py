@@ -205,7 +205,9 @@ def test_split_row_reduction_writes_tile_partials_and_reduces_them(verify, name,
     cand = propose("fuse-split-row-reduction", p)[-1]  # the split alone ([0] also combines the partials)
     src = cand.source
     assert f"partial {kind} per row" in cand.description
-    assert "row_part = torch.full((y.shape[0], triton.cdiv(y.shape[-1], 16))" in src
+    # every slot is written by a tile (its partial, or the identity where no tile reduces into it): no fill launch
+    assert "row_part = torch.empty((y.shape[0], triton.cdiv(y.shape[-1], 16))" in src and "torch.full(" not in src
+    assert "fill_slots = pid_n + tl.cdiv(N, BLOCK_N) * (1 + tl.arange(0, BLOCK_N // 16))" in src, src
     assert f"torch.{kind}(row_part, dim=1, keepdim=True)" in src and tail in src  # the rest stays in forward
     assert "tl.store(part_ptr + offs_m * stride_part + pid_n" in src and "c_ptr + offs_m" not in src
     assert torch_compute_calls(parse_kernel(src)) <= torch_compute_calls(parse_kernel(p.kernel_source))
@@ -555,16 +557,23 @@ print(len(tuner.configs), float((got - want).abs().max()), tuner.best_config.kwa
 @pytest.mark.slow  # about 12 s on 2 cores (two interpreter runs of every config): make test-slow
 def test_split_partials_of_an_autotuned_kernel_survive_its_autotuner(tmp_path):
     """@triton.autotune runs every config on the same buffers before it picks one: a config with wider column
-    tiles writes fewer partial slots than a narrower one did, and the stale slots would be reduced too (on the H200
-    the autotune style's split candidate failed gate 2 so). The split rewrite restores the partials between
-    configs (``restore_value``). Run with the interpreter and a benchmark hook that runs each config once, as a
-    GPU's would, and picks the widest tile; without ``restore_value`` the result is wrong."""
+    tiles has fewer tiles than a narrower one, and slots only the narrower one wrote would be reduced too (on the
+    H200 the autotune style's split candidate failed gate 2 so). Each tile of the split writes the reduction's
+    identity into the slots no tile reduces into, so every config writes every slot. Run with the interpreter and a
+    benchmark hook that runs each config once, as a GPU's would, and picks the widest tile; with torch filling the
+    identity once instead, as the split did before, the result is wrong."""
     p = problem(ROOT / "tests" / "fixtures" / "styles" / "linear_logsumexp" / "autotune.py")
     src = propose("fuse-split-row-reduction", p)[-1].source
-    assert "restore_value=['part_ptr']" in src
+    assert "restore_value" not in src and "row_part = torch.empty(" in src
+    fill = next(ln for ln in src.splitlines() if ln.lstrip().startswith("tl.store(") and "fill_slots" in ln)
     env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
     errors = {}
-    for name, text in (("restored", src), ("stale", src.replace("    restore_value=['part_ptr'],\n", ""))):
+    # as it was before: torch fills the identity once, and only the tiles' own slots are written
+    stale = src.replace(fill + "\n", "").replace("), device=y.device, dtype=y.dtype)",
+                                                  "), float('-inf'), device=y.device, dtype=y.dtype)", 1)
+    stale = stale.replace("row_part = torch.empty(", "row_part = torch.full(")
+    assert "row_part = torch.full((y.shape[0], triton.cdiv(y.shape[-1], 16)), float('-inf')," in stale
+    for name, text in (("whole", src), ("stale", stale)):
         path = tmp_path / f"{name}.py"
         path.write_text(text)
         out = subprocess.run([sys.executable, "-c", _AUTOTUNE_RUN, str(path)], capture_output=True, text=True,
@@ -573,7 +582,7 @@ def test_split_partials_of_an_autotuned_kernel_survive_its_autotuner(tmp_path):
         n, err, chosen = out.stdout.split()
         assert int(n) >= 2 and chosen == "256", out.stdout  # several configs ran; the widest was chosen
         errors[name] = float(err)
-    assert errors["restored"] < 1e-3 and errors["stale"] > 0.1, errors
+    assert errors["whole"] < 1e-3 and errors["stale"] > 0.1, errors
 
 
 def test_a_synchronize_or_an_assert_between_the_launch_and_its_epilogue_does_not_stop_the_fusion(verify):

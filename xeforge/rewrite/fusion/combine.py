@@ -16,8 +16,8 @@ the full rows in the result's dtype, where forward wrote an fp32 ``(M, N)`` tens
 The same broadcast phase reads back the tile the split kernel stored beside its partials (``y - y.mean(1,
 keepdim=True)``, ``torch.exp(y - y.amax(1, keepdim=True))`` over rows no tile covers): the second pass of a split
 reduction, one kernel where torch ran the partials' reduction and an elementwise launch per op. A mean of the
-partials divides their sum by the slot count (the split scales each partial so; unwritten slots hold 0), and
-forward's ``return <expr>`` may be the last op.
+partials divides their sum by the slot count (the split scales each partial so; the slots no tile reduces into
+hold 0), and forward's ``return <expr>`` may be the last op.
 
 A reduction alone is combined only where torch runs it as several launches (``logsumexp``); a lone ``sum`` or
 ``max`` is one torch launch already.

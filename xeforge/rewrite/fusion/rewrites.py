@@ -667,8 +667,8 @@ def _translate_reduction(ch: Chain, red: tuple[str, bool], value: ast.expr, line
     b.lines.append(f"{cm} = {offs_n}[None, :] < {n}")
     lines = row_reduce_lines(kind, b.var, cm, row, b.fresh)
     if kind == "mean" and split:
-        # forward takes the same mean over the partials' S = cdiv(N, SPLIT_MIN_BLOCK) slots (those no tile writes
-        # hold 0): each tile's sum / N, times S, makes that mean the row's
+        # forward takes the same mean over the partials' S = cdiv(N, SPLIT_MIN_BLOCK) slots (those no tile reduces
+        # into hold 0): each tile's sum / N, times S, makes that mean the row's
         lines[-1] += f" / {n} * (({ts.cols[1]} + {SPLIT_MIN_BLOCK - 1}) // {SPLIT_MIN_BLOCK})"
     elif kind == "mean":
         lines[-1] += f" / {n}"
@@ -999,10 +999,14 @@ def _apply_split(c: Ctx, ch: Chain, site: LaunchSite) -> tuple[str, str, list[st
     else:
         call.args[0] = ast.Name(part)
     kind = ch.reduction["kind"]
+    ident = SPLIT_IDENTITY.get(kind, "0.0")
+    n = ts.cols[1]
     edits = Edits()
-    edits.insert_after[before[-1].lineno] = statements(
-        f"{part} = torch.full(({y}.shape[0], triton.cdiv({y}.shape[-1], {SPLIT_MIN_BLOCK})), "
-        f"{SPLIT_IDENTITY.get(kind, '0.0')}, device={y}.device, dtype={y}.dtype)")
+    # with the column bound known, the tiles write every slot (their own partial, the identity in the rest), so the
+    # buffer needs no fill launch and every config of an autotuner leaves it whole; else torch fills the identity
+    alloc = (f"torch.empty(({y}.shape[0], triton.cdiv({y}.shape[-1], {SPLIT_MIN_BLOCK})), " if n is not None else
+             f"torch.full(({y}.shape[0], triton.cdiv({y}.shape[-1], {SPLIT_MIN_BLOCK})), {ident}, ")
+    edits.insert_after[before[-1].lineno] = statements(f"{part} = {alloc}device={y}.device, dtype={y}.dtype)")
     edits.replace[red_stmt.lineno] = statements(ast.unparse(combine))
     for s in ch.stmts[:-1]:
         edits.replace[s.lineno] = []
@@ -1016,12 +1020,13 @@ def _apply_split(c: Ctx, ch: Chain, site: LaunchSite) -> tuple[str, str, list[st
     offs_m, m = ts.rows
     store = (f"tl.store({part_ptr} + {offs_m} * {part_stride} + {tile}, {b.var}.to({part_ptr}.dtype.element_ty), "
              f"mask={offs_m} < {m})")
+    fill = _identity_fill(b, ts, block, tile, part_ptr, part_stride, ident) if n is not None else []
     what = ", ".join(dict.fromkeys(ch.ops))
     full = [store_with_value(ts, ts.cast(ch.reduction["tile_var"]))] if read_back else []
     edits.replace[ts.line] = _comment_stmts(f"fused from Model.forward: {what}; one partial per row for this column "
                                             "tile, reduced in forward" + ("; the tile itself too, read again there"
                                                                           if read_back else ""),
-                                            [*lines, store]) + full
+                                            [*lines, store, *fill]) + full
     aliases = [n for n in read_back if n != y]
     if aliases:  # the names forward reads the tile by, now y's buffer
         edits.insert_after[launch_stmt.lineno] = statements("\n".join(f"{n} = {y}" for n in aliases))
@@ -1034,7 +1039,7 @@ def _apply_split(c: Ctx, ch: Chain, site: LaunchSite) -> tuple[str, str, list[st
         edits.params[site.kernel].append(f"{ch.pool['param']}: tl.constexpr")
         kwargs[ch.pool["param"]] = ch.pool["size"]
     edits.calls[site.line] = lambda call: set_call_kwargs(call, kwargs)
-    if c.model.functions[site.kernel].is_autotuned:
+    if c.model.functions[site.kernel].is_autotuned and not fill:
         # the autotuner runs every config on the same buffers: a config with wider column tiles writes fewer slots,
         # so the slots a narrower config wrote before it would be summed in too; it restores the partials instead
         edits.autotune[site.kernel] = lambda call: add_to_list_kwarg(call, "restore_value", repr(part_ptr))
@@ -1044,6 +1049,22 @@ def _apply_split(c: Ctx, ch: Chain, site: LaunchSite) -> tuple[str, str, list[st
         raise NotApplicable(f"could not rewrite the launch: {exc}") from None
     dead = {n.id for s in ch.stmts[:-1] for n in ast.walk(s) if isinstance(n, ast.Name)} - set(read_back)
     return dead_code(new, dead), part, read_back
+
+
+def _identity_fill(b: EpilogueBuilder, ts: TileStore, block: str, tile: str, part_ptr: str, part_stride: str,
+                   ident: str) -> list[str]:
+    """The statements by which column tile ``tile`` also writes the reduction's identity into the partial slots no
+    tile reduces into: with T = cdiv(N, BLOCK) tiles and S = cdiv(N, SPLIT_MIN_BLOCK) slots, tile t writes its
+    partial into slot t and the identity into t + T * j for j = 1 .. BLOCK // SPLIT_MIN_BLOCK below S. Every slot
+    then has exactly one writer (s = s % T + T * (s // T), and s // T < BLOCK // SPLIT_MIN_BLOCK as T * BLOCK >= N),
+    whatever BLOCK a later stage picks (a multiple of SPLIT_MIN_BLOCK, as a tl.dot's N is)."""
+    (offs_m, m), n = ts.rows, ts.cols[1]
+    slots, zero = b.fresh("fill_slots"), b.fresh("fill_zero")
+    return [f"{slots} = {tile} + tl.cdiv({n}, {block}) * (1 + tl.arange(0, {block} // {SPLIT_MIN_BLOCK}))",
+            f"{zero} = tl.zeros_like({offs_m})[:, None].to(tl.float32) + tl.zeros_like({slots})[None, :].to(tl.float32)",
+            f"tl.store({part_ptr} + {offs_m}[:, None] * {part_stride} + {slots}[None, :], "
+            f"({zero} + {ident}).to({part_ptr}.dtype.element_ty), "
+            f"mask=({offs_m} < {m})[:, None] & ({slots} < ({n} + {SPLIT_MIN_BLOCK - 1}) // {SPLIT_MIN_BLOCK})[None, :])"]
 
 
 def _dim_values(c: Ctx, v: Val) -> list[tuple[str, int]]:
