@@ -1061,10 +1061,11 @@ def _identity_fill(b: EpilogueBuilder, ts: TileStore, block: str, tile: str, par
     (offs_m, m), n = ts.rows, ts.cols[1]
     slots, zero = b.fresh("fill_slots"), b.fresh("fill_zero")
     return [f"{slots} = {tile} + tl.cdiv({n}, {block}) * (1 + tl.arange(0, {block} // {SPLIT_MIN_BLOCK}))",
-            f"{zero} = tl.zeros_like({offs_m})[:, None].to(tl.float32) + tl.zeros_like({slots})[None, :].to(tl.float32)",
+            f"{zero} = tl.zeros_like({offs_m})[:, None].to(tl.float32) + "
+            f"tl.zeros_like({slots})[None, :].to(tl.float32)",
             f"tl.store({part_ptr} + {offs_m}[:, None] * {part_stride} + {slots}[None, :], "
-            f"({zero} + {ident}).to({part_ptr}.dtype.element_ty), "
-            f"mask=({offs_m} < {m})[:, None] & ({slots} < ({n} + {SPLIT_MIN_BLOCK - 1}) // {SPLIT_MIN_BLOCK})[None, :])"]
+            f"({zero} + {ident}).to({part_ptr}.dtype.element_ty), mask=({offs_m} < {m})[:, None] & "
+            f"({slots} < ({n} + {SPLIT_MIN_BLOCK - 1}) // {SPLIT_MIN_BLOCK})[None, :])"]
 
 
 def _dim_values(c: Ctx, v: Val) -> list[tuple[str, int]]:
