@@ -82,7 +82,10 @@ class RulesEngine:
                 prepare(candidates)  # e.g. compile them in parallel on the host before the one-by-one cascade
             rec.outcomes = []
             for k, c in enumerate(candidates):
-                why = next((w for w in (f() for f in (spent, part) if f is not None) if w), None) if k else None
+                # after the first: the port's budget, the stage's share, then this tactic's part of it
+                why = None
+                if k:
+                    why = (spent() if spent is not None else None) or (part() if part is not None else None)
                 if why:  # the budget ran out inside this tactic: its first candidates were judged, the rest not
                     rec.note = "; ".join(filter(None, [rec.note, f"{len(candidates) - k} of its {len(candidates)} "
                                                                  f"candidates not run: {why}"]))
