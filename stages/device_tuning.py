@@ -49,6 +49,7 @@ from stages.device_tuning_splitred import SplitReduction
 from stages.device_tuning_swap import SwapAB
 from stages.device_tuning_swizzle import GroupedTileOrder
 from xeforge.analysis.launches import autotune_configs, bindings, block_params, live_launches
+from xeforge.kb.roles import first_int
 from xeforge.kernel_model import KernelModel, LaunchSite
 from xeforge.rewrite import NotApplicable, autotune
 from xeforge.rewrite.tiling.configs import (OPTION_KEYS, apply_config, current_config, kb_rejects, kernel_family,
@@ -106,6 +107,43 @@ def _role_less(current: dict[str, Any], names: list[str], varied: set[str]) -> l
     return out
 
 
+def compiled_facts(diagnosis: dict[str, Any] | None, kernel: str) -> dict[str, Any]:
+    """The incumbent's compiler facts for ``kernel`` at the primary shape (registers, spills, num_warps, ...);
+    empty where none were read (the interpreter)."""
+    if not diagnosis or not diagnosis.get("available"):
+        return {}
+    for k in diagnosis.get("kernels", []):
+        if k.get("kernel") == kernel:
+            return dict(k.get("facts") or {})
+    return {}
+
+
+def incumbent_spills(diagnosis: dict[str, Any] | None, kernel: str) -> int:
+    """Registers ``kernel`` spilled in the incumbent at the primary shape; 0 where it spilled none or no facts
+    were read."""
+    return int(compiled_facts(diagnosis, kernel).get("spills") or 0)
+
+
+def _acc_per_warp(cfg: dict[str, Any]) -> float | None:
+    """Accumulator elements each warp holds in a GEMM tile (BLOCK_M x BLOCK_N / num_warps), halved where the
+    configuration asks for Intel's large register file: the register pressure a configuration puts on the
+    epilogue. None where the configuration names no M/N tile or warps."""
+    m, n, w = first_int("block_m", cfg), first_int("block_n", cfg), cfg.get("num_warps")
+    if not (m and n and isinstance(w, int) and w > 0):
+        return None
+    return m * n / w / (2 if str(cfg.get("grf_mode")) in ("large", "256") else 1)
+
+
+def fewer_registers_first(pool: list[dict[str, Any]], current: dict[str, Any]) -> list[dict[str, Any]]:
+    """``pool`` with the configurations that hold a smaller accumulator per warp than ``current`` first, each group
+    in its own order: where the incumbent spills, a configuration as large as it spills as well."""
+    now = _acc_per_warp(current)
+    if now is None:
+        return pool
+    smaller = [c for c in pool if (p := _acc_per_warp({**current, **c})) is not None and p < now]
+    return smaller + [c for c in pool if c not in smaller]
+
+
 class LaunchParamSearch(Tactic):
     name = "launch-params"
     summary = ("search block sizes, num_warps and num_stages at the launch site within the KB's valid space "
@@ -133,6 +171,9 @@ class LaunchParamSearch(Tactic):
                                        "the KB's, each pinned at the launch (decorator removed)")
         names, why = tunable_names(m, site)
         extra = f" (left alone: {'; '.join(why.values())})" if why else ""
+        if spills := incumbent_spills(ctx.diagnosis, site.kernel):
+            extra += (f"; it spills {spills} registers, so configurations with a smaller accumulator per warp "
+                      "are tried first")
         what = f"{', '.join(names)} + launch options" if names else "the launch options (num_warps, num_stages)"
         return Applicability(True, f"{site.kernel} at line {site.line}: {what}{extra}")
 
@@ -190,6 +231,9 @@ class LaunchParamSearch(Tactic):
         rest = pool[n_seeds:]
         random.Random(f"{site.kernel}:{sorted(current.items())}").shuffle(rest)
         pool = pool[:n_seeds] + first + rest
+        if incumbent_spills(ctx.diagnosis, site.kernel):  # the launch as compiled: num_warps from the facts
+            warps = compiled_facts(ctx.diagnosis, site.kernel).get("num_warps")
+            pool = fewer_registers_first(pool, {**({"num_warps": warps} if warps else {}), **effective})
         for cfg in pool:
             full = {**current, **cfg}
             key = tuple(sorted(full.items()))

@@ -75,6 +75,29 @@ def test_the_kb_seeds_come_first():
     assert first["num_warps"] == seeds[0]["num_warps"]
 
 
+
+def test_a_kernel_that_spills_tries_a_smaller_accumulator_per_warp_first():
+    """The incumbent at 128 x 256 / 8 warps spilled (its compiler facts say so): the seeds as large as it (256 x 128
+    / 8 warps, 128 x 128 / 4 warps) would spill too, so 128 x 128 / 8 warps comes first and the check says why.
+    Without spills the KB's seed order stands, so the reordering is the facts' doing."""
+    from xeforge.rewrite.tiling.configs import apply_config
+
+    p = load_problem(KERNELS / "gemm_relu")
+    big = apply_config(p.kernel_source, "matmul_kernel", {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64,
+                                                          "num_warps": 8, "num_stages": 3})
+    ctx = tactic_context(p, big, kind="cuda", target="h200")
+    plain = [c.params for c in LaunchParamSearch().propose(ctx)]
+    assert (plain[0]["BLOCK_M"], plain[0]["BLOCK_N"], plain[0]["num_warps"]) == (256, 128, 8)
+    facts = {"regs": 255, "spills": 46, "num_warps": 8, "num_stages": 3}
+    ctx.diagnosis = {"available": True, "kernels": [{"kernel": "matmul_kernel", "facts": facts}], "findings": []}
+    assert "spills 46 registers" in LaunchParamSearch().check(ctx).reason
+    first = [c.params for c in LaunchParamSearch().propose(ctx)]
+    per_warp = [c["BLOCK_M"] * c["BLOCK_N"] / c.get("num_warps", 8) for c in first]
+    assert per_warp[0] < 128 * 256 / 8 and (first[0]["BLOCK_M"], first[0]["BLOCK_N"]) == (128, 128)
+    assert per_warp == sorted(per_warp, key=lambda v: v >= 128 * 256 / 8)  # every smaller one before the rest
+    ctx.diagnosis["kernels"][0]["facts"]["spills"] = 0
+    assert [c.params for c in LaunchParamSearch().propose(ctx)] == plain
+
 GRID_VAR = """import triton
 import triton.language as tl
 

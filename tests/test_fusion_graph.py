@@ -246,6 +246,27 @@ def test_a_row_reduction_read_back_is_split_when_no_tile_covers_the_row(name, st
     assert verdict.correct, verdict.feedback()
 
 
+
+@pytest.mark.slow  # about 20 s (the interpreter at N = 600)
+def test_few_rows_split_the_read_back_columns_over_programs(tmp_path, verify):
+    """The combine kernel's broadcast phase at few rows and a wide row (48 x 600): the grid's second axis gives each
+    block of rows three column programs, each writing its share (the last one past N, masked). The verifier runs
+    it at the ci shape; a kernel whose programs all write the first share fails (with one column program it would
+    pass), so the split is exercised."""
+    body, _ = SPLIT_READ_BACK["centred"]
+    _problem(tmp_path, body)
+    (tmp_path / "spec.yaml").write_text(SPEC.replace("{M: 48, K: 96, N: 96}", "{M: 48, K: 96, N: 600}"))
+    p = load_problem(tmp_path)
+    tactic, ctx = _applying_to(p, "fuse-split-row-reduction")
+    src = tactic.propose(ctx)[0].source
+    fwd = src[src.index("def forward"):]
+    assert "row_combine_kernel[(triton.cdiv(row_part.shape[0], combine_rows), combine_split)](" in fwd, fwd
+    verdict = verify(p, src)
+    assert verdict.correct, verdict.feedback()
+    one_share = src.replace("range(tl.program_id(1) * span, tl.program_id(1) * span + span, BLOCK_N)",
+                            "range(0, span, BLOCK_N)")
+    assert one_share != src and not verify(p, one_share).correct
+
 #: a wrapper as LLM code writes it: leading dims flattened into M, the result reshaped back to them
 FLATTENING = '''    def linear(x, weight, bias):
         K = x.shape[-1]

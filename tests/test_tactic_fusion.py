@@ -305,7 +305,8 @@ def test_row_value_broadcast_over_a_column_vector_is_written_by_the_combine_kern
     fwd = src[src.index("def forward"):]
     assert "torch.min(" not in fwd and "self.bias.float()" not in fwd and "return combined" in fwd
     assert "(gn_part.shape[0], self.bias.shape[-1]), device=gn_part.device, dtype=x.dtype)" in fwd
-    assert "for n0 in range(0, N, BLOCK_N):" in src and "w = w + bias" in src
+    assert "for n0 in range(tl.program_id(1) * span, tl.program_id(1) * span + span, BLOCK_N):" in src
+    assert "w = w + bias" in src
     # correct as the first fuse-group-norm candidate (test_group_norm_becomes_one_generated_kernel); a wrong column
     # phase must fail
     assert not verify(kb75, src.replace("w = w + bias", "w = w - bias")).correct
