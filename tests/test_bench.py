@@ -549,6 +549,34 @@ def test_gpu_bench_times_every_timed_shape_and_says_where_the_port_is_slower(gpu
     assert "slower than its start at 1 shape(s): softmax_fake at bench-gpu-1 (0.83x; paired ratios 0.83-0.83)" in rep["summary"]
 
 
+def test_timed_shapes_fall_into_decode_large_and_odd_classes(gpu_report):
+    """The geomeans per shape class, and each class's lowest ratio to torch.compile with where it was: gemm_fake's
+    4096^3 is large, its M = 16 decode, softmax_fake's 16 rows decode too; a size no tile divides is odd, and a
+    problem whose first input is not a (rows, columns) matrix is not classed."""
+    from types import SimpleNamespace as NS
+
+    from xeforge.shape_classes import shape_class
+
+    def spec(*shape):
+        return NS(inputs={"x": NS(shape=shape)})
+
+    assert shape_class(spec("M", "K"), {"M": 16, "N": 4096, "K": 4096}) == "decode"
+    assert shape_class(spec("M", "K"), {"M": 3000, "N": 3000, "K": 4096}) == "odd"
+    assert shape_class(spec("B", "K"), {"B": 1, "N": 4000, "K": 4000}) == "decode"  # a decode GEMV at an odd size
+    assert shape_class(spec("ROWS", "COLS"), {"ROWS": 8192, "COLS": 8192}) == "large"
+    assert shape_class(spec("B", "S", "H", "D"), {"B": 1, "H": 32, "S": 1024, "D": 64}) is None
+    rep, _ = gpu_report
+    by_class = rep["geomean_by_class"]
+    shapes = [sh for r in rep["problems"] for sh in r.get("shapes", [])]
+    assert [sh["class"] for sh in shapes] == ["large", "decode", "large", "decode"]
+    decode = [sh["speedups"]["final_vs_compile"]["value"] for sh in shapes if sh["class"] == "decode"]
+    assert by_class["decode"]["final_vs_compile"]["n"] == 2
+    assert by_class["decode"]["final_vs_compile"]["lowest"]["value"] == pytest.approx(min(decode))
+    assert by_class["decode"]["final_vs_compile"]["lowest"]["problem"] == "softmax_fake"
+    assert by_class["decode"]["final_vs_compile"]["value"] == pytest.approx(bench.geomean(decode))
+    assert "vs torch.compile per shape class: decode 0.72" in rep["summary"]
+
+
 def test_gpu_bench_record_golden(gpu_report):
     rep, _ = gpu_report
     check_golden("bench_gpu.json", json.dumps(rep, indent=2) + "\n")

@@ -62,6 +62,7 @@ from xeforge.ray_cluster import RayScheduler, parse_cluster
 from xeforge.report import write_bench_reports
 from xeforge.report_views import bench_table
 from xeforge.schedule import Job, LocalScheduler, Outcome, Scheduler, gpu_slots, lane_locks
+from xeforge.shape_classes import shape_class
 from xeforge.settings import load_settings
 from xeforge.store import atomic_write, write_json
 from xeforge.timing import Stats, paired_ratios, quantile, roofline_floor
@@ -700,6 +701,7 @@ def _time_shapes(v, problem, variants: list, row: dict, ctx: BenchContext, workd
     todo = [(k, Path(entries[k]["path"]), entries[k].get("compile_mode")) for k in keys
             if not (k == "final" and same) and k != "blas"]
     shapes = [{"variant": row["variant"]["name"], "dims": dict(row["variant"]["dims"]),
+               "class": shape_class(problem.spec, row["variant"]["dims"]),
                "times": {k: entries[k]["time"] for k in keys},
                "speedups": {n: row["speedups"][n] for n in SHAPE_SPEEDUPS if n in row["speedups"]}, "errors": {}}]
     pairs = ctx.options.pairs or ctx.settings.timed_pairs
@@ -713,7 +715,7 @@ def _time_shapes(v, problem, variants: list, row: dict, ctx: BenchContext, workd
         for n, sp in speedups.items():
             if entries[SPEEDUPS[n][0]].get("unlike"):
                 sp["unlike"] = True
-        shapes.append({"variant": var.name, "dims": dict(var.dims),
+        shapes.append({"variant": var.name, "dims": dict(var.dims), "class": shape_class(problem.spec, var.dims),
                        "times": {k: time_stats(t) for k, t in times.items()}, "speedups": speedups, "errors": errors})
     row["shapes"] = shapes
 
@@ -830,6 +832,29 @@ def _ratio_text(sp: dict) -> str:
     return f"{sp['value']:.2f}x{spread}"
 
 
+def _class_geomeans(rows: list[dict]) -> dict[str, dict]:
+    """Per shape class: the geomean of each speedup over the class's timed shapes, and the port result's lowest
+    ratio to torch.compile with where it was (the issue's bar is both: a class's geomean and its worst shape)."""
+    got: dict[str, dict[str, list]] = {}
+    for r in rows:
+        for sh in r.get("shapes") or []:
+            cls = sh.get("class")
+            if cls is None:
+                continue
+            for name, sp in (sh.get("speedups") or {}).items():
+                if not sp.get("unlike"):
+                    got.setdefault(cls, {}).setdefault(name, []).append((sp["value"], r["problem"], sh["variant"]))
+    out = {}
+    for cls in ("decode", "large", "odd"):
+        if cls not in got:
+            continue
+        out[cls] = {n: {"value": geomean([v for v, _, _ in vals]), "n": len(vals)} for n, vals in got[cls].items()}
+        if vals := got[cls].get("final_vs_compile"):
+            low = min(vals)
+            out[cls]["final_vs_compile"]["lowest"] = {"value": low[0], "problem": low[1], "variant": low[2]}
+    return out
+
+
 def finalize(report: dict) -> dict:
     """Geomeans, counts and the one-line summary, from the rows (used again by ``xeforge report``)."""
     rows = report["problems"]
@@ -849,6 +874,7 @@ def finalize(report: dict) -> dict:
                     by_shape.setdefault(sh["variant"], {}).setdefault(name, []).append(sp["value"])
     report["geomean_by_shape"] = {k: {n: {"value": geomean(v), "n": len(v)} for n, v in d.items()}
                                   for k, d in sorted(by_shape.items())}
+    report["geomean_by_class"] = _class_geomeans(rows)
     slower = [f"{r['problem']} at {sh['variant']} ({_ratio_text(sh['speedups']['final_vs_start'])})"
               for r in rows for sh in r.get("shapes") or []
               if sh.get("speedups", {}).get("final_vs_start", {}).get("value", 1.0) < 1.0]
@@ -893,6 +919,11 @@ def finalize(report: dict) -> dict:
             if g.get("left_out_wider_ref"):
                 parts.append(f"{g['left_out_wider_ref']} {label} ratio(s) left out: the reference computes wider "
                              "than the problem (see the rows' notes)")
+        per_class = [f"{cls} {g['final_vs_compile']['value']:.3f}x (lowest {g['final_vs_compile']['lowest']['value']:.2f}x)"
+                     for cls, g in report["geomean_by_class"].items()
+                     if (g.get("final_vs_compile") or {}).get("value") and len(report["geomean_by_class"]) > 1]
+        if per_class:
+            parts.append("vs torch.compile per shape class: " + ", ".join(per_class))
         if report["geomean_by_shape"]:
             parts.append(f"port result slower than its start at {len(slower)} shape(s)"
                          + (f": {', '.join(slower)}" if slower else ""))

@@ -184,7 +184,7 @@ def bench_view(report: dict[str, Any]) -> dict[str, Any]:
                           "spread": f"{num(v.get('ratio_q1'), 3)}–{num(v.get('ratio_q3'), 3)}",
                           "pairs": v.get("pairs"), "flagged": bool(v.get("flagged_over"))}
                          for k, v in sp.items()],
-            "shapes": [{"variant": sh["variant"],
+            "shapes": [{"variant": sh["variant"], "class": sh.get("class") or DASH,
                         "dims": ", ".join(f"{k}={v}" for k, v in (sh.get("dims") or {}).items()),
                         "final_ms": num((sh.get("times", {}).get("final") or {}).get("median_ms")),
                         **{k: speedup_text((sh.get("speedups") or {}).get(k)) for k in _SHAPE_SPEEDUPS},
@@ -230,11 +230,21 @@ def bench_view(report: dict[str, Any]) -> dict[str, Any]:
                                                  for k in _SHAPE_SPEEDUPS},
                             "n": max((g[k]["n"] for k in g), default=0)}
                            for name, g in (report.get("geomean_by_shape") or {}).items()],
+        "class_geomeans": [{"class": name, **{k: f"{g[k]['value']:.3f}x" if g.get(k, {}).get("value") else DASH
+                                              for k in _SHAPE_SPEEDUPS},
+                            "lowest": _lowest(g.get("final_vs_compile", {}).get("lowest")),
+                            "n": max((g[k]["n"] for k in g), default=0)}
+                           for name, g in (report.get("geomean_by_class") or {}).items()],
         "problems": problems,
         "issues": _issues(report),
         "table_md": bench_table_markdown(report),
         "table": bench_table(report),
     }
+
+
+def _lowest(low: dict[str, Any] | None) -> str:
+    """The lowest port result / torch.compile ratio of a shape class, and where."""
+    return f"{low['value']:.2f}x ({low['problem']} at {low['variant']})" if low else DASH
 
 
 def _command(report: dict[str, Any]) -> str:
