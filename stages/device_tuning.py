@@ -48,7 +48,7 @@ from stages.device_tuning_splitk import SplitK
 from stages.device_tuning_splitred import SplitReduction
 from stages.device_tuning_swap import SwapAB
 from stages.device_tuning_swizzle import GroupedTileOrder
-from xeforge.analysis.launches import autotune_configs, bindings, block_params, live_launches
+from xeforge.analysis.launches import autotune_configs, bindings, block_params, live_launches, observed
 from xeforge.kb.roles import first_int
 from xeforge.kernel_model import KernelModel, LaunchSite
 from xeforge.rewrite import NotApplicable, autotune
@@ -57,13 +57,16 @@ from xeforge.rewrite.tiling.configs import (OPTION_KEYS, apply_config, current_c
 from xeforge.rewrite.tiling.host_rule import changes_nothing, host_made
 
 
-def target_site(model: KernelModel) -> LaunchSite | None:
+def target_site(model: KernelModel, primary: str | None = None) -> LaunchSite | None:
     """The launch worth tuning first, of the kernels that really run: one with tl.dot, else the first launch with
-    tunable block sizes or an ``@triton.autotune`` list to pin."""
+    tunable block sizes or an ``@triton.autotune`` list to pin; of a kernel launched from several places (a
+    per-shape dispatch's branches), the one the traces saw run at the ``primary`` variant, gate 3's first shape."""
     def score(site: LaunchSite) -> tuple:
         fn = model.functions[site.kernel]
         has_dot = any(c.name.endswith(".dot") and c.function == fn.name for c in model.calls)
-        return (not has_dot, site.line)
+        seen = observed(model, site) if primary else {}
+        elsewhere = bool(seen) and not any(primary in per for per in seen.values())
+        return (not has_dot, elsewhere, site.line)
 
     sites = [s for s in live_launches(model) if _pinnable(model, s) or
              (not model.functions[s.kernel].is_autotuned and tunable_names(model, s)[0])]
@@ -71,6 +74,14 @@ def target_site(model: KernelModel) -> LaunchSite | None:
         sites = [s for s in live_launches(model) if not model.functions[s.kernel].is_autotuned
                  and sum(o.kernel == s.kernel for o in model.launches) == 1]
     return min(sites, key=score) if sites else None
+
+
+def primary_variant(ctx: StageContext) -> str | None:
+    """The variant gate 3 decides on first (on the interpreter, the one a GPU port would time)."""
+    try:
+        return ctx.problem.timing_variant("xpu" if ctx.device.kind == "cpu" else ctx.device.kind).name
+    except Exception:  # noqa: BLE001 — a problem without a timed variant: no preference among launches
+        return None
 
 
 def _pinnable(model: KernelModel, site: LaunchSite) -> bool:
@@ -153,7 +164,7 @@ class LaunchParamSearch(Tactic):
         m = ctx.model
         if not m.launches:
             return Applicability(False, "no kernel launch found in the file")
-        site = target_site(m)
+        site = target_site(m, primary_variant(ctx))
         if site is None:
             reasons = []
             for s in live_launches(m):
@@ -249,9 +260,10 @@ class LaunchParamSearch(Tactic):
 
     def propose(self, ctx: StageContext) -> list[Candidate]:
         m = ctx.model
-        site = target_site(m)
+        site = target_site(m, primary_variant(ctx))
         if site is None:
             return []
+        several = sum(s.kernel == site.kernel for s in m.launches) > 1
         names, _, _ = self._current(m, site)
         pinned = m.functions[site.kernel].is_autotuned
         kind = getattr(ctx.device, "kind", "cuda")
@@ -259,7 +271,7 @@ class LaunchParamSearch(Tactic):
         for cfg in self.configs(ctx, site, names):
             try:
                 src = autotune.pin(ctx.source, site.kernel, cfg, kind) if pinned else \
-                    apply_config(ctx.source, site.kernel, cfg)
+                    apply_config(ctx.source, site.kernel, cfg, line=site.line if several else None)
             except NotApplicable:
                 continue
             desc = ", ".join(f"{k}={v}" for k, v in cfg.items())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 
+import pytest
+
 from stages.device_tuning import LaunchParamSearch, target_site
 from xeforge.rewrite.tiling.configs import tunable_names
 from tests.conftest import ROOT, tactic_context
@@ -97,6 +99,47 @@ def test_a_kernel_that_spills_tries_a_smaller_accumulator_per_warp_first():
     assert per_warp == sorted(per_warp, key=lambda v: v >= 128 * 256 / 8)  # every smaller one before the rest
     ctx.diagnosis["kernels"][0]["facts"]["spills"] = 0
     assert [c.params for c in LaunchParamSearch().propose(ctx)] == plain
+
+
+def test_after_a_per_shape_dispatch_the_search_tunes_the_branch_the_primary_shape_takes():
+    """gemm_relu with a dispatch as per-shape-config writes it (``if M <= 256:`` a few-rows launch, else the primary
+    shape's): the search targets the else branch, which the traces saw run at bench-gpu (M = 4096), and changes it
+    alone, its grid following; the few-rows branch and its grid stay as they were. Before, the search took the first
+    launch by line and no configuration applied to a kernel launched from two places."""
+    from xeforge.rewrite import NotApplicable
+    from xeforge.rewrite.tiling.configs import apply_config
+
+    p = load_problem(KERNELS / "gemm_relu")
+    src = p.kernel_source
+    launch = src[src.index("        grid = (triton.cdiv(M, 32)"):src.index("        y = torch.empty_like(c)")]
+    few = launch.replace("grid", "grid_s").replace("triton.cdiv(M, 32), triton.cdiv(N, 32)",
+                                                    "triton.cdiv(M, 16), triton.cdiv(N, 64)")
+    few = few.replace("BLOCK_M=32, BLOCK_N=32", "BLOCK_M=16, BLOCK_N=64")
+    indent = lambda text: "".join("    " + ln + "\n" for ln in text.splitlines())  # noqa: E731
+    dispatch = "        if M <= 256:\n" + indent(few) + "        else:\n" + indent(launch)
+    src = src.replace(launch, dispatch)
+    ctx = tactic_context(p, src, kind="cuda", target="h200")
+    site = target_site(ctx.model, "bench-gpu")
+    assert site.line > src[:src.index("        else:")].count("\n") + 1 and site.constexprs["BLOCK_M"] == 32
+    assert target_site(ctx.model).constexprs["BLOCK_M"] == 16  # by line alone: the few-rows branch
+    cands = LaunchParamSearch().propose(ctx)
+    assert cands, LaunchParamSearch().check(ctx).reason
+    for c in cands:
+        head, tail = c.source.split("        else:\n")
+        assert head == src.split("        else:\n")[0], c.description  # the few-rows branch as it was
+        bm, bn = c.params.get("BLOCK_M", 32), c.params.get("BLOCK_N", 32)
+        assert f"grid = (triton.cdiv(M, {bm}), triton.cdiv(N, {bn}))" in tail, c.description
+    # one grid variable for both branches: changing its blocks would change the other launch's grid too
+    shared = src.replace("grid_s = (triton.cdiv(M, 16), triton.cdiv(N, 64))",
+                         "grid = (triton.cdiv(M, 32), triton.cdiv(N, 32))").replace("[grid_s]", "[grid]")
+    shared = shared.replace("BLOCK_M=16, BLOCK_N=64", "BLOCK_M=32, BLOCK_N=32")
+    ctx = tactic_context(p, shared, kind="cuda", target="h200")
+    params = [c.params for c in LaunchParamSearch().propose(ctx)]
+    assert all(c.get("BLOCK_M", 32) == 32 and c.get("BLOCK_N", 32) == 32 for c in params)
+    line = target_site(ctx.model, "bench-gpu").line
+    with pytest.raises(NotApplicable, match="serves another launch too"):
+        apply_config(shared, "matmul_kernel", {"BLOCK_M": 64}, line=line)
+    assert "num_warps=8" in apply_config(shared, "matmul_kernel", {"num_warps": 8}, line=line).split("else:")[1]
 
 GRID_VAR = """import triton
 import triton.language as tl

@@ -404,12 +404,19 @@ def kb_configs(ctx: Any, source: str, kernel: str, limit: int, include_current: 
     return out
 
 
-def apply_config(source: str, kernel: str, cfg: dict[str, Any]) -> str:
+def apply_config(source: str, kernel: str, cfg: dict[str, Any], line: int | None = None) -> str:
     """``source`` with ``cfg`` set at the launch of ``kernel``; the grid axes the changed blocks scale follow them
     (``cdiv(M, 64)`` -> ``cdiv(M, 128)``; ``cdiv(M, bm)`` with ``BM=bm`` -> both literal; ``META["BM"]`` as is;
-    the factors of a 1D tile grid ``cdiv(M, 32) * cdiv(N, 32)`` each with its own block)."""
+    the factors of a 1D tile grid ``cdiv(M, 32) * cdiv(N, 32)`` each with its own block). ``line``: the launch on
+    that line, where the kernel is launched from several (a per-shape dispatch's branch); its grid must then be its
+    own or follow the launch's meta-parameters."""
     model = parse_kernel(source)
-    site = single_launch(model, kernel)
+    if line is None:
+        site = single_launch(model, kernel)
+    else:
+        site = next((s for s in model.launches if s.kernel == kernel and s.line == line), None)
+        if site is None:
+            raise NotApplicable(f"no launch of {kernel} on line {line}")
     fn = model.functions[kernel]
     binds = bindings(model, site)
     names = tunable(model, site)
@@ -426,12 +433,15 @@ def apply_config(source: str, kernel: str, cfg: dict[str, Any]) -> str:
                  and k not in in_heuristics}
     keep = {k: v for k, v in keep.items() if k not in at_source and k not in in_heuristics}
     grid = launch_grid(model, site)
+    shared = grid is not None and bool(grid.variable) and sum(
+        isinstance(o.node.func.slice, ast.Name) and o.node.func.slice.id == grid.variable for o in model.launches) > 1
     shift, anchor, edited = 0, 0, source
     if at_source:
         edited, anchor, shift = override(source, model, site, made, at_source,
                                          grid.assign if grid is not None else None)
     if keep:
-        edited = _apply_at_launch(edited, source, model, site, kernel, keep, names, binds, grid, shift, anchor)
+        edited = _apply_at_launch(edited, source, model, site, kernel, keep, names, binds, grid, shift, anchor,
+                                  shared)
     if in_heuristics:  # last: the decorator is above the launch, and its entries may change the line count
         capped = {k for k in in_heuristics if is_capped(model, site, heur[k])}
         edited = override_heuristics(edited, kernel, heur, in_heuristics, capped)
@@ -439,9 +449,11 @@ def apply_config(source: str, kernel: str, cfg: dict[str, Any]) -> str:
 
 
 def _apply_at_launch(edited: str, source: str, model: KernelModel, site: LaunchSite, kernel: str,
-                     keep: dict[str, Any], names: list[str], binds: dict, grid: Any, shift: int, anchor: int) -> str:
+                     keep: dict[str, Any], names: list[str], binds: dict, grid: Any, shift: int, anchor: int,
+                     shared: bool = False) -> str:
     """``edited`` with ``keep`` set at the launch of ``kernel`` (``shift`` lines below where ``source`` has it, from
-    line ``anchor`` on), and the grid axes the changed blocks scale following them."""
+    line ``anchor`` on), and the grid axes the changed blocks scale following them (``shared``: the grid variable
+    serves other launches too, so a change to it is refused)."""
     fn = model.functions[kernel]
     changed_names = {k for k in keep if k in names and keep[k] != binds[k].value}
     edit = LaunchEdit(kernel, site.line + shift, set_kwargs={k: repr(v) for k, v in keep.items()
@@ -467,6 +479,9 @@ def _apply_at_launch(edited: str, source: str, model: KernelModel, site: LaunchS
                 touched = touched or new != text
                 text = new
             elems.append(text)
+        if touched and shared and grid.variable and grid.assign is not None:
+            raise NotApplicable(f"the launch's grid {grid.variable} serves another launch too: its blocks cannot "
+                                "change here alone")
         if touched:
             new = "(" + ", ".join(elems) + ("," if len(elems) == 1 else "") + ")"
             if grid.kind == "lambda":
