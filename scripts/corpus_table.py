@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
-"""The real-world corpus's bench report as markdown tables: one row per kernel and timed shape, then geomeans per
-family (the ``kind`` of each ``examples/realworld/<name>/new.yaml``) and overall, then the kernels whose port result
-is slower than the starting kernel at some timed shape, and the kernels with no figures (and why).
+"""A bench report of the real-world corpus, or of the suite, as markdown tables: one row per kernel and timed shape
+(with its shape class: decode, large or odd, :mod:`xeforge.shape_classes`), then geomeans per family (the ``kind``
+of each ``examples/realworld/<name>/new.yaml``; with ``--suite``, each row's own kind) and per shape class, then the
+kernels whose port result is slower than the starting kernel at some timed shape, and the kernels with no figures
+(and why).
 
 Usage (repo root):
     .venv/bin/python scripts/corpus_table.py BENCH_JSON [--earlier OLDER_BENCH_JSON ...] [--also OTHER_BENCH_JSON ...]
         [--corpus examples/realworld]
+    .venv/bin/python scripts/corpus_table.py BENCH_JSON --suite [--also OTHER_BENCH_JSON ...]   (the problems the
+        reports hold, each shape's class from the report or else from kernels/<problem>/spec.yaml)
 
 --earlier names reports of earlier calls of the same bench: a kernel without figures in BENCH_JSON (a row dropped by
 ``--resume --redo`` and not run again, say) is explained from the newest earlier report that has a row for it.
@@ -68,6 +72,32 @@ def corpus_kinds(corpus: Path) -> dict[str, dict]:
     return out
 
 
+def suite_kinds(reports: list[dict]) -> dict[str, dict]:
+    """The problems the reports hold (the first report's order, then the others'), each with its row's kind."""
+    out: dict[str, dict] = {}
+    for rep in reports:
+        for r in rep.get("problems", []):
+            kind = r.get("kind") if r.get("kind") in FAMILIES else "other"
+            out.setdefault(r["problem"], {"kind": kind, "bench": None, "dims": None})
+    return out
+
+
+def class_of(name: str, sh: dict) -> str:
+    """A timed shape's class as the report recorded it, else from the problem's spec under kernels/ (a report
+    written before the bench classed its shapes); "–" where neither says."""
+    if sh.get("class"):
+        return sh["class"]
+    spec = Path("kernels") / name / "spec.yaml"
+    if not spec.is_file():
+        return "–"
+    try:
+        from xeforge.problem import load_problem
+        from xeforge.shape_classes import shape_class
+    except ImportError:
+        return "–"
+    return shape_class(load_problem(spec.parent).spec, sh.get("dims") or {}) or "–"
+
+
 def shapes_of(row: dict) -> list[dict]:
     """Every timed shape of a row, the primary first; a row timed at one shape gets one from its entries."""
     if row.get("shapes"):
@@ -124,6 +154,8 @@ def main(argv=None) -> int:
     ap.add_argument("--starts", action="append", default=[],
                     help="as --also, the start, eager and torch.compile figures only (a report whose port result "
                          "was given with --final, a probe's candidate, is not a port)")
+    ap.add_argument("--suite", action="store_true",
+                    help="the problems the reports hold, each row's own kind as its family (not a corpus folder)")
     a = ap.parse_args(argv)
     rep = json.loads(Path(a.bench_json).read_text())
     also: dict[str, tuple[str, dict]] = {}
@@ -137,7 +169,9 @@ def main(argv=None) -> int:
             shs = shapes_of(r)
             if shs and "start" in (shs[0].get("times") or {}):
                 also.setdefault(r["problem"], (f, _starts_only(r) if only_starts else r))
-    kinds = corpus_kinds(Path(a.corpus))
+    kinds = suite_kinds([rep, *(json.loads(Path(f).read_text()) for f in [*a.also, *a.starts])]) if a.suite \
+        else corpus_kinds(Path(a.corpus))
+    by_class: dict[str, list] = {}
     rows_by = {r["problem"]: r for r in rep.get("problems", [])}
     earlier: dict[str, tuple[str, dict]] = {}
     for f in a.earlier:  # newest last: a later report's row wins
@@ -192,7 +226,10 @@ def main(argv=None) -> int:
             err = "; ".join(f"{k}: {v[:80]}" for k, v in (sh.get("errors") or {}).items())
             vs_b = ({"value": t["blas"]["median_ms"] / t["final"]["median_ms"]}
                     if (t.get("blas") or {}).get("median_ms") and (t.get("final") or {}).get("median_ms") else None)
-            per_kernel.append([name, meta["kind"], sh.get("variant") or "", dims, ms(t.get("start")),
+            cls = class_of(name, sh)
+            if fc and fc.get("value") is not None and not wider and cls != "–":
+                by_class.setdefault(cls, []).append((fc["value"], name, sh.get("variant")))
+            per_kernel.append([name, meta["kind"], sh.get("variant") or "", cls, dims, ms(t.get("start")),
                                ms(t.get("final")), ms(t.get("eager")), ms(t.get("compile")), ms(t.get("blas")),
                                x(fs), x(fc), x(vs_b), "; ".join(b for b in (note, err) if b)])
             fk = meta["kind"] if meta["kind"] in fam else "other"
@@ -217,6 +254,8 @@ def main(argv=None) -> int:
     for fname in FAMILIES:
         d = fam[fname]
         n_k = sum(1 for n, m in kinds.items() if m["kind"] == fname)
+        if a.suite and not n_k:
+            continue
         for k in allv:
             allv[k] += d[k]
         g1, n1 = geomean(d["vs_start"])
@@ -234,8 +273,19 @@ def main(argv=None) -> int:
     print(table(gm_rows, ["family", "kernels timed", "timed shapes", "port result / start",
                           "port result vs torch.compile", "start vs torch.compile"]))
     print("\nx = median(baseline) / median(port result): above 1 the port result is faster.\n")
+    if by_class:
+        print("### Port result vs torch.compile per shape class (decode: at most 64 rows; odd: a size no multiple of "
+              "128; large: the rest)\n")
+        cls_rows = []
+        for cls in ("decode", "large", "odd"):
+            vals = by_class.get(cls)
+            if vals:
+                g, n = geomean([v for v, _, _ in vals])
+                low = min(vals)
+                cls_rows.append([cls, n, f"{g:.3f}x", f"{low[0]:.2f}x ({low[1]} at {low[2]})"])
+        print(table(cls_rows, ["class", "timed shapes", "geomean", "lowest"]) + "\n")
     print("### Per kernel and timed shape (median ms)\n")
-    print(table(per_kernel, ["kernel", "family", "shape", "dims", "start ms", "port result ms", "eager ms",
+    print(table(per_kernel, ["kernel", "family", "shape", "class", "dims", "start ms", "port result ms", "eager ms",
                              "torch.compile ms", "BLAS GEMM ms", "result / start", "result vs torch.compile",
                              "result vs BLAS GEMM", "note"]))
     print("\nBLAS GEMM: the vendor library's GEMM alone on the problem's M x K @ K x N in its dtype (GEMM kernels only); "
@@ -244,6 +294,8 @@ def main(argv=None) -> int:
     print("\n".join(f"- {s}" for s in slower) if slower else "- none")
     print("\n### Kernels without figures\n")
     print("\n".join(f"- `{n}` ({k}): {w}" for n, k, w in missing) if missing else "- none")
+    if a.suite:
+        return 0
     print("\n### Shapes (new.yaml: `dims` is bench-gpu; each `bench` entry overrides it as bench-gpu-1, -2, ...)\n")
     shp = [[n, m["kind"], ", ".join(f"{k}={v}" for k, v in (m["dims"] or {}).items()),
             "; ".join(", ".join(f"{k}={v}" for k, v in b.items()) for b in (m["bench"] or []))]

@@ -61,3 +61,24 @@ def test_reports_of_another_device_do_not_mix(tmp_path, corpus):
     with pytest.raises(SystemExit) as err:
         corpus_table.main([main, "--also", other, "--corpus", corpus])
     assert "GPU B" in str(err.value) and "do not mix" in str(err.value)
+
+
+def test_the_suite_mode_takes_each_rows_kind_and_gives_geomeans_per_shape_class(tmp_path, capsys):
+    """--suite: the problems of the reports, each row's kind its family; each shape's class as the report recorded
+    it, and the geomean and lowest ratio to torch.compile per class (the issue's bar for every shape)."""
+    a = _row("mm", 2.0, 1.0, 1.0)  # 1.00x at its large shape
+    a["kind"] = "gemm"
+    a["shapes"][0]["class"] = "large"
+    b = _row("mv", 2.0, 1.0, 0.8)  # 0.80x at a decode shape
+    b["kind"] = "gemm"
+    b["shapes"][0]["class"] = "decode"
+    c = _row("mv2", 2.0, 1.0, 0.9)
+    c["kind"] = "gemm"
+    c["shapes"][0]["class"] = "decode"
+    assert corpus_table.main([_report(tmp_path, "s.json", [a, b, c]), "--suite"]) == 0
+    out = capsys.readouterr().out
+    per_class = out.split("per shape class")[1].split("###")[0]
+    decode = next(line for line in per_class.splitlines() if line.startswith("| decode"))
+    assert f"{(0.8 * 0.9) ** 0.5:.3f}x" in decode and "0.80x (mv at bench-gpu)" in decode
+    assert "| large " in per_class and "attention" not in out.split("### Per kernel")[0]
+    assert "### Shapes" not in out
