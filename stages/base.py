@@ -96,6 +96,7 @@ class StageContext:
     issues: list[Issue] = field(default_factory=list)
     run_dir: Path | None = None  # the run folder (engines may write per-trial artefacts under trials/<name>/)
     diagnosis: dict | None = None  # the incumbent's compiler facts and the KB's findings (xeforge.diagnosis)
+    lost_at: tuple[str, ...] = ()  # timed shapes at which this source (a carried trial) was slower than the incumbent
     _model: KernelModel | None = field(default=None, repr=False)
 
     @property
@@ -119,7 +120,8 @@ class StageContext:
     def with_source(self, source: str) -> "StageContext":
         return StageContext(self.problem, source, self.original_source, self.device, self.device_id, self.kb,
                             self.triton, self.settings, list(self.issues), self.run_dir,
-                            diagnosis=self.diagnosis if source == self.source else None)
+                            diagnosis=self.diagnosis if source == self.source else None,
+                            lost_at=self.lost_at if source == self.source else ())
 
 
 class Tactic:

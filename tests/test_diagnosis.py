@@ -245,6 +245,31 @@ def test_the_rules_engine_tries_the_diagnosed_tactics_first_and_says_why(kb):
     assert same == tactics and none == {}
 
 
+def test_a_trial_slower_at_one_shape_puts_the_per_shape_branch_first(kb):
+    """On top of a carried trial that lost at M = 16 only, per-shape-config goes before every diagnosed tactic: a
+    branch for that class keeps the trial's gain at the other shapes. Without the lost shape the diagnosis decides;
+    a stage without the tactic is left as it was."""
+    from xeforge.pipeline import _hidden_gain
+    from stages.base import Candidate, TacticRecord, TrialOutcome
+    from xeforge.verifier import GateResult, Verdict
+
+    tactics = [SimpleNamespace(name=n) for n in ("launch-params", "split-k", "group-swizzle", "per-shape-config")]
+    d = _read(kb, "gemm_tall_k", [_launch("matmul_kernel", (64,))])
+    order, why = tactic_order(tactics, "device_tuning", d, ("bench-gpu-1",))
+    assert [t.name for t in order][:2] == ["per-shape-config", "split-k"]
+    assert "slower at bench-gpu-1" in why["per-shape-config"]
+    assert [t.name for t in tactic_order(tactics, "device_tuning", d)[0]][0] == "split-k"
+    assert tactic_order(tactics[:3], "device_tuning", None, ("bench-gpu-1",))[0] == tactics[:3]
+    # the carried trial records where it lost and its own compiler facts
+    gate3 = GateResult("3-performance", "fail", "not adopted: slower at bench-gpu-1", {"blocked_by": "bench-gpu-1"})
+    v = Verdict("h", [gate3], correct=True, timed=True, speedup=1.2, diagnosis=d)
+    rec = TacticRecord("persistent-loop", True, "")
+    rec.outcomes = [TrialOutcome("0004-persistent-persistent-loop", Candidate("src", "persistent-loop", "x"), v)]
+    carried = _hidden_gain([rec])
+    assert carried.trial == "0004-persistent-persistent-loop" and carried.lost_at == ("bench-gpu-1",)
+    assert carried.diagnosis is d
+
+
 def test_run_stage_follows_the_incumbents_diagnosis(kb):
     from stages.base import Applicability, Stage, Tactic
     from xeforge.engines import RulesEngine
@@ -264,7 +289,7 @@ def test_run_stage_follows_the_incumbents_diagnosis(kb):
 
     stage = Stage("device_tuning", 7, "test", [])
     stage.tactics = [T("launch-params"), T("split-k")]
-    ctx = SimpleNamespace(source="", diagnosis=_read(kb, "gemm_tall_k", [_launch("matmul_kernel", (64,))]))
+    ctx = SimpleNamespace(source="", diagnosis=_read(kb, "gemm_tall_k", [_launch("matmul_kernel", (64,))]), lost_at=())
     records = RulesEngine().run_stage(stage, ctx, evaluate=None, choose=None)
     assert seen == ["split-k", "launch-params"]
     assert records[0].note.startswith("tried first: diagnosis dx-fewer-programs-than-cores")

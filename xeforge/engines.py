@@ -46,7 +46,7 @@ class RulesEngine:
         incumbent that a KB pattern names as this stage's basis); its candidates say so.
         """
         records = []
-        tactics, first = tactic_order(list(stage.tactics), stage.name, ctx.diagnosis)
+        tactics, first = tactic_order(list(stage.tactics), stage.name, ctx.diagnosis, ctx.lost_at)
         checked = {t.name: t.check(ctx) for t in tactics}  # as the stage starts: how many tactics share its time
         start = ctx.source
         spent = getattr(evaluate, "spent", None)

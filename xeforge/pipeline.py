@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import stages as stage_registry
 from stages.base import Candidate, Stage, StageContext, TacticRecord, TrialOutcome, propose_safely
@@ -47,7 +47,7 @@ from xeforge.settings import Settings
 from xeforge.static_checks import Finding
 from xeforge.store import RunStore, atomic_write, make_run_folder, read_json, write_json
 from xeforge.upstream import UPSTREAM_FILE, write_patch
-from xeforge.verifier import Verdict, Verifier
+from xeforge.verifier import GATES, Verdict, Verifier
 
 
 @dataclass
@@ -341,7 +341,7 @@ class Pipeline:
         named = set(self.opt.stages or [])
         # (source, trial) of a correct rewrite whose gain was below the noise margin: tried again as the basis of
         # the next stage's candidates, where the incumbent is faster and the same gain is a larger fraction
-        carried: tuple[str, str] | None = None
+        carried: Carried | None = None
         t0 = time.monotonic()
         stages = self.selected_stages()
         for i, stage in enumerate(stages):
@@ -422,7 +422,7 @@ class Pipeline:
                 # the candidates on top of the carried trial get the second half (a 4x faster tile that was 3%
                 # slower at M = 16 is what device_tuning's per-shape branch on top of it turns into a gain)
                 window.update(share=(share[0], share[1] / 2, share[2]),
-                              rest_for=f"the candidates on top of trial {carried[1]}")
+                              rest_for=f"the candidates on top of trial {carried.trial}")
             try:
                 rec.tactics = engine.run_stage(stage, ctx, evaluate, choose)
             except EngineError as exc:
@@ -434,10 +434,12 @@ class Pipeline:
                 rec.tactics = engine.run_stage(stage, ctx, evaluate, choose)
             window.update(share=share, rest_for=None)
             if carried is not None and engine.name == "rules":
-                self.say(f"  again on top of trial {carried[1]} (correct; not adopted: its gain was below the noise "
+                self.say(f"  again on top of trial {carried.trial} (correct; not adopted: its gain was below the noise "
                          "margin, or it was slower at one of the shapes)")
-                more = engine.run_stage(stage, ctx.with_source(carried[0]), evaluate, choose,
-                                        basis=f"trial {carried[1]}")
+                on_top = ctx.with_source(carried.source)
+                # its own compiler facts and the shapes it lost at order the tactics, as the incumbent's do
+                on_top.diagnosis, on_top.lost_at = carried.diagnosis, carried.lost_at
+                more = engine.run_stage(stage, on_top, evaluate, choose, basis=f"trial {carried.trial}")
                 if any(t.outcomes for t in more):
                     rec.tactics += [t for t in more if t.outcomes]
                     carried = None
@@ -676,7 +678,17 @@ def _new_at(path: Path) -> RunStore:
     return RunStore(Path(path))
 
 
-def _hidden_gain(tactics: list[TacticRecord]) -> tuple[str, str] | None:
+class Carried(NamedTuple):
+    """A correct rewrite carried into the next stage (:func:`_hidden_gain`): its source and trial, its compiler facts
+    and findings, and the timed shapes that kept it from adoption (slower there than their margin allows)."""
+
+    source: str
+    trial: str
+    diagnosis: dict[str, Any] | None = None
+    lost_at: tuple[str, ...] = ()
+
+
+def _hidden_gain(tactics: list[TacticRecord]) -> Carried | None:
     """The best rewrite that passed gates 0-2 and was timed not slower than the incumbent (its objective over the
     shapes), but not adopted: faster, but not beyond the margin (e.g. fusing a 2% epilogue into a GEMM still running
     at a fifth of its final speed), or slower at one shape (tensor descriptors with a 128 x 256 tile: 4.3x at
@@ -685,7 +697,11 @@ def _hidden_gain(tactics: list[TacticRecord]) -> tuple[str, str] | None:
             if o.verdict.correct and o.verdict.timed and not o.verdict.accepted and o.candidate.kind == "rewrite"
             and (o.verdict.speedup or 0.0) >= 1.0]
     best = max(near, key=lambda o: o.verdict.speedup, default=None)
-    return (best.candidate.source, best.trial) if best is not None else None
+    if best is None:
+        return None
+    perf = next((g for g in best.verdict.gates if g.gate == GATES[3]), None)
+    blocked = perf.details.get("blocked_by") if perf is not None else None  # the worst shape beyond its margin
+    return Carried(best.candidate.source, best.trial, best.verdict.diagnosis, (blocked,) if blocked else ())
 
 
 def _kb_bases(stage: Stage, ctx: StageContext, kbc: KBContext, selected: set[str] | None = None,

@@ -197,13 +197,20 @@ def findings_of(diagnosis: dict[str, Any] | None) -> list[Finding]:
 PER_SHAPE = "per-shape-config"
 
 
-def tactic_order(tactics: list[Any], stage: str, diagnosis: dict[str, Any] | None) -> tuple[list[Any], dict[str, str]]:
+def tactic_order(tactics: list[Any], stage: str, diagnosis: dict[str, Any] | None,
+                 lost_at: tuple[str, ...] = ()) -> tuple[list[Any], dict[str, str]]:
     """``tactics`` (objects with ``name``) with those the diagnosis names for ``stage`` first, in the order the
     findings name them; and for each tactic moved, the reason (the finding's id and cause). A finding that holds at
     a shape other than the primary one puts ``per-shape-config`` first among its tactics, where it names it: that
     shape's class gets its own branch there, and a port whose time budget runs out after the launch search (on an
-    H100, most corpus GEMMs' one-minute ports) still reaches it."""
+    H100, most corpus GEMMs' one-minute ports) still reaches it. ``lost_at``: the shapes at which the source was
+    slower than the incumbent (a carried trial): ``per-shape-config`` goes first of all, so the branch for their
+    class keeps what the trial gains everywhere else (on the H200, a persistent loop 1.23x at 4096^3 and 0.95x at
+    M = 16 was carried into device_tuning, where a group-swizzle candidate spent the time per-shape-config needed)."""
     reasons: dict[str, str] = {}
+    if lost_at and any(t.name == PER_SHAPE for t in tactics):
+        reasons[PER_SHAPE] = (f"the trial it builds on was slower at {', '.join(lost_at)}: a branch for that "
+                              "shape's class keeps the trial's gain at the others")
     for f in findings_of(diagnosis):
         if f.stage != stage:
             continue
