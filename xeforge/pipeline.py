@@ -405,6 +405,9 @@ class Pipeline:
                 lambda: self._time_spent(t0) or self._share_spent(window["share"], window["rest_for"]))
             # the seconds left of it, which the rules engine splits between the tactics still to run
             evaluate.left = lambda: self._share_left(window["share"])  # type: ignore[attr-defined]
+            # the port's budget alone: a run on top of a carried trial judges one candidate even when the stage's
+            # share is spent (the first half overran it), for the carried trial is why the share was halved
+            evaluate.port_spent = lambda: self._time_spent(t0)  # type: ignore[attr-defined]
 
             def choose(outcomes: list[TrialOutcome]) -> TrialOutcome | None:
                 best = self._choose(outcomes, device)
