@@ -16,6 +16,7 @@ from xeforge.problem import load_problem
 from xeforge.rewrite import NotApplicable, align_hints
 
 GEMM_SQUARE = ROOT / "kernels" / "gemm_square"
+GEMM_TALL_K = ROOT / "kernels" / "gemm_tall_k"
 TACTIC = next(t for t in STAGE.tactics if t.name == "divisibility-hints")
 
 
@@ -117,6 +118,7 @@ def _compile_sm90(fn, aligned: tuple[str, ...], extra: dict | None = None):
     GPUTarget, ASTSource = sm90_compiler()
     consts = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_SIZE_M": 8, "stride_ak": 1, "stride_bn": 1,
               "stride_cn": 1, **(extra or {})}
+    consts = {k: v for k, v in consts.items() if k in fn.arg_names}
     sig = {a: "constexpr" if a in consts else ("*bf16" if a.endswith("_ptr") else "i32") for a in fn.arg_names}
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
@@ -173,6 +175,30 @@ def test_the_compiler_vectorizes_the_odd_shape_once_hinted(tmp_path):
     assert after["ld.global.b16"] == 0 and after["st.global.b16"] == 0, after
     assert after["cp.async.cg.shared.global"] == square["cp.async.cg.shared.global"] > 0
     assert after["st.global.v4.b32"] == square["st.global.v4.b32"] > 0
+
+
+def test_a_block_pointer_kernels_strides_and_shape_get_hints_that_the_compiler_uses(tmp_path, verify):
+    """gemm_tall_k's kernel reads its tensors through block pointers. At 1000 x 65536 x 1000 (bench-gpu-2) the
+    analysis did not read their strides and shapes, so the tactic did not apply, and the H200 port of 2026-12-06
+    ran that shape at 0.29x of torch.compile. The block pointers' strides now stride their tensors and their shapes
+    bound their checks: sm_90 code at that shape goes from scalar 16-bit loads and stores to vector ones, and the
+    hinted kernel is correct at every shape."""
+    p = load_problem(GEMM_TALL_K)
+    plan, hinted = _hinted(p)
+    assert plan.args == {"M": "M", "N": "N", "stride_bk": "b.stride(0)", "stride_cm": "c.stride(0)"}
+    assert TACTIC.check(tactic_context(p)).applies
+
+    def ops(src: str, tag: str, extra: dict) -> collections.Counter:
+        fn = load_kernel_module(tmp_path / f"t_{tag}.py", src, f"xeforge_tall_{tag}").matmul_kernel
+        ptx = _compile_sm90(fn, ODD_ALIGNED, extra).asm["ptx"]
+        return collections.Counter(re.findall(r"\b((?:ld|st)\.global[.\w]*|cp\.async\.cg[.\w]*)", ptx))
+
+    before = ops(p.kernel_source, "b", {})
+    after = ops(hinted, "h", {f"HINT_{a}": 8 for a in plan.args})
+    assert before["ld.global.b16"] + before["st.global.b16"] > 0, before
+    assert after["ld.global.b16"] + after["st.global.b16"] == 0, after
+    verdict = verify(p, hinted)
+    assert verdict.correct, verdict.feedback()
 
 
 def test_the_later_stages_read_through_the_hints():

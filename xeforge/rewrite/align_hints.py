@@ -30,7 +30,7 @@ from xeforge.analysis.observe import traces
 from xeforge.kernel_model import KernelModel, parse_kernel
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.cst_tools import statements
-from xeforge.rewrite.tiling import KernelAnalysis, Mask, Poly, Ptr
+from xeforge.rewrite.tiling import BlockPtr, KernelAnalysis, Mask, Poly, Ptr
 from xeforge.rewrite.tiling.edit import FunctionEdit, LaunchEdit, add_module_function, edit_function, edit_launch
 from xeforge.rewrite.tiling.grid import launch_bindings, single_launch
 
@@ -50,7 +50,9 @@ _PLAIN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*(\.(stride|size)\(-?\d+\)|\.shape\
 def argument_roles(model: KernelModel) -> dict[tuple[str, str], str]:
     """(kernel, parameter) -> its role where the analysis of the kernel's accesses tells: a stride of a tensor
     (:data:`~xeforge.analysis.alignment.STRIDE_ROLE` + the tensor), a bound of its masks, else an offset of scalar
-    accesses only or a loop's trip count."""
+    accesses only or a loop's trip count. A block pointer's strides (and where its matrix starts) stride its
+    tensor and its shape bounds its boundary checks, as a mask's bounds do: Triton lowers it to the same masked
+    vector loads where it makes no TMA copy (gemm_tall_k at 1000 x 65536 x 1000, on the H200)."""
     roles: dict[tuple[str, str], str] = {}
     for name, fn in model.functions.items():
         try:
@@ -58,6 +60,12 @@ def argument_roles(model: KernelModel) -> dict[tuple[str, str], str]:
         except Exception:  # noqa: BLE001 — code the analysis does not read: no roles for that kernel
             continue
         for acc in accesses:
+            if isinstance(acc.ptr, BlockPtr):
+                starts = [*acc.ptr.strides, *([acc.ptr.start] if acc.ptr.start is not None else [])]
+                for sym in set().union(*(p.symbols() for p in starts)) & set(fn.params):
+                    roles.setdefault((name, sym), f"{STRIDE_ROLE}{acc.ptr.base}")
+                for sym in set().union(*(p.symbols() for p in acc.ptr.shape)) & set(fn.params):
+                    roles.setdefault((name, sym), BOUND_ROLE)
             if isinstance(acc.ptr, Ptr):
                 for t in acc.ptr.offs.terms:
                     if (sym := t.stride.single_symbol()) is not None:
