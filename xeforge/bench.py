@@ -62,8 +62,8 @@ from xeforge.ray_cluster import RayScheduler, parse_cluster
 from xeforge.report import write_bench_reports
 from xeforge.report_views import bench_table
 from xeforge.schedule import Job, LocalScheduler, Outcome, Scheduler, gpu_slots, lane_locks
-from xeforge.shape_classes import shape_class
 from xeforge.settings import load_settings
+from xeforge.shape_classes import shape_class
 from xeforge.store import atomic_write, write_json
 from xeforge.timing import Stats, paired_ratios, quantile, roofline_floor
 from xeforge.verifier import Verdict, Verifier
@@ -919,9 +919,10 @@ def finalize(report: dict) -> dict:
             if g.get("left_out_wider_ref"):
                 parts.append(f"{g['left_out_wider_ref']} {label} ratio(s) left out: the reference computes wider "
                              "than the problem (see the rows' notes)")
-        per_class = [f"{cls} {g['final_vs_compile']['value']:.3f}x (lowest {g['final_vs_compile']['lowest']['value']:.2f}x)"
-                     for cls, g in report["geomean_by_class"].items()
-                     if (g.get("final_vs_compile") or {}).get("value") and len(report["geomean_by_class"]) > 1]
+        classes = report["geomean_by_class"]
+        per_class = [f"{cls} {c['value']:.3f}x (lowest {c['lowest']['value']:.2f}x)"
+                     for cls, g in classes.items() if (c := g.get("final_vs_compile") or {}).get("value")
+                     and len(classes) > 1]
         if per_class:
             parts.append("vs torch.compile per shape class: " + ", ".join(per_class))
         if report["geomean_by_shape"]:

@@ -339,8 +339,8 @@ class Pipeline:
         per_shape = False  # a per-shape candidate was adopted: the final gate times every shape too
         records: list[StageRecord] = []
         named = set(self.opt.stages or [])
-        # (source, trial) of a correct rewrite whose gain was below the noise margin: tried again as the basis of
-        # the next stage's candidates, where the incumbent is faster and the same gain is a larger fraction
+        # a correct rewrite whose gain was below the noise margin, or that lost at one shape: tried again as the
+        # basis of the next stage's candidates, where the incumbent is faster and the same gain is a larger fraction
         carried: Carried | None = None
         t0 = time.monotonic()
         stages = self.selected_stages()

@@ -12,8 +12,9 @@ rows in the result's dtype.
 
 When a translated op meets a per-column vector (kb75: ``torch.min(...)[0] + self.bias`` with a ``[1, N]`` bias)
 the ``(rows, 1)`` value broadcasts to ``(rows, N)``; the kernel then loops over blocks of N columns and stores
-the full rows in the result's dtype (where few rows would leave cores idle, a second grid axis gives each block of
-rows several programs, each its share of the columns), where forward wrote an fp32 ``(M, N)`` tensor and cast it in a second pass.
+the full rows in the result's dtype, where forward wrote an fp32 ``(M, N)`` tensor and cast it in a second pass
+(where few rows would leave cores idle, a second grid axis gives each block of rows several programs, each its
+share of the columns).
 The same broadcast phase reads back the tile the split kernel stored beside its partials (``y - y.mean(1,
 keepdim=True)``, ``torch.exp(y - y.amax(1, keepdim=True))`` over rows no tile covers): the second pass of a split
 reduction, one kernel where torch ran the partials' reduction and an elementwise launch per op. A mean of the
@@ -240,8 +241,8 @@ def _rewrite(c: Ctx, s: ast.Assign, part: str, red: tuple[str, bool]) -> tuple[s
         lines = [f"{out} = torch.empty(({part}.shape[0], {n}), device={part}.device, dtype={dtype})", *lines,
                  f"{split} = max(1, min(triton.cdiv({BROADCAST_PROGRAMS}, triton.cdiv({part}.shape[0], {per})), "
                  f"triton.cdiv({n}, {SPLIT_MIN_COLUMNS})))  # column programs a block of rows: few rows, more programs",
-                 f"{cols} = min(triton.next_power_of_2(triton.cdiv({n}, {split})), max(16, {PROGRAM_ELEMENTS} // {per}))"
-                 "  # columns a step",
+                 f"{cols} = min(triton.next_power_of_2(triton.cdiv({n}, {split})), "
+                 f"max(16, {PROGRAM_ELEMENTS} // {per}))  # columns a step",
                  f"{kernel}[(triton.cdiv({part}.shape[0], {per}), {split})](\n"
                  f"    {part}, {out}, {part}.shape[0], {part}.shape[1], {n}, {part}.stride(0), {out}.stride(0)"
                  f"{kwargs},\n    BLOCK_R={per}, BLOCK_S={slots}, BLOCK_N={cols}, num_warps=4)"]
