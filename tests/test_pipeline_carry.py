@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from stages.base import TrialOutcome
 from tests.conftest import ROOT
 from xeforge import devices
@@ -105,6 +107,7 @@ def test_the_carried_trial_gets_half_of_the_next_stages_time(tmp_path, monkeypat
     assert any("[on top of trial" in d for st, d, _ in trials if st == "block_io")
 
 
+@pytest.mark.slow  # about 16 s: a port through device_tuning on a scripted clock
 def test_one_candidate_on_top_of_the_carried_trial_even_when_the_first_half_overran(tmp_path, monkeypatch):
     """On the H200 (2026-12-06) a split read-back fused at the fusion stage (1.015x: inside the margin, carried)
     got no candidate on top of it at block_io: the stage's first candidate had overrun the whole share (39 s of

@@ -176,6 +176,7 @@ def test_tile_coordinates_a_scalar_helper_computes_are_read_through_it(verify):
     assert not _scalar_only(tensor_helper.body[0])
 
 
+@pytest.mark.slow  # about 18 s
 def test_block_pointers_when_the_kb_rejects_descriptors_for_the_triton(verify):
     p = load_problem(KERNELS / "gemm_relu")
     ctx = context(p, kind="cuda", target="h200", triton="3.3.0")  # tl.make_tensor_descriptor is 3.4+

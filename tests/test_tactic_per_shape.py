@@ -422,6 +422,7 @@ def test_the_search_configuration_for_the_other_shapes_with_the_incumbent_kept_f
     assert "ci-ragged0" in g2.summary, g2.summary  # M=200 ran: the search's branch was verified
 
 
+@pytest.mark.slow  # about 30 s: two winners verified and combined on the interpreter
 def test_a_split_k_class_and_the_searchs_tile_for_the_other_shapes_combined(tmp_path, verify):
     """On the H100 gemm_relu's per-shape candidates won on both sides, 1.65x at M=16 from split-K in the class's
     branch and 1.42-1.47x elsewhere from the search's 128 x 256 tile with the class kept, and only one could be
