@@ -264,7 +264,7 @@ def test_a_final_kernel_refused_at_one_shape_gives_way_to_the_runner_up_of_its_c
     from xeforge.pipeline import Pipeline, PortOptions
     from xeforge.problem import load_problem
     from xeforge.store import RunStore
-    from xeforge.verifier import Verdict
+    from xeforge.verifier import GateResult, Verdict
 
     pipe = Pipeline(load_problem(_problem(tmp_path, SPEC)), PortOptions(device="cpu"))
     store = RunStore(tmp_path / "run")
@@ -282,11 +282,17 @@ def test_a_final_kernel_refused_at_one_shape_gives_way_to_the_runner_up_of_its_c
         def verify(self, path, incumbent=None, *, source_hash="", **kw):
             tried.append(path.parent.name)
             ok = path != best  # the adopted kernel is refused at one shape now
-            return Verdict(source_hash, correct=True, timed=True, accepted=ok, speedup=1.7 if ok else 2.0)
+            gate3 = GateResult("3-performance", "pass" if ok else "fail",
+                               "faster" if ok else "not adopted: slower at bench-gpu-1: 0.969x, beyond its margin")
+            return Verdict(source_hash, [gate3], correct=True, timed=True, accepted=ok, speedup=1.7 if ok else 2.0)
 
     gpu = type("D", (), {"can_time": True})()
     final = pipe._final(store, Final(), gpu, [start, best], start, alternates={best: [second, third]})
     assert tried == ["0001", "0006"] and final["improved"] and final["from"] == "trials/0006/candidate.py"
+    # the report says which kernel was refused first, and why (on the H200, gemm_square's final kernel was an
+    # earlier trial than its last adoption, and nothing said why)
+    assert [f["from"] for f in final["refused"]] == ["trials/0001/candidate.py"]
+    assert "slower at bench-gpu-1: 0.969x" in final["refused"][0]["why"]
     # every candidate refused: the start is returned, with the first refusal's verdict as the reason
     tried.clear()
     Final.verify = lambda self, path, incumbent=None, *, source_hash="", **kw: (

@@ -591,6 +591,7 @@ class Pipeline:
         verifier.restart_worker()
         chain = [p for h in reversed(history) for p in (h, *(alternates or {}).get(h, []))]
         slower = None  # the first verdict that was correct but not faster than the start
+        refused: list[dict[str, str]] = []  # the kernels the final gate turned down before the one it returns, and why
         for tried, path in enumerate(chain):
             if path == start_path and len(chain) > 1:
                 break
@@ -604,32 +605,35 @@ class Pipeline:
                 self.say(f"  gate {g.gate}: {g.status} — {g.summary[:300]}")
             if not v.correct:
                 self.say("  the final gate rejected it; falling back to the previous kernel")
+                refused.append({"from": str(path.relative_to(store.root)), "why": v.feedback()})
                 continue
             if v.timed and not v.accepted:
                 self.say("  not faster than the starting kernel beyond the noise margin now; trying the next one")
+                refused.append({"from": str(path.relative_to(store.root)), "why": v.feedback()})
                 slower = slower or v
                 continue
             if path == start_path:
                 why = why_nothing_adopted([_stage_dict(r) for r in records], device.can_time)
-                return self._write_final(store, start_path, v, why, improved=False)
+                return self._write_final(store, start_path, v, why, improved=False, refused=refused)
             claim = (f"verified speedup {v.speedup:.3f}x over the starting kernel" if v.timed else
                      "correct on every variant; speed not measured on the CPU interpreter")
-            return self._write_final(store, path, v, claim, improved=v.timed)
+            return self._write_final(store, path, v, claim, improved=v.timed, refused=refused)
         if slower is not None:
             self.say("  no candidate is faster than the starting kernel at the final gate; the starting kernel is returned")
             return self._write_final(store, start_path, slower, "no verified improvement over the starting kernel",
-                                     improved=False)
+                                     improved=False, refused=refused)
         v = Verdict(self.problem.source_hash, correct=True, note="the starting kernel (verified at baseline)")
         return self._write_final(store, start_path, v, "no candidate passed the final gate; the starting kernel is returned",
-                                 improved=False)
+                                 improved=False, refused=refused)
 
-    def _write_final(self, store: RunStore, path: Path, verdict: Verdict, claim: str, improved: bool) -> dict:
+    def _write_final(self, store: RunStore, path: Path, verdict: Verdict, claim: str, improved: bool,
+                     refused: list[dict[str, str]] | None = None) -> dict:
         dest = store.root / "final" / self.problem.kernel_path.name
         atomic_write(dest, path.read_text())
         write_json(store.root / "final" / "verdict.json", verdict.as_dict())
         out = {"path": str(dest), "from": str(path.relative_to(store.root)), "claim": claim, "improved": improved,
                "verdict": verdict.as_dict(), "source_hash": source_hash(path.read_text()),
-               "is_start": path.parent.name == "baseline"}
+               "is_start": path.parent.name == "baseline", "refused": list(refused or [])}
         if self.opt.patch or (self.problem.root / UPSTREAM_FILE).is_file():
             # the way back: the final kernel as a diff of the user's file (docs/new.md)
             out["patch"] = write_patch(self.problem.root, self.problem.kernel_source, path.read_text(),
