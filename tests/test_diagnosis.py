@@ -249,8 +249,8 @@ def test_a_trial_slower_at_one_shape_puts_the_per_shape_branch_first(kb):
     """On top of a carried trial that lost at M = 16 only, per-shape-config goes before every diagnosed tactic: a
     branch for that class keeps the trial's gain at the other shapes. Without the lost shape the diagnosis decides;
     a stage without the tactic is left as it was."""
-    from xeforge.pipeline import _hidden_gain
     from stages.base import Candidate, TacticRecord, TrialOutcome
+    from xeforge.pipeline import _hidden_gain
     from xeforge.verifier import GateResult, Verdict
 
     tactics = [SimpleNamespace(name=n) for n in ("launch-params", "split-k", "group-swizzle", "per-shape-config")]

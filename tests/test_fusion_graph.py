@@ -246,7 +246,6 @@ def test_a_row_reduction_read_back_is_split_when_no_tile_covers_the_row(name, st
     assert verdict.correct, verdict.feedback()
 
 
-
 @pytest.mark.slow  # about 20 s (the interpreter at N = 600)
 def test_few_rows_split_the_read_back_columns_over_programs(tmp_path, verify):
     """The combine kernel's broadcast phase at few rows and a wide row (48 x 600): the grid's second axis gives each
@@ -266,6 +265,7 @@ def test_few_rows_split_the_read_back_columns_over_programs(tmp_path, verify):
     one_share = src.replace("range(tl.program_id(1) * span, tl.program_id(1) * span + span, BLOCK_N)",
                             "range(0, span, BLOCK_N)")
     assert one_share != src and not verify(p, one_share).correct
+
 
 #: a wrapper as LLM code writes it: leading dims flattened into M, the result reshaped back to them
 FLATTENING = '''    def linear(x, weight, bias):
