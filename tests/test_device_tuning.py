@@ -77,7 +77,6 @@ def test_the_kb_seeds_come_first():
     assert first["num_warps"] == seeds[0]["num_warps"]
 
 
-
 def test_a_kernel_that_spills_tries_a_smaller_accumulator_per_warp_first():
     """The incumbent at 128 x 256 / 8 warps spilled (its compiler facts say so): the seeds as large as it (256 x 128
     / 8 warps, 128 x 128 / 4 warps) would spill too, so 128 x 128 / 8 warps comes first and the check says why.
