@@ -28,6 +28,7 @@ its ratio in its row, noted, and is left out of the geomeans against torch.compi
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -82,20 +83,28 @@ def suite_kinds(reports: list[dict]) -> dict[str, dict]:
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def _suite_spec(name: str):
+    """The spec of the suite problem ``name`` under kernels/, read once; None where there is none."""
+    if not (Path("kernels") / name / "spec.yaml").is_file():
+        return None
+    try:
+        from xeforge.problem import load_problem
+    except ImportError:
+        return None
+    return load_problem(Path("kernels") / name).spec
+
+
 def class_of(name: str, sh: dict) -> str:
     """A timed shape's class as the report recorded it, else from the problem's spec under kernels/ (a report
     written before the bench classed its shapes); "–" where neither says."""
     if sh.get("class"):
         return sh["class"]
-    spec = Path("kernels") / name / "spec.yaml"
-    if not spec.is_file():
+    spec = _suite_spec(name)
+    if spec is None:
         return "–"
-    try:
-        from xeforge.problem import load_problem
-        from xeforge.shape_classes import shape_class
-    except ImportError:
-        return "–"
-    return shape_class(load_problem(spec.parent).spec, sh.get("dims") or {}) or "–"
+    from xeforge.shape_classes import shape_class
+    return shape_class(spec, sh.get("dims") or {}) or "–"
 
 
 def shapes_of(row: dict) -> list[dict]:

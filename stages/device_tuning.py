@@ -44,7 +44,7 @@ from stages.device_tuning_epilogue import EpilogueHalves
 from stages.device_tuning_host_desc import HostDescriptors
 from stages.device_tuning_rows import RowsPerProgram
 from stages.device_tuning_shapes import PerShapeConfig
-from stages.device_tuning_splitk import SplitK
+from stages.device_tuning_splitk import SplitK, bench_variant
 from stages.device_tuning_splitred import SplitReduction
 from stages.device_tuning_swap import SwapAB
 from stages.device_tuning_swizzle import GroupedTileOrder
@@ -74,14 +74,6 @@ def target_site(model: KernelModel, primary: str | None = None) -> LaunchSite | 
         sites = [s for s in live_launches(model) if not model.functions[s.kernel].is_autotuned
                  and sum(o.kernel == s.kernel for o in model.launches) == 1]
     return min(sites, key=score) if sites else None
-
-
-def primary_variant(ctx: StageContext) -> str | None:
-    """The variant gate 3 decides on first (on the interpreter, the one a GPU port would time)."""
-    try:
-        return ctx.problem.timing_variant("xpu" if ctx.device.kind == "cpu" else ctx.device.kind).name
-    except Exception:  # noqa: BLE001 — a problem without a timed variant: no preference among launches
-        return None
 
 
 def _pinnable(model: KernelModel, site: LaunchSite) -> bool:
@@ -164,7 +156,7 @@ class LaunchParamSearch(Tactic):
         m = ctx.model
         if not m.launches:
             return Applicability(False, "no kernel launch found in the file")
-        site = target_site(m, primary_variant(ctx))
+        site = target_site(m, bench_variant(ctx).name)
         if site is None:
             reasons = []
             for s in live_launches(m):
@@ -260,7 +252,7 @@ class LaunchParamSearch(Tactic):
 
     def propose(self, ctx: StageContext) -> list[Candidate]:
         m = ctx.model
-        site = target_site(m, primary_variant(ctx))
+        site = target_site(m, bench_variant(ctx).name)
         if site is None:
             return []
         several = sum(s.kernel == site.kernel for s in m.launches) > 1

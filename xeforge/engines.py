@@ -52,7 +52,6 @@ class RulesEngine:
         spent = getattr(evaluate, "spent", None)
         left = getattr(evaluate, "left", None)
         port_spent = getattr(evaluate, "port_spent", None)
-        judged = 0
         for i, tactic in enumerate(tactics):
             app = checked[tactic.name] if ctx.source == start else tactic.check(ctx)  # again after an adoption
             rec = TacticRecord(tactic.name, app.applies, app.reason)
@@ -62,7 +61,7 @@ class RulesEngine:
             if not app.applies:
                 continue
             why = spent() if spent is not None else None
-            if why and basis and not judged and port_spent is not None:
+            if why and basis and port_spent is not None and not any(r.outcomes for r in records):
                 why = port_spent()  # on top of a carried trial, one candidate is judged while the port has time
             if why:  # the port's --time-budget ran out inside this stage: the tactics left are not run, and say so
                 rec.note = "; ".join(filter(None, [rec.note, f"not run: {why}"]))
@@ -96,7 +95,6 @@ class RulesEngine:
                     candidates = candidates[:k]
                     break
                 rec.outcomes.append(evaluate(c))
-                judged += 1
             seen = {c.source for c in candidates}
             refits = [c for o in rec.outcomes for c in refit_candidates(ctx, o) if c.source not in seen]
             rec.outcomes += [evaluate(c) for c in {c.source: c for c in refits}.values()]
