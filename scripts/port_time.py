@@ -5,7 +5,9 @@ Usage: python3 scripts/port_time.py RUNS_DIR [--json]
 Reads ``RUNS_DIR/<problem>/<stamp>/{baseline,trials/*,final}/verdict.json`` (every gate records its seconds) and
 the run folder's own file times; prints one row per run: trials, seconds in gate 1 (static), gate 0+2 (load,
 compile, correctness), gate 3 (timing), their sum, and the run's wall time (first to last file written), so the
-rest (prewarm compiles, stage analysis, reports) is the difference. Dry runs are skipped.
+rest (prewarm compiles, stage analysis, reports) is the difference. Gate 2's seconds are split too, where the
+verdict records them: the candidate's first call per variant (load and compile), its other calls, the oracle, and
+the comparisons and runtime checks. Dry runs are skipped.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from pathlib import Path
 from tabulate import tabulate
 
 GATE_KEYS = {"1-static": "static_s", "2-correctness": "correct_s", "3-performance": "timing_s"}
+SPLIT_KEYS = ("first_calls", "calls", "oracle", "checks")  # gate 2's details["seconds_in"]
 
 
 def run_row(run: Path) -> dict:
     verdicts = [run / "baseline" / "verdict.json", run / "final" / "verdict.json",
                 *sorted((run / "trials").glob("*/verdict.json"))]
-    row = {"run": f"{run.parent.name}/{run.name}", "trials": 0, "static_s": 0.0, "correct_s": 0.0, "timing_s": 0.0}
+    row = {"run": f"{run.parent.name}/{run.name}", "trials": 0, "static_s": 0.0, "correct_s": 0.0,
+           **{f"{k}_s": 0.0 for k in SPLIT_KEYS}, "timing_s": 0.0}
     for path in verdicts:
         if not path.exists():
             continue
@@ -31,6 +35,9 @@ def run_row(run: Path) -> dict:
             key = GATE_KEYS.get(gate.get("gate"))
             if key:
                 row[key] += float(gate.get("details", {}).get("seconds", 0.0))
+            for part, seconds in (gate.get("details", {}).get("seconds_in") or {}).items():
+                if part in SPLIT_KEYS:
+                    row[f"{part}_s"] += float(seconds)
     row["gates_s"] = row["static_s"] + row["correct_s"] + row["timing_s"]
     times = [p.stat().st_mtime for p in run.rglob("*") if p.is_file()]
     row["wall_s"] = (max(times) - min(times)) if times else 0.0

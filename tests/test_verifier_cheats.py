@@ -123,6 +123,12 @@ def test_starting_kernels_pass(verifiers):
         assert perf.gate == "3-performance" and perf.status == "skipped"
         assert "interpreter" in perf.summary
         assert not verdict.accepted  # nothing claims a speedup on the CPU
+        # gate 2 says where its seconds went: every part was timed, and the parts add up to no more than the gate
+        g2 = next(g for g in verdict.gates if g.gate == "2-correctness")
+        parts = g2.details["seconds_in"]
+        assert set(parts) == {"first_calls", "calls", "oracle", "checks"}
+        assert parts["first_calls"] > 0 and parts["oracle"] > 0, parts
+        assert sum(parts.values()) <= g2.details["seconds"] + 0.01, (parts, g2.details["seconds"])
 
 
 def test_failure_feedback_names_worst_element(verifiers):

@@ -271,9 +271,20 @@ class Verifier:
     def correctness(self, cand: Code) -> tuple[GateResult, GateResult | None]:
         rounds_done = 0
         notes: dict[str, None] = {}  # what the calls did that the verdict should say (ordered, each once)
+        # where the gate's seconds go (a port's wall time is mostly here at large shapes): the candidate's first call
+        # per variant (load and compile), its other calls, the oracle, and the comparisons and runtime checks
+        spent = dict.fromkeys(("first_calls", "calls", "oracle", "checks"), 0.0)
+        clock = time.monotonic()
+
+        def lap(key: str) -> None:
+            nonlocal clock
+            now = time.monotonic()
+            spent[key] += now - clock
+            clock = now
 
         def fail(summary: str, details: dict) -> tuple[GateResult, GateResult]:
             shown = f"{summary}; note: {'; '.join(notes)}" if notes else summary
+            details = {**details, "seconds_in": {k: round(v, 3) for k, v in spent.items()}}
             return self._ok0(), GateResult(GATES[2], "fail", shown, {**details, "notes": list(notes)} if notes else details)
 
         for variant, rounds in self.correctness_variants():
@@ -285,12 +296,15 @@ class Verifier:
                     outs, facts = self._run(cand, variant, seed, dist, rerun=(r == 0))
                 except WorkerFailure as exc:
                     return self._isolation_failure(exc, variant, cand), None
+                lap("first_calls" if r == 0 else "calls")
                 where = {"variant": variant.name, "seed": seed, "distribution": dist}
                 notes.update(dict.fromkeys(self._call_notes(facts, variant)))
                 problem = self._worker_facts(facts, variant) or self._integrity(outs, variant, seed, dist)
                 if problem:
                     return fail(problem, where)
+                lap("checks")
                 refs, dtypes = self.oracle(variant, seed, dist)
+                lap("oracle")
                 # compared where the oracle lives: on a GPU the float64 arithmetic over bench-sized outputs takes
                 # milliseconds there and seconds on the host
                 got = [outs.get(f"out.{i}") for i in range(facts["n_outputs"])]
@@ -311,8 +325,10 @@ class Verifier:
                     unstable += self._cause(cand, variant, seed, dist, outs, facts, unstable=True)
                     return fail(unstable, {**where, "reason": "unstable"})
                 rounds_done += 1
+                lap("checks")
         names = [v.name for v, _ in self.correctness_variants()]
-        details = {"rounds": rounds_done, "variants": names, "oracle": self._oracle_name()}
+        details = {"rounds": rounds_done, "variants": names, "oracle": self._oracle_name(),
+                   "seconds_in": {k: round(v, 3) for k, v in spent.items()}}
         note = ""
         if cand.hash in self.weights_by_position:
             details["weights_by_position"] = self.weights_by_position[cand.hash]
