@@ -7,7 +7,13 @@ epilogue, when it has one, runs there, once per tile). SPLIT_K is drawn
 from :data:`SPLITS`, keeping at most :data:`PROGRAMS_PER_CORE` programs per core and at least
 :data:`MIN_STEPS` K steps per slice; the default is the smallest that gives every core a program. On a GPU
 each value is a candidate for the verifier to time; the interpreter gets one (correctness only), sized from
-the KB device named with ``--target`` when there is one, else SPLIT_K=2. Listed first in
+the KB device named with ``--target`` when there is one, else SPLIT_K=2.
+
+On a GPU each candidate is sized per call where the launch's grid is a tuple the host can count (``splitk.apply`` with
+``programs``): SPLIT_K is computed in ``forward`` for about the programs the value gives at the bench variant, so a
+shape with fewer rows (a decode step) splits further and one whose tiles fill the device runs the kernel as written.
+Where the bench variant's tiles fill the device already but another timed shape's do not, one candidate sized at
+that shape is proposed, timed at every shape (the bench variant runs the kernel as written). Listed first in
 ``stages/device_tuning.py``: the swizzle would turn the 2D grid into a 1D one, and the launch-parameter
 search should tune the split kernel (smaller tiles that fill the device are its alternative, timed there).
 """
@@ -69,7 +75,7 @@ class SplitK(Tactic):
     def _rewrite(self, ctx: StageContext):
         return self._memo.get(ctx, self._build)
 
-    def _build(self, ctx: StageContext) -> tuple[splitk.SplitPlan, list[tuple[int, str, str]]]:
+    def _build(self, ctx: StageContext) -> tuple[splitk.SplitPlan, list[tuple[int, str, str, bool]]]:
         plan = splitk.find(ctx.source, ctx.problem)
         variant = bench_variant(ctx)
         tiles, steps = splitk.sizes(ctx.source, plan, ctx.problem, variant)
@@ -82,9 +88,18 @@ class SplitK(Tactic):
         if cores is None and not interpreter:
             raise NotApplicable(f"{plan.kernel}: {tiles} output tile(s) {at}, but the device's core count is "
                                 "unknown (name a knowledge-base device with --target)")
+        all_shapes = False
         if cores is not None and tiles >= cores:
-            raise NotApplicable(f"{plan.kernel}: {tiles} output tiles {at} already fill the {cores} cores "
-                                f"({source})")
+            idle = self._idle_shape(ctx, plan, cores)
+            if idle is None:
+                raise NotApplicable(f"{plan.kernel}: {tiles} output tiles {at} already fill the {cores} cores "
+                                    f"({source}), and so do those of every other timed shape")
+            if interpreter:
+                raise NotApplicable(f"{plan.kernel}: {tiles} output tiles {at} fill the {cores} cores; the split "
+                                    f"sized per call for {idle[0].name} needs a GPU (on the interpreter's ci shapes "
+                                    "it does not split)")
+            variant, tiles, steps = idle
+            at, all_shapes = f"at {variant.name}", True
         values = split_values(tiles, steps, cores) if cores else [INTERPRETER_SPLIT]
         if not values:
             raise NotApplicable(f"{plan.kernel}: no SPLIT_K in {SPLITS} keeps {MIN_STEPS}+ K steps per slice "
@@ -95,7 +110,14 @@ class SplitK(Tactic):
             values = values[:max(1, ctx.settings.tuning_budget if ctx.settings else len(values))]
         out, bad = [], []
         for s in values:
-            src = splitk.apply(ctx.source, plan, s)
+            try:  # the interpreter checks the split itself: its ci shapes are too small for a sized split to split
+                if interpreter:
+                    raise NotApplicable("the interpreter")
+                src, sized = splitk.apply(ctx.source, plan, s, programs=tiles * s), True
+            except NotApplicable:
+                if all_shapes:  # a constant split would run at the bench variant too, where the tiles fill the cores
+                    continue
+                src, sized = splitk.apply(ctx.source, plan, s), False
             errors = kb_errors(ctx, src)
             if errors:
                 bad.append(f"SPLIT_K={s}: {'; '.join(errors)}")
@@ -107,17 +129,37 @@ class SplitK(Tactic):
             else:
                 why = (f"{tiles} output tiles, {steps} K steps {at}; no core count on the interpreter, so this "
                        "only checks the rewrite")
-            out.append((s, src, why))
+            if sized:
+                why += (f"; sized per call for about {tiles * s} programs at every shape"
+                        + (f" (the tiles at {bench_variant(ctx).name} fill the cores: the kernel as written runs "
+                           "there)" if all_shapes else ""))
+            out.append((s, src, why, all_shapes))
         if not out:
-            raise NotApplicable(f"the split kernel breaks KB constraints for {ctx.device_id}: {'; '.join(bad)}")
+            raise NotApplicable(f"the split kernel breaks KB constraints for {ctx.device_id}"
+                                + (f": {'; '.join(bad)}" if bad else ": its grid cannot be sized per call"))
         return plan, out
+
+    @staticmethod
+    def _idle_shape(ctx: StageContext, plan: splitk.SplitPlan, cores: int) -> tuple[Any, int, int] | None:
+        """The first timed shape other than the bench variant whose output tiles leave half the cores idle or more,
+        with its tiles and K steps (a decode step's M = 16 under a bench variant of M = 1024); None where there is
+        none."""
+        kind = ctx.device.kind if ctx.device.kind != "cpu" else "cuda"
+        for variant in ctx.problem.timed_variants(kind)[1:]:
+            try:
+                tiles, steps = splitk.sizes(ctx.source, plan, ctx.problem, variant)
+            except NotApplicable:
+                continue
+            if tiles * 2 <= cores and steps >= MIN_STEPS * min(SPLITS):
+                return variant, tiles, steps
+        return None
 
     def check(self, ctx: StageContext) -> Applicability:
         try:
             plan, out = self._rewrite(ctx)
         except NotApplicable as exc:
             return Applicability(False, str(exc))
-        values = ", ".join(str(s) for s, _, _ in out)
+        values = ", ".join(str(s) for s, *_ in out)
         return Applicability(True, f"{plan.describe()}; SPLIT_K {values} ({out[0][2]})")
 
     def propose(self, ctx: StageContext) -> list[Candidate]:
@@ -126,5 +168,5 @@ class SplitK(Tactic):
         except NotApplicable:
             return []
         return [Candidate(src, self.name, f"{plan.describe(s)}: {why}", kind="rewrite" if i == 0 else "search",
-                          params={"kernel": plan.kernel, splitk.PARAM: s})
-                for i, (s, src, why) in enumerate(out)]
+                          params={"kernel": plan.kernel, splitk.PARAM: s}, time_all_shapes=all_shapes)
+                for i, (s, src, why, all_shapes) in enumerate(out)]

@@ -11,10 +11,13 @@ left alone with the reason; ``xeforge port --dry-run`` lists the tactic.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stages import device_tuning, fusion
 from stages.device_tuning_splitk import SplitK, split_values
@@ -50,18 +53,87 @@ def test_gemm_tall_k_is_split_and_every_candidate_is_correct(verify):
     assert [c.kind for c in cands] == ["rewrite", "search", "search"]
     assert "64 output tiles at bench-gpu for 132 cores" in cands[0].description
     assert "256 programs, 512 of 2048 K steps each" in cands[0].description
+    # on a GPU each candidate is sized per call: about 4 x 64 programs at every shape, the kernel as written at 1
+    assert "sized per call for about 256 programs at every shape" in cands[0].description
     src = cands[0].source
     for text in ("pid_k = tl.program_id(2)", "c_ptr = c_ptr + pid_k * stride_ck", "k_hi = min(num_k, k_lo + k_per)",
                  "a_block = tl.advance(a_block, (0, k_lo * BLOCK_K))", "for _ in range(k_lo, k_hi):",
-                 "tl.store(c_block, acc, boundary_check=(0, 1))", "grid = (triton.cdiv(M, 128), triton.cdiv(N, 128), "
-                 "split_k)", "split_k = 4", "stride_ck=c_partials.stride(0), SPLIT_K=split_k",
+                 "tl.store(c_block, acc, boundary_check=(0, 1))",
+                 "split_k = splitk_size((triton.cdiv(M, 128), triton.cdiv(N, 128)), triton.cdiv(K, 32), 256)",
+                 "if split_k > 1:", "matmul_kernel_splitk[(triton.cdiv(M, 128), triton.cdiv(N, 128), split_k)]",
+                 "stride_ck=c_partials.stride(0), SPLIT_K=split_k", "matmul_kernel[grid](a, b, c,",
                  "c_partials = torch.empty((split_k, *c.shape), device=c.device, dtype=torch.float32)"):
         assert text in src, text
     assert "atomic" not in src
-    assert [s.kernel for s in parse_kernel(src).launches] == ["matmul_kernel", splitk.SUM_KERNEL]
+    assert [s.kernel for s in parse_kernel(src).launches] == ["matmul_kernel_splitk", splitk.SUM_KERNEL,
+                                                              "matmul_kernel"]
     for c in cands:
         verdict = verify(p, c.source)
         assert verdict.correct, (c.params, verdict.feedback())
+
+
+def _split_size():
+    """The helper a sized split adds to forward, as the file defines it."""
+    env: dict = {}
+    exec(splitk.SIZE_FN_CODE.format(name="size", most=splitk.MOST, min_steps=splitk.MIN_SLICE_STEPS), env)
+    return env["size"]
+
+
+def test_a_split_sized_per_call_fills_the_programs_at_every_shape():
+    """gemm_tall_k sized at M = 1024 (64 tiles of 128 x 128, SPLIT_K = 4: 256 programs): at M = 16 (8 tiles) the
+    split is 32, at 1000 x 1000 4 again, and a square 4096^3 GEMM (1024 tiles) runs unsplit; a short K loop keeps 4
+    steps a slice."""
+    size = _split_size()
+    assert size((8, 8), 2048, 256) == 4
+    assert size((1, 8), 2048, 256) == 32
+    assert size((8, 8), 2048, 256) == size((-(-1000 // 128), -(-1000 // 128)), 2048, 256)
+    assert size((32, 32), 2048, 256) == 1
+    assert size((1, 8), 12, 256) == 2 and size((1, 8), None, 256) == 32
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 64), min_size=1, max_size=3), st.one_of(st.none(), st.integers(0, 5000)),
+       st.integers(1, 4096))
+def test_the_sized_split_is_the_largest_power_of_two_within_its_bounds(grid, steps, programs):
+    size = _split_size()
+    s = size(tuple(grid), steps, programs)
+    tiles = 1
+    for g in grid:
+        tiles *= g
+    assert s >= 1 and s & (s - 1) == 0 and s <= splitk.MOST
+    ok = lambda k: k <= splitk.MOST and tiles * k <= programs and (steps is None or steps // k >= splitk.MIN_SLICE_STEPS)
+    assert s == 1 or ok(s)
+    assert not ok(2 * s)
+
+
+def test_a_split_sized_per_call_splits_and_verifies_where_the_shape_asks(verify, tmp_path):
+    """A copy of gemm_tall_k whose ci K is 608 (19 steps of 32): sized for 256 programs, the one ci tile splits 4
+    ways (slices of 5, 5, 5 and 4 steps) and the result matches the reference, at the ragged shapes too; a slice
+    bound that drops the short last slice is caught."""
+    folder = tmp_path / "gemm_tall_k"
+    shutil.copytree(TALL_K, folder)
+    spec = folder / "spec.yaml"
+    spec.write_text(spec.read_text().replace("dims: {M: 32, K: 160, N: 32}", "dims: {M: 32, K: 608, N: 32}"))
+    p = load_problem(folder)
+    plan = splitk.find(p.kernel_source, p)
+    src = splitk.apply(p.kernel_source, plan, 4, programs=256)
+    assert splitk.SIZE_FN in src and "if split_k > 1:" in src
+    verdict = verify(p, src)
+    assert verdict.correct, verdict.feedback()
+    bad = src.replace("k_per = tl.cdiv(num_k, SPLIT_K)", "k_per = num_k // SPLIT_K")
+    assert bad != src and not verify(p, bad).correct
+
+
+def test_a_kernel_that_fills_the_device_at_its_bench_shape_is_split_for_the_decode_shape():
+    """gemm_square at 4096^3 has 1024 tiles of 128 x 128 on a 1D grid (it fills 132 cores); at M = 16, 32 tiles
+    leave three quarters idle: candidates sized there, each timed at every shape, 4096^3 running the kernel as
+    written."""
+    p = load_problem(KERNELS / "gemm_square")
+    cands = candidates(p)
+    assert cands and all(c.time_all_shapes for c in cands)
+    assert "32 output tiles at bench-gpu-1" in cands[0].description
+    assert "the kernel as written runs there" in cands[0].description
+    assert "if split_k > 1:" in cands[0].source
 
 
 def test_the_ragged_shapes_need_the_short_last_slice(verify):
@@ -191,10 +263,11 @@ def test_an_epilogue_a_second_kernel_cannot_run_is_left_alone_with_the_reason(ma
     (KERNELS / "gemm_relu", None, "16384 output tiles at bench-gpu already fill the 132 cores"),
     (TALL_K, lambda p: persistent.rewrite(p.kernel_source)[0], "is persistent (it loops over tiles)"),
     (TALL_K, _third_axis, "already uses a third grid axis"),
-    (KERNELS / "gemm_square", None, "1024 output tiles at bench-gpu already fill the 132 cores"),
+    (next(KERNELS.glob("kb09_*")), None, "8192 output tiles at bench-gpu already fill the 132 cores (test cuda), "
+     "and so do those of every other timed shape"),
     (KERNELS / "gemv_decode", None, "no launched kernel calls tl.dot"),
     (KERNELS / "flash_attn_fwd", None, "carries m_i from one step to the next"),
-], ids=["fills-device", "persistent", "3d-grid", "1d-grid-fills", "no-dot", "attention"])
+], ids=["fills-device", "persistent", "3d-grid", "fills-every-shape", "no-dot", "attention"])
 def test_other_kernels_are_left_alone_with_the_reason(folder, make, reason):
     p = load_problem(folder)
     src = p.kernel_source if make is None else make(p)
@@ -225,8 +298,9 @@ def test_the_split_kernel_stays_tunable(verify):
     search = next(t for t in device_tuning.STAGE.tactics if t.name == "launch-params")
     app = search.check(h200(p, src))
     assert app.applies and "BLOCK_M, BLOCK_N, BLOCK_K" in app.reason, app.reason
-    tuned = apply_config(src, "matmul_kernel", {"BLOCK_M": 64, "BLOCK_K": 64})
-    assert "grid = (triton.cdiv(M, 64), triton.cdiv(N, 128), split_k)" in tuned
+    # the launch the search tunes is the split one (where the traces see the bench shape run); its grid is its own
+    tuned = apply_config(src, "matmul_kernel_splitk", {"BLOCK_M": 64, "BLOCK_K": 64})
+    assert "matmul_kernel_splitk[(triton.cdiv(M, 64), triton.cdiv(N, 128), split_k)]" in tuned
     verdict = verify(p, tuned)
     assert verdict.correct, verdict.feedback()
 

@@ -34,6 +34,15 @@ once, on the original grid.
 
 With ``when`` (a host test, ``M <= 128``: the per-shape-config tactic's class of few rows) the split runs only at
 the shapes it holds for, by copies of the kernel (:func:`_apply_copies`); the kernel as written runs at the others.
+
+With ``programs`` the split is sized per call, as a serving GEMM's wrapper sizes it: ``forward`` computes SPLIT_K
+from the grid it launches (its output tiles) and the K loop's length, through the helper :data:`SIZE_FN` the
+rewrite adds, the largest power of two up to :data:`MOST` that keeps ``tiles * SPLIT_K`` within ``programs`` and
+:data:`MIN_SLICE_STEPS` K steps in each slice. At SPLIT_K = 1 (tiles that fill the device already) the kernel runs
+as written. One candidate then serves every shape: at M = 16 of gemm_tall_k (4 tiles of 128 x 256) a constant
+SPLIT_K = 4 sized at M = 1024 launched 16 programs for 132 cores on the H200, the sized split 128. The sizing
+counts the tiles of the grid as the split wrote it: a later launch search that changes the split launch's tiles
+leaves that count, so the programs scale by the same factor at every shape.
 """
 
 from __future__ import annotations
@@ -49,12 +58,32 @@ from xeforge.rewrite.cst_tools import (Edits, Parsed, apply_edits, branch_block,
 from xeforge.rewrite.device_tuning.splitk_plan import (EPILOGUE, PARAM, SUM_KERNEL, Increment, SplitPlan, find, plan,
                                                       sizes)
 from xeforge.rewrite.tiling import NotApplicable
-from xeforge.rewrite.tiling.grid import enclosing_function, fresh_name, launch_grid, single_launch
+from xeforge.rewrite.tiling.grid import enclosing_function, fresh_name, launch_bindings, launch_grid, single_launch
 from xeforge.rewrite.tiling.pids import hoist_program_ids
 
 __all__ = ["EPILOGUE", "PARAM", "SUM_KERNEL", "SplitPlan", "apply", "find", "plan", "sizes"]
 
 SUM_BLOCK = 64
+#: the largest SPLIT_K a split sized per call takes (the summing kernel unrolls its slices)
+MOST = 32
+#: the fewest K steps a slice of a split sized per call keeps
+MIN_SLICE_STEPS = 4
+#: the helper a split sized per call adds to the file
+SIZE_FN = "splitk_size"
+
+SIZE_FN_CODE = '''
+def {name}(grid, steps, programs, most={most}, min_steps={min_steps}):
+    """SPLIT_K for one launch: the largest power of two up to ``most`` that keeps the programs (the grid's output
+    tiles times SPLIT_K) within ``programs`` and ``min_steps`` K steps or more in each slice (``steps``: the K loop's
+    length; None where the host cannot tell); 1 where the tiles alone reach ``programs``."""
+    tiles = 1
+    for g in grid:
+        tiles *= g
+    split = 1
+    while split * 2 <= most and tiles * split * 2 <= programs and (steps is None or steps // (split * 2) >= min_steps):
+        split *= 2
+    return split
+'''
 
 SUM_KERNEL_CODE = '''
 @triton.jit
@@ -201,13 +230,17 @@ def _kernel_edits(model, parsed: Parsed, p: SplitPlan) -> tuple[Edits, str]:
     return edits, stride
 
 
-def apply(source: str, p: SplitPlan, split: int, when: str | None = None) -> str:
+def apply(source: str, p: SplitPlan, split: int, when: str | None = None, programs: int | None = None) -> str:
     """``source`` with ``p`` applied: SPLIT_K ``split``; with ``when`` (a host test such as ``M <= 128``) only at
-    the shapes it holds for, the kernel as written launched at the others. A plan with an epilogue, or a ``when``,
-    goes to :func:`_apply_copies`. The plan was made on the source with its program ids hoisted, and so is this."""
+    the shapes it holds for, the kernel as written launched at the others; with ``programs``, sized per call for
+    about that many programs (``split`` is then only what the description says it is at the bench shape). A plan
+    with an epilogue, a ``when`` or ``programs`` goes to :func:`_apply_copies`. The plan was made on the source with
+    its program ids hoisted, and so is this."""
+    if when is not None and programs is not None:
+        raise ValueError("a split sized per call has its own test (SPLIT_K > 1); it takes no `when`")
     source = hoist_program_ids(source)
-    if p.epilogue is not None or when is not None:
-        return _apply_copies(source, p, split, when)
+    if p.epilogue is not None or when is not None or programs is not None:
+        return _apply_copies(source, p, split, when, programs)
     model = parse_kernel(source)
     parsed = Parsed.of(source)
     edits, stride = _kernel_edits(model, parsed, p)
@@ -327,7 +360,7 @@ def _function_copy(source: str, kernel: str, name: str) -> cst.FunctionDef:
         raise NotApplicable(str(exc)) from None
 
 
-def _apply_copies(source: str, p: SplitPlan, split: int, when: str | None) -> str:
+def _apply_copies(source: str, p: SplitPlan, split: int, when: str | None, programs: int | None = None) -> str:
     """Split-K by copies of the kernel. ``<kernel>_splitk``, a copy whose slices store their raw partial tiles
     (fp32; int32, exact, for an integer accumulator) where the kernel stored its finished one, runs the K slices.
     For a kernel that changes its tile after the K loop (a bias, an activation, a scale), ``<kernel>_epilogue``, a
@@ -349,7 +382,7 @@ def _apply_copies(source: str, p: SplitPlan, split: int, when: str | None) -> st
             st = node_at(parsed, cst.SimpleStatementLine, line)
             edits.replace[line] = [st.visit(_Uncast(p.acc)).with_changes(leading_lines=[])]
         split_fn = _function_copy(apply_edits(source, edits, parsed), p.kernel, p.split_kernel)
-        return _launch_copies(source, p, model, parsed, split, when, split_fn, None, stride, {})
+        return _launch_copies(source, p, model, parsed, split, when, split_fn, None, stride, {}, programs)
     prelude = [next(st for st in fn.body if st.lineno == line) for line in ep.prelude_lines]
     prelude_src = [segment_of(source, st) or ast.unparse(st) for st in prelude]
     mask = f", mask={ast.unparse(ep.mask)}" if ep.mask is not None else ""
@@ -383,23 +416,34 @@ def _apply_copies(source: str, p: SplitPlan, split: int, when: str | None) -> st
         epi.replace[line] = []
     epilogue_fn = _function_copy(apply_edits(source, epi, parsed), p.kernel, p.epilogue_kernel)
     return _launch_copies(source, p, model, parsed, split, when, split_fn, epilogue_fn, stride,
-                          {"part": part, "s_k": s_k, "s_m": s_m, "s_n": s_n})
+                          {"part": part, "s_k": s_k, "s_m": s_m, "s_n": s_n}, programs)
 
 
 def _launch_copies(source: str, p: SplitPlan, model, parsed: Parsed, split: int, when: str | None,
                    split_fn: cst.FunctionDef, epilogue_fn: cst.FunctionDef | None, stride: str,
-                   names: dict[str, str]) -> str:
+                   names: dict[str, str], programs: int | None = None) -> str:
     """The host's side of :func:`_apply_copies`: the launch becomes the split kernel's and then the epilogue
-    kernel's (or the summing kernel's), and the copies go right after the kernel."""
+    kernel's (or the summing kernel's), and the copies go right after the kernel; with ``programs``, SPLIT_K is
+    computed before them by :data:`SIZE_FN` and they run where it is above 1."""
     acc_dtype = p.epilogue.acc_dtype if p.epilogue else "float32"
     site, host, split_var, parts = _host_names(model, p)
     grid = launch_grid(model, site)
+    if programs is not None and (grid is None or grid.kind != "tuple"):
+        raise NotApplicable(f"the launch of {p.kernel} at line {site.line} has a grid the host cannot count the "
+                            "tiles of before the call (a lambda or a function of the launch's meta-parameters); "
+                            "the split is sized at the bench shape instead")
     launch = next(n for n in walk(parsed.module) if isinstance(n, cst.Call) and parsed.line(n) == site.line
                   and isinstance(n.func, cst.Subscript))
     grid_src = cst.Module([]).code_for_node(launch.func.slice[0].slice.value)
     if grid is not None and grid.kind == "lambda":
         meta = grid.meta or "META"
         grid3 = f"lambda {meta}: (*({grid_src})({meta}), {split_var})"
+    elif programs is not None:
+        # the split launch's grid spelled out (the launch search can then change its tiles at that launch alone);
+        # the sizing counts the same tiles
+        elems = [segment_of(source, e) or ast.unparse(e) for e in grid.elements]
+        grid3 = f"({', '.join(elems)}, {split_var})"
+        tiles = f"({', '.join(elems)}{',' if len(elems) == 1 else ''})"
     else:
         grid3 = f"(*{grid_src}, {split_var})"
 
@@ -424,12 +468,20 @@ def _launch_copies(source: str, p: SplitPlan, model, parsed: Parsed, split: int,
         then = f"{SUM_KERNEL} adds them in slice order into {p.out_host}"
     block = [f"# split-K: {split_var} programs per output tile, each over one slice of K, write {acc_dtype} "
              f"partial tiles to {parts};", f"# {then}",
-             f"{split_var} = {split}",
+             *([] if programs is not None else [f"{split_var} = {split}"]),
              f"{parts} = torch.{_alloc(p)}(({split_var}, *{p.out_host}.shape), device={p.out_host}.device, "
              f"dtype=torch.{acc_dtype})",
              code(relaunch(p.split_kernel, grid3, True, {stride: f"{parts}.stride(0)", PARAM: split_var})),
              second]
-    block = branch_block(block, when, code(launch))
+    if programs is not None:
+        steps = host_steps(model, p, site)
+        block = [f"# split-K sized per call: {split_var} slices of K per output tile, so that the tiles counted here "
+                 f"come to about {programs}",
+                 f"# programs ({split} a tile at the bench shape); at 1 the kernel runs as written",
+                 f"{split_var} = {SIZE_FN}({tiles}, {steps or 'None'}, {programs})",
+                 *branch_block(block, f"{split_var} > 1", code(launch))]
+    else:
+        block = branch_block(block, when, code(launch))
     host_edits = Edits()
     statement = next(st for st in ast.walk(host) if isinstance(st, ast.Expr) and st.value is site.node)
     host_edits.replace[statement.lineno] = statements("\n".join(block))
@@ -437,7 +489,45 @@ def _launch_copies(source: str, p: SplitPlan, model, parsed: Parsed, split: int,
         out = apply_edits(source, host_edits, parsed)
         # without ``when`` nothing launches the kernel any more: its copies take its place
         out = place_copies(out, p.kernel, [split_fn] + ([epilogue_fn] if epilogue_fn is not None else []),
-                           keep=when is not None)
+                           keep=when is not None or programs is not None)
     except LookupError as exc:
         raise NotApplicable(f"the split-K edit could not be placed ({exc})") from None
-    return out if epilogue_fn is not None else _add_sum_kernel(out, p.cast)
+    out = out if epilogue_fn is not None else _add_sum_kernel(out, p.cast)
+    return out if programs is None else _add_size_fn(out)
+
+
+def host_steps(model, p: SplitPlan, site) -> str | None:
+    """The K loop's length as a host expression at the launch (``triton.cdiv(K, 64)``): the kernel's trip count with
+    its top-level assignments inlined and each parameter replaced by what the launch passes for it; None where a
+    name is neither (an autotuned block size, a value the kernel loads)."""
+    fn = model.functions[p.kernel]
+    try:
+        bind = launch_bindings(site, fn, model.source)
+    except NotApplicable:
+        return None
+    defs = {st.targets[0].id: st.value for st in fn.node.body if isinstance(st, ast.Assign) and len(st.targets) == 1
+            and isinstance(st.targets[0], ast.Name)}
+    node = parse_python(_trip_count(p), mode="eval").body
+    for _ in range(8):  # definitions that read definitions, a few deep
+        if not any(isinstance(n, ast.Name) and n.id in defs for n in ast.walk(node)):
+            break
+        node = Inline(defs).visit(node)
+    host = {k: parse_python(f"({v})", mode="eval").body for k, v in bind.items() if v}
+    names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} - {"tl", "triton"}
+    if not names <= set(host):
+        return None
+    text = ast.unparse(Inline(host).visit(node)).replace("tl.cdiv(", "triton.cdiv(")
+    return None if "tl." in text else text
+
+
+def _add_size_fn(source: str) -> str:
+    """Insert :data:`SIZE_FN` before the first class (``Model``), or at the end."""
+    module = cst.parse_module(source)
+    if any(isinstance(st, cst.FunctionDef) and st.name.value == SIZE_FN for st in module.body):
+        raise NotApplicable(f"the file already defines {SIZE_FN}")
+    new = statements(SIZE_FN_CODE.format(name=SIZE_FN, most=MOST, min_steps=MIN_SLICE_STEPS))
+    new[0] = new[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+    body = list(module.body)
+    idx = next((i for i, st in enumerate(body) if isinstance(st, cst.ClassDef)), len(body))
+    body[idx:idx] = new
+    return module.with_changes(body=body).code
