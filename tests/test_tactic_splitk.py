@@ -101,7 +101,9 @@ def test_the_sized_split_is_the_largest_power_of_two_within_its_bounds(grid, ste
     for g in grid:
         tiles *= g
     assert s >= 1 and s & (s - 1) == 0 and s <= splitk.MOST
-    ok = lambda k: k <= splitk.MOST and tiles * k <= programs and (steps is None or steps // k >= splitk.MIN_SLICE_STEPS)
+    def ok(k: int) -> bool:
+        return k <= splitk.MOST and tiles * k <= programs and (steps is None or steps // k >= splitk.MIN_SLICE_STEPS)
+
     assert s == 1 or ok(s)
     assert not ok(2 * s)
 
