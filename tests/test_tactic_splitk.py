@@ -126,6 +126,36 @@ def test_a_split_sized_per_call_splits_and_verifies_where_the_shape_asks(verify,
     assert bad != src and not verify(p, bad).correct
 
 
+def test_a_split_sized_per_call_runs_the_epilogue_once_on_the_sum(verify, tmp_path):
+    """kb09 (bias in the kernel, its tail in a second kernel) with its ci K at 608: sized for 256 programs, the
+    split and epilogue copies run at ci (19 steps of 32: 4 slices) and the result matches the reference."""
+    folder = tmp_path / "kb09"
+    shutil.copytree(next(KERNELS.glob("kb09_*")), folder)
+    spec = folder / "spec.yaml"
+    spec.write_text(spec.read_text().replace("dims: {M: 32, K: 64, N: 48}", "dims: {M: 32, K: 608, N: 48}"))
+    p = load_problem(folder)
+    plan = splitk.find(p.kernel_source, p)
+    assert plan.epilogue is not None
+    src = splitk.apply(p.kernel_source, plan, 4, programs=256)
+    k = plan.kernel
+    assert [s.kernel for s in parse_kernel(src).launches if s.kernel.startswith(k)] == \
+        [f"{k}_splitk", f"{k}_epilogue", k]
+    verdict = verify(p, src)
+    assert verdict.correct, verdict.feedback()
+
+
+def test_a_grid_of_the_launch_meta_parameters_is_split_at_a_constant():
+    """An @triton.autotune'd kernel's grid is a lambda of the tuned block sizes: the host cannot count its tiles
+    before the call, so the split is not sized per call and the tactic falls back to a constant SPLIT_K."""
+    from tests.realworld import problem_dir
+
+    p = load_problem(problem_dir("matmul_autotune_act"))
+    plan = splitk.find(p.kernel_source, p)
+    with pytest.raises(NotApplicable, match="cannot count the tiles"):
+        splitk.apply(p.kernel_source, plan, 4, programs=256)
+    assert "split_k = 4" in splitk.apply(p.kernel_source, plan, 4)
+
+
 def test_a_kernel_that_fills_the_device_at_its_bench_shape_is_split_for_the_decode_shape():
     """gemm_square at 4096^3 has 1024 tiles of 128 x 128 on a 1D grid (it fills 132 cores); at M = 16, 32 tiles
     leave three quarters idle: candidates sized there, each timed at every shape, 4096^3 running the kernel as
