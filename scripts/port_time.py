@@ -7,7 +7,8 @@ the run folder's own file times; prints one row per run: trials, seconds in gate
 compile, correctness), gate 3 (timing), their sum, and the run's wall time (first to last file written), so the
 rest (prewarm compiles, stage analysis, reports) is the difference. Gate 2's seconds are split too, where the
 verdict records them: the candidate's first call per variant (load and compile), its other calls, the oracle, and
-the comparisons and runtime checks. Dry runs are skipped.
+the comparisons and runtime checks; and, within those, the seconds its workers spent starting (the sandbox, torch's
+import, the device context) and waiting for the device while another lane timed on it. Dry runs are skipped.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from pathlib import Path
 from tabulate import tabulate
 
 GATE_KEYS = {"1-static": "static_s", "2-correctness": "correct_s", "3-performance": "timing_s"}
-SPLIT_KEYS = ("first_calls", "calls", "oracle", "checks")  # gate 2's details["seconds_in"]
+# gate 2's details["seconds_in"]: four parts, then what of them went to starting workers and waiting for the device
+SPLIT_KEYS = ("first_calls", "calls", "oracle", "checks", "starting", "waiting")
 
 
 def run_row(run: Path) -> dict:

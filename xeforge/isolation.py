@@ -94,6 +94,10 @@ class Worker:
         self._hello_pending = False
         self.restarts = 0
         self.generation = 0  # bumps on every (re)start: slots loaded earlier are gone
+        # where a request's seconds go besides its own work: starting the worker (the sandbox, torch's import, the
+        # device context) and waiting for the device while another lane times on it (device_lock)
+        self.start_s = 0.0
+        self.wait_s = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> None:
@@ -178,11 +182,15 @@ class Worker:
     # -- protocol ----------------------------------------------------------------------------------
     def request(self, op: str, timeout: float, **payload: Any) -> dict[str, Any]:
         """Send one request; raise WorkerFailure on a crash, a timeout or an exception in the candidate."""
+        t0 = time.monotonic()
         if not self.alive():
             self.spawn()
         self._await_hello(120.0)
+        t1 = time.monotonic()
+        self.start_s += t1 - t0
         try:
             with device_lock.hold(op, self.device):  # lanes sharing this GPU: only a measurement has it alone
+                self.wait_s += time.monotonic() - t1
                 self._write({"op": op, **payload})
                 reply = self._read(timeout)
         except WorkerFailure:

@@ -275,6 +275,15 @@ class Verifier:
         # per variant (load and compile), its other calls, the oracle, and the comparisons and runtime checks
         spent = dict.fromkeys(("first_calls", "calls", "oracle", "checks"), 0.0)
         clock = time.monotonic()
+        # and, inside those, the seconds the two workers spent starting and waiting for the device (other lanes' timing)
+        workers = (self.worker, self.oracle_worker)
+        before = [(w.start_s, w.wait_s) for w in workers]
+
+        def seconds_in() -> dict[str, float]:
+            out = {k: round(v, 3) for k, v in spent.items()}
+            out["starting"] = round(sum(w.start_s - b[0] for w, b in zip(workers, before)), 3)
+            out["waiting"] = round(sum(w.wait_s - b[1] for w, b in zip(workers, before)), 3)
+            return out
 
         def lap(key: str) -> None:
             nonlocal clock
@@ -284,7 +293,7 @@ class Verifier:
 
         def fail(summary: str, details: dict) -> tuple[GateResult, GateResult]:
             shown = f"{summary}; note: {'; '.join(notes)}" if notes else summary
-            details = {**details, "seconds_in": {k: round(v, 3) for k, v in spent.items()}}
+            details = {**details, "seconds_in": seconds_in()}
             return self._ok0(), GateResult(GATES[2], "fail", shown, {**details, "notes": list(notes)} if notes else details)
 
         for variant, rounds in self.correctness_variants():
@@ -328,7 +337,7 @@ class Verifier:
                 lap("checks")
         names = [v.name for v, _ in self.correctness_variants()]
         details = {"rounds": rounds_done, "variants": names, "oracle": self._oracle_name(),
-                   "seconds_in": {k: round(v, 3) for k, v in spent.items()}}
+                   "seconds_in": seconds_in()}
         note = ""
         if cand.hash in self.weights_by_position:
             details["weights_by_position"] = self.weights_by_position[cand.hash]
