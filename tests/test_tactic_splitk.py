@@ -190,6 +190,22 @@ def test_after_block_io_both_k_loops_are_split(verify):
     assert verdict.correct, verdict.feedback()
 
 
+def test_after_block_io_a_split_sized_per_call_verifies_where_it_splits(verify, tmp_path):
+    """The descriptor kernel (block_io) split sized per call, on a copy of gemm_tall_k whose ci K is 608: at ci the
+    split copy runs (both of its K loops sliced) and the result matches the reference."""
+    folder = tmp_path / "gemm_tall_k"
+    shutil.copytree(TALL_K, folder)
+    spec = folder / "spec.yaml"
+    spec.write_text(spec.read_text().replace("dims: {M: 32, K: 160, N: 32}", "dims: {M: 32, K: 608, N: 32}"))
+    p = load_problem(folder)
+    src, _ = blockio.rewrite(p.kernel_source)
+    plan = splitk.find(src, p)
+    out = splitk.apply(src, plan, 4, programs=256)
+    assert out.count("for _ in range(k_lo, k_hi):") == 2 and "if split_k > 1:" in out
+    verdict = verify(p, out)
+    assert verdict.correct, verdict.feedback()
+
+
 def test_the_interpreter_gets_one_candidate():
     p = load_problem(TALL_K)
     ctx = tactic_context(p)
