@@ -40,7 +40,8 @@ from the grid it launches (its output tiles) and the K loop's length, through th
 rewrite adds, the largest power of two up to :data:`MOST` that keeps ``tiles * SPLIT_K`` within ``programs`` and
 :data:`MIN_SLICE_STEPS` K steps in each slice. At SPLIT_K = 1 (tiles that fill the device already) the kernel runs
 as written. One candidate then serves every shape: at M = 16 of gemm_tall_k (4 tiles of 128 x 256) a constant
-SPLIT_K = 4 sized at M = 1024 launched 16 programs for 132 cores on the H200, the sized split 128. The sizing
+SPLIT_K = 4 sized at M = 1024 launched 16 programs for 132 cores on the H200 (2026-12-06); sized per call, the same
+kernel launches 128 there. The sizing
 counts the tiles of the grid as the split wrote it: a later launch search that changes the split launch's tiles
 leaves that count, so the programs scale by the same factor at every shape.
 """
