@@ -6,7 +6,10 @@ candidate passes ``Verifier.verify`` on ci and the ragged shapes: K=160 with BLO
 leaves a short last slice and SPLIT_K=8 empty ones, and a split that drops the short slice is rejected. A GEMM
 with an epilogue gets a second kernel that sums the slices and runs it; a 1D grid takes the slices on axis 1.
 GEMMs with enough tiles, without ``tl.dot``, persistent or 3D-gridded, and epilogues a second kernel cannot run, are
-left alone with the reason; ``xeforge port --dry-run`` lists the tactic.
+left alone with the reason; ``xeforge port --dry-run`` lists the tactic. On a GPU the split is sized per call
+(``forward`` computes SPLIT_K from its grid and K): the helper's bounds are a property test, and copies whose ci K is
+608 (19 steps of 32) make the sized split split on the interpreter, with and without an epilogue, after block_io
+too.
 """
 
 from __future__ import annotations
