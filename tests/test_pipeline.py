@@ -339,3 +339,21 @@ def test_a_stages_share_is_split_between_its_tactics_so_the_last_ones_get_their_
            "3 tactic(s)) was spent after 40 s" in swizzle.note, swizzle.note
     assert search.note is None or "not run" not in search.note
     assert "2 of its 3 candidates not run" in per_shape.note
+
+
+def test_a_port_on_a_shared_gpu_reports_what_it_waited_for_the_device(monkeypatch, tmp_path):
+    """With lanes on one GPU (the bench's XEFORGE_GPU_LOCK) the report says the seconds the port's workers waited
+    while another lane timed, of its wall time; on a GPU of its own, and on the interpreter, it says nothing."""
+    from types import SimpleNamespace
+
+    from xeforge import device_lock
+    from xeforge.pipeline import Pipeline
+
+    verifier = SimpleNamespace(worker=SimpleNamespace(wait_s=30.25), oracle_worker=SimpleNamespace(wait_s=11.0))
+    gpu, cpu = SimpleNamespace(interpreter=False), SimpleNamespace(interpreter=True)
+    monkeypatch.delenv(device_lock.ENV, raising=False)
+    assert Pipeline._shared_device(verifier, gpu, time.monotonic()) is None
+    monkeypatch.setenv(device_lock.ENV, str(tmp_path / "gpu0.lock"))
+    assert Pipeline._shared_device(verifier, cpu, time.monotonic()) is None
+    got = Pipeline._shared_device(verifier, gpu, time.monotonic() - 100.0)
+    assert got["waited_s"] == 41.2 and 100.0 <= got["wall_s"] < 110.0, got

@@ -28,7 +28,7 @@ from typing import Any, Callable, NamedTuple
 
 import stages as stage_registry
 from stages.base import Candidate, Stage, StageContext, TacticRecord, TrialOutcome, propose_safely
-from xeforge import devices
+from xeforge import device_lock, devices
 from xeforge.analysis.alignment import describe as describe_alignment
 from xeforge.analysis.observe import traces
 from xeforge.analysis.trace import Trace
@@ -476,8 +476,20 @@ class Pipeline:
         final = self._final(store, verifier, device, history, start_path, records,
                             **({"all_shapes": True} if per_shape else {}), alternates=alternates)
         report = self._report(store, device, kbc, engine_name, baseline, records, final)
+        report["shared_device"] = self._shared_device(verifier, device, t0)
         write_reports(store.root, report)
         return report
+
+    @staticmethod
+    def _shared_device(verifier: Verifier, device, started: float) -> dict[str, float] | None:
+        """On a GPU shared with other lanes (``XEFORGE_GPU_LOCK``, set by ``bench --lanes-per-gpu``): the seconds
+        the port's own workers waited for the device while another lane timed on it, and the wall time from the first
+        stage to the final gate's end (the time budget counts both); None on a GPU of its own and on the
+        interpreter."""
+        if device.interpreter or not device_lock.lock_path():
+            return None
+        waited = sum(w.wait_s for w in (verifier.worker, verifier.oracle_worker))
+        return {"waited_s": round(waited, 1), "wall_s": round(time.monotonic() - started, 1)}
 
     def _stage_share(self, t0: float, left: list) -> tuple[float, float, str] | None:
         """(when the stage starts, the seconds it may take, its name) under a time budget: the stage's weight's part
