@@ -321,10 +321,15 @@ def _sum_launch(c: str, parts: str, split_var: str) -> str:
 
 def _add_sum_kernel(source: str, cast: str) -> str:
     """Insert the summing kernel before the first class (``Model``), or at the end."""
+    return _insert_before_model(source, SUM_KERNEL, SUM_KERNEL_CODE.format(name=SUM_KERNEL, param=PARAM, cast=cast))
+
+
+def _insert_before_model(source: str, name: str, code: str) -> str:
+    """Insert the top-level function ``name`` (``code``) before the first class (``Model``), or at the end."""
     module = cst.parse_module(source)
-    if any(isinstance(st, cst.FunctionDef) and st.name.value == SUM_KERNEL for st in module.body):
-        raise NotApplicable(f"the file already defines {SUM_KERNEL}")
-    new = statements(SUM_KERNEL_CODE.format(name=SUM_KERNEL, param=PARAM, cast=cast))
+    if any(isinstance(st, cst.FunctionDef) and st.name.value == name for st in module.body):
+        raise NotApplicable(f"the file already defines {name}")
+    new = statements(code)
     new[0] = new[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
     body = list(module.body)
     idx = next((i for i, st in enumerate(body) if isinstance(st, cst.ClassDef)), len(body))
@@ -523,12 +528,5 @@ def host_steps(model, p: SplitPlan, site) -> str | None:
 
 def _add_size_fn(source: str) -> str:
     """Insert :data:`SIZE_FN` before the first class (``Model``), or at the end."""
-    module = cst.parse_module(source)
-    if any(isinstance(st, cst.FunctionDef) and st.name.value == SIZE_FN for st in module.body):
-        raise NotApplicable(f"the file already defines {SIZE_FN}")
-    new = statements(SIZE_FN_CODE.format(name=SIZE_FN, most=MOST, min_steps=MIN_SLICE_STEPS))
-    new[0] = new[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
-    body = list(module.body)
-    idx = next((i for i, st in enumerate(body) if isinstance(st, cst.ClassDef)), len(body))
-    body[idx:idx] = new
-    return module.with_changes(body=body).code
+    return _insert_before_model(source, SIZE_FN, SIZE_FN_CODE.format(name=SIZE_FN, most=MOST,
+                                                                     min_steps=MIN_SLICE_STEPS))
