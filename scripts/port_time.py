@@ -8,7 +8,9 @@ compile, correctness), gate 3 (timing), their sum, and the run's wall time (firs
 rest (prewarm compiles, stage analysis, reports) is the difference. Gate 2's seconds are split too, where the
 verdict records them: the candidate's first call per variant (load and compile), its other calls, the oracle, and
 the comparisons and runtime checks; and, within those, the seconds its workers spent starting (the sandbox, torch's
-import, the device context) and waiting for the device while another lane timed on it. Dry runs are skipped.
+import, the device context) and waiting for the device while another lane timed on it. Last, from a finished
+port's report.json, every wait of its workers for a GPU shared with other lanes (gate 3's as well). Dry runs are
+skipped.
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ def run_row(run: Path) -> dict:
     row["gates_s"] = row["static_s"] + row["correct_s"] + row["timing_s"]
     times = [p.stat().st_mtime for p in run.rglob("*") if p.is_file()]
     row["wall_s"] = (max(times) - min(times)) if times else 0.0
+    # every request's wait for a GPU shared with other lanes (gate 3's too), from the report of a finished port
+    report = run / "report.json"
+    shared = json.loads(report.read_text()).get("shared_device") if report.exists() else None
+    row["lane_wait_s"] = float(shared["waited_s"]) if shared else 0.0
     return {k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}
 
 
