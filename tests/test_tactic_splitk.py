@@ -129,6 +129,22 @@ def test_a_split_sized_per_call_splits_and_verifies_where_the_shape_asks(verify,
     assert bad != src and not verify(p, bad).correct
 
 
+def test_a_1d_grid_split_sized_per_call_takes_its_slices_on_axis_1(verify, tmp_path):
+    """gemm_square (one program id, the grouped tile order) with its ci K at 608: sized for 64 programs, the one ci
+    tile splits 4 ways on the grid's second axis and the result matches the reference."""
+    folder = tmp_path / "gemm_square"
+    shutil.copytree(KERNELS / "gemm_square", folder)
+    spec = folder / "spec.yaml"
+    spec.write_text(spec.read_text().replace("dims: {M: 64, K: 64, N: 64}", "dims: {M: 64, K: 608, N: 64}"))
+    p = load_problem(folder)
+    plan = splitk.find(p.kernel_source, p)
+    src = splitk.apply(p.kernel_source, plan, 4, programs=64)
+    assert "split_k = splitk_size((triton.cdiv(M, 128) * triton.cdiv(N, 128),), triton.cdiv(K, 32), 64)" in src
+    assert "matmul_kernel_splitk[(triton.cdiv(M, 128) * triton.cdiv(N, 128), split_k)]" in src
+    verdict = verify(p, src)
+    assert verdict.correct, verdict.feedback()
+
+
 def test_a_split_sized_per_call_runs_the_epilogue_once_on_the_sum(verify, tmp_path):
     """kb09 (bias in the kernel, its tail in a second kernel) with its ci K at 608: sized for 256 programs, the
     split and epilogue copies run at ci (19 steps of 32: 4 slices) and the result matches the reference."""
