@@ -9,9 +9,10 @@ from :data:`SPLITS`, keeping at most :data:`PROGRAMS_PER_CORE` programs per core
 each value is a candidate for the verifier to time; the interpreter gets one (correctness only), sized from
 the KB device named with ``--target`` when there is one, else SPLIT_K=2.
 
-On a GPU each candidate is sized per call where the launch's grid is a tuple the host can count (``splitk.apply`` with
-``programs``): SPLIT_K is computed in ``forward`` for about the programs the value gives at the bench variant, so a
-shape with fewer rows (a decode step) splits further and one whose tiles fill the device runs the kernel as written.
+On a GPU each candidate is sized per call where the host can count the launch's tiles (``splitk.apply`` with
+``programs``: a tuple grid, or a META grid whose block sizes the launch passes; not an ``@triton.autotune``'d one):
+SPLIT_K is computed in ``forward`` for about the programs the value gives at the bench variant, so a shape with
+fewer rows (a decode step) splits further and one whose tiles fill the device runs the kernel as written.
 Where the bench variant's tiles fill the device already but another timed shape's do not, one candidate sized at
 that shape is proposed, timed at every shape (the bench variant runs the kernel as written). Listed first in
 ``stages/device_tuning.py``: the swizzle would turn the 2D grid into a 1D one, and the launch-parameter
@@ -108,16 +109,19 @@ class SplitK(Tactic):
             values = values[:1]
         else:
             values = values[:max(1, ctx.settings.tuning_budget if ctx.settings else len(values))]
-        out, bad = [], []
+        out, bad, unsized = [], [], ""
         for s in values:
-            try:  # the interpreter checks the split itself: its ci shapes are too small for a sized split to split
-                if interpreter:
-                    raise NotApplicable("the interpreter")
-                src, sized = splitk.apply(ctx.source, plan, s, programs=tiles * s), True
-            except NotApplicable:
+            src = None
+            if not interpreter:  # the interpreter checks the split itself: its ci shapes are too small to split
+                try:
+                    src = splitk.apply(ctx.source, plan, s, programs=tiles * s)
+                except NotApplicable as exc:
+                    unsized = str(exc)
+            sized = src is not None
+            if not sized:
                 if all_shapes:  # a constant split would run at the bench variant too, where the tiles fill the cores
                     continue
-                src, sized = splitk.apply(ctx.source, plan, s), False
+                src = splitk.apply(ctx.source, plan, s)
             errors = kb_errors(ctx, src)
             if errors:
                 bad.append(f"SPLIT_K={s}: {'; '.join(errors)}")
@@ -134,9 +138,11 @@ class SplitK(Tactic):
                         + (f" (the tiles at {bench_variant(ctx).name} fill the cores: the kernel as written runs "
                            "there)" if all_shapes else ""))
             out.append((s, src, why, all_shapes))
+        if not out and not bad:  # every value needed the split sized per call (all_shapes), and it cannot be
+            raise NotApplicable(f"{plan.kernel}: the tiles at {bench_variant(ctx).name} fill the cores, so a split "
+                                f"{at} must be sized per call, and {unsized}")
         if not out:
-            raise NotApplicable(f"the split kernel breaks KB constraints for {ctx.device_id}"
-                                + (f": {'; '.join(bad)}" if bad else ": its grid cannot be sized per call"))
+            raise NotApplicable(f"the split kernel breaks KB constraints for {ctx.device_id}: {'; '.join(bad)}")
         return plan, out
 
     @staticmethod

@@ -166,9 +166,30 @@ def test_a_split_sized_per_call_runs_the_epilogue_once_on_the_sum(verify, tmp_pa
     assert verdict.correct, verdict.feedback()
 
 
+@pytest.mark.parametrize("style", ["wrapper", "meta_grid"])
+def test_a_lambda_grid_whose_meta_parameters_the_launch_passes_is_sized_per_call(verify, tmp_path, style):
+    """The style corpus's linear_relu as a wrapper (`lambda META: (cdiv(M, META["BM"]), ...)` launched with
+    `BM=BLOCK_M`, module constants) and with a META grid: the host counts the tiles with what the launch passes.
+    Its bench shape made few-tiled (M = 16, N = 256) and its ci K 608, the sized split runs at ci and verifies."""
+    folder = tmp_path / "linear_relu"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "styles" / "linear_relu", folder)
+    spec = folder / "spec.yaml"
+    spec.write_text(spec.read_text().replace("dims: {M: 1024, K: 4096, N: 4096}", "dims: {M: 16, K: 8192, N: 256}")
+                    .replace("dims: {M: 24, K: 64, N: 48}", "dims: {M: 24, K: 608, N: 48}"))
+    (folder / "kernel.py").write_text((folder / f"{style}.py").read_text())
+    p = load_problem(folder)
+    cand = candidates(p)[0]
+    assert "sized per call" in cand.description and "lambda META: (*(grid)(META), split_k)" in cand.source
+    size_call = next(ln for ln in cand.source.splitlines() if "= splitk_size(" in ln)
+    assert "META" not in size_call, size_call
+    verdict = verify(p, cand.source)
+    assert verdict.correct, verdict.feedback()
+
+
 def test_a_grid_of_the_launch_meta_parameters_is_split_at_a_constant():
-    """An @triton.autotune'd kernel's grid is a lambda of the tuned block sizes: the host cannot count its tiles
-    before the call, so the split is not sized per call and the tactic falls back to a constant SPLIT_K."""
+    """An @triton.autotune'd kernel's grid is a lambda of the tuned block sizes, which the launch does not pass: the
+    host cannot count its tiles before the call, so the split is not sized per call and the tactic falls back to a
+    constant SPLIT_K."""
     from tests.realworld import problem_dir
 
     p = load_problem(problem_dir("matmul_autotune_act"))

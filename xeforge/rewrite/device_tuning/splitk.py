@@ -36,7 +36,8 @@ With ``when`` (a host test, ``M <= 128``: the per-shape-config tactic's class of
 the shapes it holds for, by copies of the kernel (:func:`_apply_copies`); the kernel as written runs at the others.
 
 With ``programs`` the split is sized per call, as a serving GEMM's wrapper sizes it: ``forward`` computes SPLIT_K
-from the grid it launches (its output tiles) and the K loop's length, through the helper :data:`SIZE_FN` the
+from the grid it launches (its output tiles: a tuple as written, a META grid with the block sizes the launch passes;
+:func:`host_tiles`) and the K loop's length, through the helper :data:`SIZE_FN` the
 rewrite adds, the largest power of two up to :data:`MOST` that keeps ``tiles * SPLIT_K`` within ``programs`` and
 :data:`MIN_SLICE_STEPS` K steps in each slice. At SPLIT_K = 1 (tiles that fill the device already) the kernel runs
 as written. One candidate then serves every shape: at M = 16 of gemm_tall_k (4 tiles of 128 x 256) a constant
@@ -434,10 +435,9 @@ def _launch_copies(source: str, p: SplitPlan, model, parsed: Parsed, split: int,
     acc_dtype = p.epilogue.acc_dtype if p.epilogue else "float32"
     site, host, split_var, parts = _host_names(model, p)
     grid = launch_grid(model, site)
-    if programs is not None and (grid is None or grid.kind != "tuple"):
-        raise NotApplicable(f"the launch of {p.kernel} at line {site.line} has a grid the host cannot count the "
-                            "tiles of before the call (a lambda or a function of the launch's meta-parameters); "
-                            "the split is sized at the bench shape instead")
+    if programs is not None:
+        elems = host_tiles(model, site, grid)
+        tiles = f"({', '.join(elems)}{',' if len(elems) == 1 else ''})"
     launch = next(n for n in walk(parsed.module) if isinstance(n, cst.Call) and parsed.line(n) == site.line
                   and isinstance(n.func, cst.Subscript))
     grid_src = cst.Module([]).code_for_node(launch.func.slice[0].slice.value)
@@ -447,9 +447,7 @@ def _launch_copies(source: str, p: SplitPlan, model, parsed: Parsed, split: int,
     elif programs is not None:
         # the split launch's grid spelled out (the launch search can then change its tiles at that launch alone);
         # the sizing counts the same tiles
-        elems = [segment_of(source, e) or ast.unparse(e) for e in grid.elements]
         grid3 = f"({', '.join(elems)}, {split_var})"
-        tiles = f"({', '.join(elems)}{',' if len(elems) == 1 else ''})"
     else:
         grid3 = f"(*{grid_src}, {split_var})"
 
@@ -500,6 +498,48 @@ def _launch_copies(source: str, p: SplitPlan, model, parsed: Parsed, split: int,
         raise NotApplicable(f"the split-K edit could not be placed ({exc})") from None
     out = out if epilogue_fn is not None else _add_sum_kernel(out, p.cast)
     return out if programs is None else _add_size_fn(out)
+
+
+def host_tiles(model, site, grid) -> list[str]:
+    """The launch's grid axes as host expressions before the call: a tuple's as written; a lambda's (or a grid
+    function's) with each ``META["BM"]`` it reads replaced by what the launch passes for ``BM``. NotApplicable where
+    the host cannot count them: a meta-parameter the launch does not pass (an ``@triton.autotune`` config chooses
+    it), or a grid of another form."""
+    why = (f"the launch of {site.kernel} at line {site.line} has a grid the host cannot count the tiles of before the "
+           "call ({})")
+    if grid is None:
+        raise NotApplicable(why.format("neither a tuple nor a function of the launch's meta-parameters"))
+    if grid.kind == "tuple":
+        return [segment_of(model.source, e) or ast.unparse(e) for e in grid.elements]
+    bind = launch_bindings(site, model.functions[site.kernel], model.source)
+    meta = _MetaKeys(grid.meta, bind)
+    out = [ast.unparse(meta.visit(copy.deepcopy(el))) for el in grid.elements]
+    if meta.missing:
+        raise NotApplicable(why.format(f"{', '.join(sorted(meta.missing))}: chosen with the launch's "
+                                       "meta-parameters, not passed at the launch"))
+    return out
+
+
+class _MetaKeys(ast.NodeTransformer):
+    """``META["BM"]`` -> the host expression the launch passes for ``BM``; what it cannot replace (a key the launch
+    does not pass, ``META`` read another way) is collected in ``missing``."""
+
+    def __init__(self, meta: str | None, bind: dict[str, str]) -> None:
+        self.meta, self.bind, self.missing = meta, bind, set()
+
+    def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
+        if isinstance(node.value, ast.Name) and node.value.id == self.meta:
+            key = node.slice.value if isinstance(node.slice, ast.Constant) else None
+            if isinstance(key, str) and self.bind.get(key):
+                return parse_python(f"({self.bind[key]})", mode="eval").body
+            self.missing.add(str(key) if isinstance(key, str) else ast.unparse(node))
+            return node
+        return self.generic_visit(node)
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if node.id == self.meta:  # META read other than by a literal key
+            self.missing.add(self.meta)
+        return node
 
 
 def host_steps(model, p: SplitPlan, site) -> str | None:
