@@ -7,7 +7,8 @@ tuple, a ``**cfg`` table, ``next_power_of_2`` of a row, which a configuration se
 that matters most, draw alternatives from the knowledge base's tuning space for the device and kernel family (a
 small built-in space when no KB entry applies; a block size no role of the space names, a split-KV kernel's
 ``BLOCK_SEQ``, by its own neighbours), prune what the KB constraints forbid, keep grid sizes consistent
-with the block sizes, and hand the candidates to the verifier. The pipeline keeps the best verified one. An
+with the block sizes (and a split sized per call with the split launch it counts: :func:`splitk.follow`), and
+hand the candidates to the verifier. The pipeline keeps the best verified one. An
 ``@triton.autotune``'d kernel is searched by pinning: each of its own configurations and the KB's is written at
 the launch with the decorator removed, so the verifier times them one by one (where the autotuner prunes its
 configs, the decorator stays with the pinned config first and the user's pruning deciding: :func:`autotune.pin`).
@@ -52,6 +53,7 @@ from xeforge.analysis.launches import autotune_configs, bindings, block_params, 
 from xeforge.kb.roles import first_int
 from xeforge.kernel_model import KernelModel, LaunchSite
 from xeforge.rewrite import NotApplicable, autotune
+from xeforge.rewrite.device_tuning import splitk
 from xeforge.rewrite.tiling.configs import (OPTION_KEYS, apply_config, current_config, kb_rejects, kernel_family,
                                             no_change, option_keys, traced_options, tunable_names)
 from xeforge.rewrite.tiling.host_rule import changes_nothing, host_made
@@ -263,7 +265,7 @@ class LaunchParamSearch(Tactic):
         for cfg in self.configs(ctx, site, names):
             try:
                 src = autotune.pin(ctx.source, site.kernel, cfg, kind) if pinned else \
-                    apply_config(ctx.source, site.kernel, cfg, line=site.line if several else None)
+                    splitk.follow(apply_config(ctx.source, site.kernel, cfg, line=site.line if several else None))
             except NotApplicable:
                 continue
             desc = ", ".join(f"{k}={v}" for k, v in cfg.items())

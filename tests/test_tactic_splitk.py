@@ -184,6 +184,10 @@ def test_a_lambda_grid_whose_meta_parameters_the_launch_passes_is_sized_per_call
     assert "META" not in size_call, size_call
     verdict = verify(p, cand.source)
     assert verdict.correct, verdict.feedback()
+    if style == "meta_grid":  # the split launch retiled (literal block sizes): the K steps counted follow its BK
+        assert "triton.cdiv(K, 32), 128)" in size_call
+        tuned = splitk.follow(apply_config(cand.source, "fc_relu_splitk", {"BK": 64}))
+        assert "splitk_size((triton.cdiv(M, 16), triton.cdiv(N, 16)), triton.cdiv(K, 64), 128)" in tuned
 
 
 def test_a_grid_of_the_launch_meta_parameters_is_split_at_a_constant():
@@ -389,9 +393,12 @@ def test_the_split_kernel_stays_tunable(verify, tmp_path):
     search = next(t for t in device_tuning.STAGE.tactics if t.name == "launch-params")
     app = search.check(h200(p, src))
     assert app.applies and "BLOCK_M, BLOCK_N, BLOCK_K" in app.reason, app.reason
-    # the launch the search tunes is the split one (where the traces see the bench shape run); its grid is its own
-    tuned = apply_config(src, "matmul_kernel_splitk", {"BLOCK_M": 64, "BLOCK_K": 64})
+    # the launch the search tunes is the split one (where the traces see the bench shape run); its grid is its own,
+    # and the sizing counts the tiles and K steps of that launch as tuned
+    tuned = next(c.source for c in search.propose(h200(p, src))
+                 if c.params.get("BLOCK_M") == 64 and c.params.get("BLOCK_K") == 64)
     assert "matmul_kernel_splitk[(triton.cdiv(M, 64), triton.cdiv(N, 128), split_k)]" in tuned
+    assert "splitk_size((triton.cdiv(M, 64), triton.cdiv(N, 128)), triton.cdiv(K, 64), 256)" in tuned
     folder = tmp_path / "gemm_tall_k"
     shutil.copytree(TALL_K, folder)
     spec = folder / "spec.yaml"

@@ -42,9 +42,10 @@ rewrite adds, the largest power of two up to :data:`MOST` that keeps ``tiles * S
 :data:`MIN_SLICE_STEPS` K steps in each slice. At SPLIT_K = 1 (tiles that fill the device already) the kernel runs
 as written. One candidate then serves every shape: at M = 16 of gemm_tall_k (4 tiles of 128 x 256) a constant
 SPLIT_K = 4 sized at M = 1024 launched 16 programs for 132 cores on the H200 (2026-12-06); sized per call, the same
-kernel launches 128 there. The sizing
-counts the tiles of the grid as the split wrote it: a later launch search that changes the split launch's tiles
-leaves that count, so the programs scale by the same factor at every shape.
+kernel launches 128 there. The
+launch search, which retiles the split launch after the split (128 x 256 tiles, BLOCK_K = 64), calls
+:func:`follow`, which counts the tiles and K steps again from the launch as it is now; without it the count would
+stay at the tiles the split was written for.
 """
 
 from __future__ import annotations
@@ -57,13 +58,14 @@ import libcst as cst
 from xeforge.kernel_model import parse_kernel, parse_python, segment_of
 from xeforge.rewrite.cst_tools import (Edits, Parsed, apply_edits, branch_block, expr, function_copy, place_copies,
                                       set_call_kwargs, statements, walk)
-from xeforge.rewrite.device_tuning.splitk_plan import (EPILOGUE, PARAM, SUM_KERNEL, Increment, SplitPlan, find, plan,
-                                                      sizes)
+from xeforge.rewrite.device_tuning.splitk_plan import (EPILOGUE, PARAM, SUM_KERNEL, Increment, SplitPlan, find,
+                                                      loop_range, plan, sizes)
 from xeforge.rewrite.tiling import NotApplicable
-from xeforge.rewrite.tiling.grid import enclosing_function, fresh_name, launch_bindings, launch_grid, single_launch
+from xeforge.rewrite.tiling.grid import (enclosing_function, fresh_name, gemm_kernels, launch_bindings, launch_grid,
+                                        single_launch)
 from xeforge.rewrite.tiling.pids import hoist_program_ids
 
-__all__ = ["EPILOGUE", "PARAM", "SUM_KERNEL", "SplitPlan", "apply", "find", "plan", "sizes"]
+__all__ = ["EPILOGUE", "PARAM", "SUM_KERNEL", "SplitPlan", "apply", "find", "follow", "plan", "sizes"]
 
 SUM_BLOCK = 64
 #: the largest SPLIT_K a split sized per call takes (the summing kernel unrolls its slices)
@@ -135,12 +137,13 @@ def _loop_range(p: SplitPlan, k_lo: str, k_hi: str) -> tuple[str, str, str | Non
     return at(k_lo), at(k_hi), step
 
 
-def _trip_count(p: SplitPlan) -> str:
-    start = p.start if p.start not in (None, "0") else None
-    span = f"{p.stop} - ({start})" if start else p.stop
-    if p.step in (None, "1"):
+def _trip_count(start: str | None, stop: str, step: str | None) -> str:
+    """The trip count of ``range(start, stop, step)`` in kernel terms (source text)."""
+    start = start if start not in (None, "0") else None
+    span = f"{stop} - ({start})" if start else stop
+    if step in (None, "1"):
         return span
-    return f"tl.cdiv({span}, {p.step})"
+    return f"tl.cdiv({span}, {step})"
 
 
 def node_at(parsed: Parsed, kind: type, line: int) -> cst.CSTNode:
@@ -208,7 +211,7 @@ def _kernel_edits(model, parsed: Parsed, p: SplitPlan) -> tuple[Edits, str]:
             f"# split-K: program {pid_k} sums K steps [{k_lo}, {k_hi}) of its tile into slice {pid_k} of an fp32 "
             "workspace",
             f"{p.out} = {p.out} + {pid_k} * {stride}"]
-    split_code = [f"{num_k} = {_trip_count(p)}", f"{k_per} = tl.cdiv({num_k}, {PARAM})",
+    split_code = [f"{num_k} = {_trip_count(p.start, p.stop, p.step)}", f"{k_per} = tl.cdiv({num_k}, {PARAM})",
                   f"{k_lo} = {pid_k} * {k_per}", f"{k_hi} = min({num_k}, {k_lo} + {k_per})"]
     last_pid = max(p.pid_lines)
     before_anchor = fn.body[p.anchor - 1].lineno
@@ -478,7 +481,7 @@ def _launch_copies(source: str, p: SplitPlan, model, parsed: Parsed, split: int,
              code(relaunch(p.split_kernel, grid3, True, {stride: f"{parts}.stride(0)", PARAM: split_var})),
              second]
     if programs is not None:
-        steps = host_steps(model, p, site)
+        steps = host_steps(model, p.kernel, (p.start, p.stop, p.step), site)
         block = [f"# split-K sized per call: {split_var} slices of K per output tile, so that the tiles counted here "
                  f"come to about {programs}",
                  f"# programs ({split} a tile at the bench shape); at 1 the kernel runs as written",
@@ -500,18 +503,19 @@ def _launch_copies(source: str, p: SplitPlan, model, parsed: Parsed, split: int,
     return out if programs is None else _add_size_fn(out)
 
 
-def host_tiles(model, site, grid) -> list[str]:
+def host_tiles(model, site, grid, bind_site=None) -> list[str]:
     """The launch's grid axes as host expressions before the call: a tuple's as written; a lambda's (or a grid
-    function's) with each ``META["BM"]`` it reads replaced by what the launch passes for ``BM``. NotApplicable where
-    the host cannot count them: a meta-parameter the launch does not pass (an ``@triton.autotune`` config chooses
-    it), or a grid of another form."""
+    function's) with each ``META["BM"]`` it reads replaced by what the launch (``bind_site``, where another launch
+    passes the block sizes) passes for ``BM``. NotApplicable where the host cannot count them: a meta-parameter the
+    launch does not pass (an ``@triton.autotune`` config chooses it), or a grid of another form."""
     why = (f"the launch of {site.kernel} at line {site.line} has a grid the host cannot count the tiles of before the "
            "call ({})")
     if grid is None:
         raise NotApplicable(why.format("neither a tuple nor a function of the launch's meta-parameters"))
     if grid.kind == "tuple":
         return [segment_of(model.source, e) or ast.unparse(e) for e in grid.elements]
-    bind = launch_bindings(site, model.functions[site.kernel], model.source)
+    by = bind_site or site
+    bind = launch_bindings(by, model.functions[by.kernel], model.source)
     meta = _MetaKeys(grid.meta, bind)
     out = [ast.unparse(meta.visit(copy.deepcopy(el))) for el in grid.elements]
     if meta.missing:
@@ -542,18 +546,19 @@ class _MetaKeys(ast.NodeTransformer):
         return node
 
 
-def host_steps(model, p: SplitPlan, site) -> str | None:
-    """The K loop's length as a host expression at the launch (``triton.cdiv(K, 64)``): the kernel's trip count with
-    its top-level assignments inlined and each parameter replaced by what the launch passes for it; None where a
-    name is neither (an autotuned block size, a value the kernel loads)."""
-    fn = model.functions[p.kernel]
+def host_steps(model, kernel: str, loop: tuple[str | None, str, str | None], site) -> str | None:
+    """The length of ``kernel``'s K loop (``loop``: its start, stop and step) as a host expression at the launch
+    ``site`` (``triton.cdiv(K, 64)``): the trip count with the kernel's top-level assignments inlined and each
+    parameter replaced by what the launch passes for it; None where a name is neither (an autotuned block size, a
+    value the kernel loads)."""
+    fn = model.functions[kernel]
     try:
         bind = launch_bindings(site, fn, model.source)
     except NotApplicable:
         return None
     defs = {st.targets[0].id: st.value for st in fn.node.body if isinstance(st, ast.Assign) and len(st.targets) == 1
             and isinstance(st.targets[0], ast.Name)}
-    node = parse_python(_trip_count(p), mode="eval").body
+    node = parse_python(_trip_count(*loop), mode="eval").body
     for _ in range(8):  # definitions that read definitions, a few deep
         if not any(isinstance(n, ast.Name) and n.id in defs for n in ast.walk(node)):
             break
@@ -570,3 +575,71 @@ def _add_size_fn(source: str) -> str:
     """Insert :data:`SIZE_FN` before the first class (``Model``), or at the end."""
     return _insert_before_model(source, SIZE_FN, SIZE_FN_CODE.format(name=SIZE_FN, most=MOST,
                                                                      min_steps=MIN_SLICE_STEPS))
+
+
+def follow(source: str) -> str:
+    """``source`` with the count of each sized split (its :data:`SIZE_FN` call) read again from the split launch it
+    sizes: that launch's output tiles (its grid as written now; a META grid with the block sizes it passes now) and
+    its K loop's length with the ``BLOCK_K`` it passes now. The launch search tunes the split launch after the
+    split (``BLOCK_N`` 128 -> 256 halves its tiles); the count then follows. Unchanged where there is no sized
+    split, where the split kernel is launched from more than one place (a per-shape dispatch of it: no one count
+    fits both), or where the launch can no longer be counted (its block sizes autotuned)."""
+    if f"{SIZE_FN}(" not in source:
+        return source
+    model = parse_kernel(source)
+    parsed, edits = None, Edits()
+    for node in ast.walk(model.tree):
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name)
+                and node.value.func.id == SIZE_FN and len(node.value.args) == 3):
+            continue
+        counted = _split_count(model, node.targets[0].id)
+        if counted is None:
+            continue
+        tiles, steps = counted
+        programs = segment_of(source, node.value.args[2]) or ast.unparse(node.value.args[2])
+        text = f"{node.targets[0].id} = {SIZE_FN}({tiles}, {steps}, {programs})"
+        if text == (segment_of(source, node) or ""):
+            continue
+        parsed = parsed or Parsed.of(source)
+        st = node_at(parsed, cst.SimpleStatementLine, node.lineno)
+        edits.replace[node.lineno] = [st.with_changes(body=statements(text)[0].body)]
+    return apply_edits(source, edits, parsed) if parsed is not None else source
+
+
+def _split_count(model, var: str) -> tuple[str, str] | None:
+    """(tiles, steps) as host expressions for the split that ``var`` (a :data:`SIZE_FN` result) sizes, read from
+    its launch now; None where they cannot be read (see :func:`follow`)."""
+    fn = next((f for f in ast.walk(model.tree) if isinstance(f, ast.FunctionDef) and any(
+        isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == var for t in n.targets)
+        for n in ast.walk(f))), None)
+    test = next((n for n in ast.walk(fn) if isinstance(n, ast.If) and isinstance(n.test, ast.Compare)
+                 and isinstance(n.test.left, ast.Name) and n.test.left.id == var) if fn is not None else None, None)
+    if test is None:
+        return None
+
+    def lines(body: list[ast.stmt]) -> set[int]:
+        return {n.lineno for st in body for n in ast.walk(st) if isinstance(n, ast.Call)}
+
+    in_branch, in_else = lines(test.body), lines(test.orelse)
+    original = [s for s in model.launches if s.node.lineno in in_else]
+    dots = set(gemm_kernels(model))
+    split = [s for s in model.launches if s.node.lineno in in_branch and s.kernel in dots
+             and any(k.arg == PARAM for k in s.node.keywords)]
+    if len(split) != 1 or len(original) != 1 or \
+            sum(s.kernel == split[0].kernel for s in model.launches) != 1:
+        return None
+    site, orig = split[0], original[0]
+    grid = launch_grid(model, site)
+    try:
+        if grid is not None and grid.kind == "tuple":
+            last = grid.elements[-1] if grid.elements else None
+            if not (isinstance(last, ast.Name) and last.id == var):
+                return None
+            elems = host_tiles(model, site, grid)[:-1]
+        else:  # ``lambda META: (*(grid)(META), split_k)``: the original grid, with the split launch's block sizes
+            elems = host_tiles(model, orig, launch_grid(model, orig), bind_site=site)
+        steps = host_steps(model, orig.kernel, loop_range(model, orig.kernel), site)
+    except NotApplicable:
+        return None
+    return f"({', '.join(elems)}{',' if len(elems) == 1 else ''})", steps or "None"

@@ -458,6 +458,16 @@ def _output(fn, loops: list[ast.For], acc: str, parents: dict[int, ast.AST], sou
     return out, _sum_cast(next(iter(dtypes.values())), out, kernel, descs), value_lines
 
 
+def loop_range(model: KernelModel, kernel: str) -> tuple[str | None, str, str | None]:
+    """(start, stop, step) of ``kernel``'s K loops as source text, without :func:`plan`'s checks of the kernel and
+    its launch (a kernel split already, launched in a branch); NotApplicable where its loops are not one range."""
+    fn = model.functions[kernel]
+    ranges = {_range(lp, model.source, kernel)[:3] for lp in _k_loops(fn, parent_map(fn.node))}
+    if len(ranges) != 1:
+        raise NotApplicable(f"the K loops of {kernel} run over different ranges")
+    return ranges.pop()
+
+
 def plan(model: KernelModel, kernel: str) -> SplitPlan:
     """What the codemod needs to split ``kernel``; NotApplicable with the reason when it does not fit."""
     fn = model.functions[kernel]
