@@ -475,18 +475,15 @@ def plan(model: KernelModel, kernel: str) -> SplitPlan:
     pids = _check_kernel(model, kernel)
     parents = parent_map(node)
     loops = _k_loops(fn, parents)
-    planned, accs, ranges = [], set(), set()
+    planned, accs = [], set()
     for lp in loops:
         kl, acc = _plan_loop(lp, source, kernel)
         planned.append(kl)
         accs.add(acc)
-        ranges.add(_range(lp, source, kernel)[:3])
     if len(accs) != 1:
         raise NotApplicable(f"the K loops of {kernel} accumulate into different names ({', '.join(sorted(accs))})")
-    if len(ranges) != 1:
-        raise NotApplicable(f"the K loops of {kernel} run over different ranges")
     acc = accs.pop()
-    start, stop, step = ranges.pop()
+    start, stop, step = loop_range(model, kernel)
     anchor = min(_top_index(node, lp, parents) for lp in loops)
     pid_idx = [next(i for i, st in enumerate(node.body) if st is p.stmt) for p in pids]
     if max(pid_idx) >= anchor:
