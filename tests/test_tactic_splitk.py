@@ -407,6 +407,20 @@ def test_the_split_kernel_stays_tunable(verify, tmp_path):
     assert verdict.correct, verdict.feedback()
 
 
+def test_a_split_launched_from_two_places_keeps_its_count():
+    """A per-shape dispatch of the split launch gives it two configurations: no one count fits both, so the sizing
+    stays as it was (while a single launch's retile is followed)."""
+    from xeforge.rewrite.tiling.dispatch import Branch, dispatch
+
+    src = candidates(load_problem(TALL_K))[0].source
+    size_call = next(ln for ln in src.splitlines() if "= splitk_size(" in ln)
+    two = dispatch(src, "matmul_kernel_splitk", [Branch("M <= 64", {"BLOCK_M": 64})])
+    assert two.count("matmul_kernel_splitk[") == 2
+    assert splitk.follow(two) == two and size_call in two
+    one = apply_config(src, "matmul_kernel_splitk", {"BLOCK_M": 64})
+    assert size_call not in splitk.follow(one)
+
+
 @pytest.mark.slow  # ~26 s on two busy cores: a whole dry run in a subprocess
 def test_dry_run_lists_the_tactic(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "xeforge", "port", str(TALL_K), "--device", "cuda", "--target", "h200",
