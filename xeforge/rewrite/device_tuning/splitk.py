@@ -588,12 +588,12 @@ def follow(source: str) -> str:
         return source
     model = parse_kernel(source)
     parsed, edits = None, Edits()
-    for node in ast.walk(model.tree):
-        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-                and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name)
-                and node.value.func.id == SIZE_FN and len(node.value.args) == 3):
-            continue
-        counted = _split_count(model, node.targets[0].id)
+    sizings = [(fn, node) for fn in ast.walk(model.tree) if isinstance(fn, ast.FunctionDef) for node in ast.walk(fn)
+               if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+               and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name)
+               and node.value.func.id == SIZE_FN and len(node.value.args) == 3]
+    for fn, node in sizings:
+        counted = _split_count(model, fn, node.targets[0].id)
         if counted is None:
             continue
         tiles, steps = counted
@@ -607,14 +607,11 @@ def follow(source: str) -> str:
     return apply_edits(source, edits, parsed) if parsed is not None else source
 
 
-def _split_count(model, var: str) -> tuple[str, str] | None:
-    """(tiles, steps) as host expressions for the split that ``var`` (a :data:`SIZE_FN` result) sizes, read from
-    its launch now; None where they cannot be read (see :func:`follow`)."""
-    fn = next((f for f in ast.walk(model.tree) if isinstance(f, ast.FunctionDef) and any(
-        isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == var for t in n.targets)
-        for n in ast.walk(f))), None)
+def _split_count(model, fn: ast.FunctionDef, var: str) -> tuple[str, str] | None:
+    """(tiles, steps) as host expressions for the split that ``var`` (a :data:`SIZE_FN` result in ``fn``) sizes,
+    read from its launch now; None where they cannot be read (see :func:`follow`)."""
     test = next((n for n in ast.walk(fn) if isinstance(n, ast.If) and isinstance(n.test, ast.Compare)
-                 and isinstance(n.test.left, ast.Name) and n.test.left.id == var) if fn is not None else None, None)
+                 and isinstance(n.test.left, ast.Name) and n.test.left.id == var), None)
     if test is None:
         return None
 
