@@ -12,19 +12,26 @@ depends on the device, the Triton version and the knowledge base:
 
 On a GPU the rewrite is also proposed with the top KB tile configurations, because descriptors pay off most
 with larger tiles, and with the epilogue's rank-2 tile loads (a fused residual) through descriptors too (their
-staging buffers cost shared memory); the verifier times each candidate.
+staging buffers cost shared memory); the verifier times each candidate. Where the problem times an odd shape (a
+size no tile divides, :func:`xeforge.shape_classes.shape_class`), the first candidate is timed at every shape: the
+descriptors' bounds handling needs no alignment of M or N, so an odd shape may gain most where the primary gains
+nothing. A candidate that wins at some timed shapes and loses at a class of others (on the H200, gemm_tall_k's
+descriptors: 2.56x at M = N = 1000, 0.976x at M = 16) comes back as a follow-up with its fast path off for that
+class (:func:`xeforge.rewrite.blockio.off_where`: the class keeps the original loop), timed at every shape.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic, guarded
+from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic, TrialOutcome, guarded
+from stages.device_tuning_shapes import shape_classes
 from xeforge.rewrite import blockio
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling.configs import describe, kb_errors
 from xeforge.rewrite.autotune import untuned_tile, with_configs
-from xeforge.rewrite.tiling.grid import gemm_kernels
+from xeforge.rewrite.tiling.grid import gemm_kernels, single_launch
+from xeforge.shape_classes import shape_class
 from xeforge.rewrite.tiling.tactics import RewriteMemo
 
 #: how many KB tile configurations to try the rewrite with on a GPU
@@ -139,7 +146,47 @@ class TensorDescriptorTiles(Tactic):
                 for cfg, tiled in with_configs(ctx, more, plan.kernel, 1):  # and at the KB's top tile
                     out.append(Candidate(tiled, self.name, f"{mplan.describe()}; with {describe(cfg)}",
                                          params={**params, "epilogue_loads": True, **cfg}))
+        if out and self._odd_shape(ctx):
+            out[0].time_all_shapes = True
         return out
+
+    @staticmethod
+    def _odd_shape(ctx: StageContext) -> bool:
+        timed = ctx.problem.timed_variants(ctx.device.kind) if ctx.problem is not None else []
+        return len(timed) > 1 and any(shape_class(ctx.problem.spec, v.dims) == "odd" for v in timed)
+
+    def follow_up(self, ctx: StageContext, outcomes: list[TrialOutcome]) -> list[Candidate]:
+        """The candidate with the best objective among those gate 3 turned down for a loss at a class of shapes
+        (:func:`stages.device_tuning_shapes.shape_classes`) while faster at others, with its fast path off for that
+        class; none where a losing shape has no class of its own (the primary, an odd shape) or a class holds a
+        shape it won at too."""
+        best: tuple[float, Candidate] | None = None
+        for o in outcomes:
+            perf = next((g for g in getattr(o.verdict, "gates", []) if g.gate == "3-performance"), None)
+            d = perf.details if perf is not None and perf.status == "fail" else {}
+            kernel = o.candidate.params.get("kernel")
+            if not d.get("blocked_by") or not d.get("improved") or not kernel:
+                continue
+            lost = [s["variant"] for s in d.get("shapes", []) if s["speedup"] < 1.0]
+            try:
+                classes, _ = shape_classes(ctx, single_launch(ctx.model, kernel))
+            except NotApplicable:
+                continue
+            off = [c for c in classes if any(v in c.serves for v in lost)]
+            if any(not any(v in c.serves for c in off) for v in lost) or \
+                    any(v in c.serves for c in off for v in d["improved"]):
+                continue
+            try:
+                src = blockio.off_where(o.candidate.source, kernel, [c.test for c in off])
+            except NotApplicable:
+                continue
+            kept = "; ".join(f"{c.test} ({', '.join(c.serves)})" for c in off)
+            cand = Candidate(src, self.name, f"{o.candidate.description}; the original loop kept where it lost: "
+                             f"{kept}", params={**o.candidate.params, "off_where": [c.test for c in off]},
+                             time_all_shapes=True)
+            if best is None or d.get("objective", 0.0) > best[0]:
+                best = (d.get("objective", 0.0), cand)
+        return [best[1]] if best is not None else []
 
 
 @guarded("block_io")

@@ -287,6 +287,22 @@ def _classes(ctx: StageContext, site: LaunchSite, args: dict[str, tuple[str, str
     return out, skipped
 
 
+def shape_classes(ctx: StageContext, site: LaunchSite) -> tuple[list[ShapeClass], list[str]]:
+    """The classes of the timed shapes other than the primary at ``site`` (a test on a shape argument the launch
+    passes, each reached by a correctness shape on both sides) and why a timed shape got none; NotApplicable where
+    no class forms. Also read by the block_io stage, to keep a rewrite off the class of shapes it lost at."""
+    timed = ctx.problem.timed_variants(ctx.device.kind)
+    args, why = shape_arguments(ctx, site)
+    if not args:
+        raise NotApplicable(f"no scalar argument of {site.kernel} (line {site.line}) carries a spec dim"
+                            + (f" ({why})" if why else ""))
+    shapes = ctx.problem.correctness_variants(ctx.device.kind, getattr(ctx.settings, "ragged_shapes", True))
+    classes, skipped = _classes(ctx, site, args, timed, shapes)
+    if not classes:
+        raise NotApplicable("; ".join(skipped) or "no timed shape forms a class of its own")
+    return classes, skipped
+
+
 def _idle_cores_class(ctx: StageContext, cls: ShapeClass) -> tuple[int, str, Variant] | None:
     """(cores, where the count came from, the class's first timed shape) for a class of smaller shapes (``<=``),
     where a split (of K, of a reduction loop) is sized; None for a class of larger ones or without a core count."""
@@ -348,14 +364,7 @@ class PerShapeConfig(Tactic):
             raise NotApplicable(f"{site.kernel} at line {site.line} has no block size a configuration may change "
                                 "(none its @triton.heuristics sets: Triton sets those over the launch's), and no "
                                 "launch option (num_warps, num_stages) the search or the KB would set another way")
-        args, why = shape_arguments(ctx, site)
-        if not args:
-            raise NotApplicable(f"no scalar argument of {site.kernel} (line {site.line}) carries a spec dim"
-                                + (f" ({why})" if why else ""))
-        shapes = ctx.problem.correctness_variants(kind, getattr(ctx.settings, "ragged_shapes", True))
-        classes, skipped = _classes(ctx, site, args, timed, shapes)
-        if not classes:
-            raise NotApplicable("; ".join(skipped) or "no timed shape forms a class of its own")
+        classes, skipped = shape_classes(ctx, site)
         return Plan(site, classes, skipped)
 
     def check(self, ctx: StageContext) -> Applicability:

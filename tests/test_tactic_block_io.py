@@ -334,3 +334,44 @@ def test_an_untuned_small_tile_gets_its_retiled_descriptors_first(tmp_path):
     first = cands[0].params
     assert first.get("BLOCK_M", 32) * first.get("BLOCK_N", 32) >= 4 * 32 * 32, [c.description for c in cands]
     assert any(set(c.params) == {"mode", "kernel"} for c in cands[1:])
+
+
+def _gate3(shapes: dict[str, float], margin: float = 0.02):
+    """A gate-3 verdict over ``shapes`` (variant -> speedup), decided by the verifier's own rule."""
+    from stages.base import TrialOutcome
+    from xeforge.timing import Decision, ShapeVerdict, Stats, decide_shapes
+    from xeforge.verifier import GateResult, Verdict
+
+    st = Stats.of([1.0, 1.0, 1.0])
+    sv = [ShapeVerdict(v, 1.0, Decision(x, margin, x > 1 + margin, st, st, None, False)) for v, x in shapes.items()]
+    sd = decide_shapes(sv, [])
+    details = {"shapes": [s.as_dict() for s in sv], "objective": sd.objective, "blocked_by": sd.blocked_by,
+               "improved": sd.improved}
+    return lambda c: TrialOutcome("t", c, Verdict("h", [GateResult("3-performance", "pass" if sd.accepted else "fail",
+                                                                   sd.summary(), details)], correct=True,
+                                                 accepted=sd.accepted, timed=True, speedup=sd.objective))
+
+
+def test_a_candidate_that_lost_only_at_a_class_of_shapes_comes_back_with_its_fast_path_off_there(verify):
+    """gemm_tall_k's descriptors on the H200 (2026-12-06): 1.022x at M = 1024, 2.564x at M = N = 1000, 0.976x at
+    M = 16, turned down for the decode shape alone. The follow-up keeps the original loop for M = 16's class only,
+    asks to be timed at every shape, and is correct on the interpreter."""
+    p = load_problem(KERNELS / "gemm_tall_k")
+    ctx = tactic_context(p, kind="cuda", target="h200", cores=132)
+    cands = TACTIC.propose(ctx)
+    assert cands[0].time_all_shapes and not any(c.time_all_shapes for c in cands[1:])  # bench-gpu-2 is odd
+    lost_at_decode = _gate3({"bench-gpu": 1.022, "bench-gpu-1": 0.976, "bench-gpu-2": 2.564})
+    assert not lost_at_decode(cands[0]).verdict.accepted
+    (back,) = TACTIC.follow_up(ctx, [lost_at_decode(c) for c in cands])
+    assert back.time_all_shapes and back.params["off_where"] == ["M <= 64"], back.params
+    (site,) = [s for s in parse_kernel(back.source).launches if s.kernel == "matmul_kernel"]
+    flag = ast.parse(site.other_kwargs[blockio.FLAG], mode="eval").body
+    assert isinstance(flag, ast.BoolOp) and ast.unparse(flag.values[-1]) == "not M <= 64"
+    assert "M <= 64 (bench-gpu-1)" in back.description
+    verdict = verify(p, back.source)
+    assert verdict.correct, verdict.feedback()
+    # nothing comes back where the primary lost (no class holds it), where it lost nowhere, or on a pass
+    for shapes in ({"bench-gpu": 0.95, "bench-gpu-1": 1.2, "bench-gpu-2": 2.0},
+                   {"bench-gpu": 1.01, "bench-gpu-1": 1.0, "bench-gpu-2": 1.0},
+                   {"bench-gpu": 1.2, "bench-gpu-1": 1.1, "bench-gpu-2": 1.5}):
+        assert TACTIC.follow_up(ctx, [_gate3(shapes)(c) for c in cands]) == [], shapes

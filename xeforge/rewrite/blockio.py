@@ -545,6 +545,19 @@ def apply_block_io(source: str, plan: BlockIOPlan, allocator: bool) -> str:
     return edit_launch(source, LaunchEdit(plan.kernel, site.line, set_kwargs={FLAG: var}, before=before))
 
 
+def off_where(source: str, kernel: str, tests: list[str]) -> str:
+    """``source``, a block_io rewrite of ``kernel``, with its fast path also off where one of ``tests`` holds (host
+    expressions valid at the launch: the shape classes the rewrite lost at, which keep the original code):
+    ``USE_BLOCK_IO=<guard> and not (<test>)``."""
+    model = parse_kernel(source)
+    site = single_launch(model, kernel)
+    guard = site.other_kwargs.get(FLAG)
+    if guard is None:
+        raise NotApplicable(f"the launch of {kernel} at line {site.line} passes no {FLAG} (not a block_io rewrite)")
+    expr = " and ".join([guard, *(f"not ({t})" for t in tests)])
+    return edit_launch(source, LaunchEdit(kernel, site.line, set_kwargs={FLAG: expr}))
+
+
 NO_GEMM = "no launched kernel calls tl.dot, itself or in a jit helper (block_io rewrites the tile loops of GEMM-like " \
           "kernels)"
 
