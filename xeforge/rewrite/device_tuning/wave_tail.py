@@ -38,7 +38,7 @@ from xeforge.kernel_model import parse_kernel, parse_python, segment_of
 from xeforge.rewrite.device_tuning.splitk import host_tiles, insert_before_model
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling.configs import apply_config
-from xeforge.rewrite.tiling.dispatch import statement_lines, launch_statement
+from xeforge.rewrite.tiling.dispatch import launch_statement
 from xeforge.rewrite.tiling.grid import fresh_name, launch_grid
 
 #: the helper the rewrite adds to the file
@@ -85,11 +85,21 @@ class _Rows(cst.CSTTransformer):
     def __init__(self, rows: str, count: str, tensors: set[str], part: str) -> None:
         self.rows, self.count, self.tensors, self.part = rows, count, tensors, part
 
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        node.value.visit(self)  # only the value side is read: ``a.stride`` keeps ``stride``
+        return False
+
     def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.Attribute:
-        return updated.with_changes(attr=original.attr)  # ``a.stride``: only the value side is a name read
+        return updated.with_changes(value=original.value.visit(self))
+
+    def visit_Arg(self, node: cst.Arg) -> bool:
+        return True
 
     def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
         return updated.with_changes(keyword=original.keyword)  # ``M=M``: the keyword stays the parameter's name
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return True
 
     def leave_Lambda(self, original: cst.Lambda, updated: cst.Lambda) -> cst.Lambda:
         return updated.with_changes(params=original.params)
@@ -169,7 +179,7 @@ def wave_tail(source: str, kernel: str, line: int, rows: str, tensors: list[str]
             f"(xeforge, wave-tail)\n"
             f"    {code(whole)}\n"
             f"    {code(rest)}\n"
-            f"else:\n" + "\n".join(statement_lines(original, indent)) + "\n")
+            f"else:\n" + "\n".join("    " + ln if ln.strip() else "" for ln in original.split("\n")) + "\n")
     new = cst.parse_module(text).body
     out = _replace_statements(source, stmt.lineno, new, kernel, site.line)
     return insert_before_model(out, ROWS_FN, ROWS_FN_CODE.format(name=ROWS_FN, cost=SMALL_TILE_COST,

@@ -104,7 +104,7 @@ def _nested(first: str, rest: Sequence[str], indent: int) -> list[str]:
     return out
 
 
-def statement_lines(text: str, indent: int) -> list[str]:
+def _statement_lines(text: str, indent: int) -> list[str]:
     lines = text.split("\n")
     return _nested(lines[0], lines[1:], indent)
 
@@ -128,9 +128,9 @@ def dispatch(source: str, kernel: str, branches: Sequence[Branch]) -> str:
     out: list[str] = []
     for i, br in enumerate(branches):
         out.append(f"{'if' if i == 0 else 'elif'} {br.test}:")
-        out += statement_lines(head + branch_call(source, kernel, br.config), indent)
+        out += _statement_lines(head + branch_call(source, kernel, br.config), indent)
     out.append("else:")
-    out += statement_lines(original, indent)
+    out += _statement_lines(original, indent)
     new_stmt = cst.parse_statement("\n".join(out) + "\n")
     return _replace_statement(source, stmt.lineno, new_stmt, kernel, site.line)
 
