@@ -49,7 +49,6 @@ from stages.device_tuning_splitk import SplitK, bench_variant
 from stages.device_tuning_splitred import SplitReduction
 from stages.device_tuning_swap import SwapAB
 from stages.device_tuning_swizzle import GroupedTileOrder
-from stages.device_tuning_waves import WaveTail
 from xeforge.analysis.launches import autotune_configs, bindings, block_params, live_launches, observed
 from xeforge.kb.roles import first_int
 from xeforge.kernel_model import KernelModel, LaunchSite
@@ -306,9 +305,8 @@ STAGE = Stage(
     # swizzle before the search: GROUP_SIZE_M becomes searchable; swap-AB after it, timed at every shape; per-shape
     # configurations after them: the primary keeps the searched configuration and the search's trials are there to
     # draw from; the epilogue halves then, of the tuned tile; row batching then: ROWS is sized from the tuned block;
-    # the wave tail after them: it splits the launch the primary (or a branch) settled on, at a shape whose last wave
-    # of tiles is far from full; host-side descriptors last: they are built from the launch the tactics before settled
+    # host-side descriptors last: they are built from the launch the tactics before settled
     tactics=[SplitK(), SplitReduction(), GroupedTileOrder(), LaunchParamSearch(), SwapAB(target_site), PerShapeConfig(target_site),
-             WaveTail(), EpilogueHalves(target_site), RowsPerProgram(), HostDescriptors()],
+             EpilogueHalves(target_site), RowsPerProgram(), HostDescriptors()],
     detectors=[_detect_defaults],
 )

@@ -223,7 +223,7 @@ def _grid_exprs(model: KernelModel, site: LaunchSite) -> dict[str, str]:
     return out
 
 
-def block_on(model: KernelModel, site: LaunchSite, expr: str, param: str | None = None) -> str | None:
+def _block_on(model: KernelModel, site: LaunchSite, expr: str, param: str | None = None) -> str | None:
     """The tunable block size that tiles the grid axis ``cdiv(<expr>, BLOCK)``, if one does; else the one the kernel
     tiles its parameter ``param`` by itself (a persistent kernel's ``tiles_m = tl.cdiv(M, BLOCK_M)``)."""
     grid = launch_grid(model, site)
@@ -271,7 +271,7 @@ def _classes(ctx: StageContext, site: LaunchSite, args: dict[str, tuple[str, str
         else:
             across = max(x for x in values if x < a)
             op, threshold = ">", max(_floor_pow2(math.sqrt(a * across)), across)
-        cls = ShapeClass(dim, param, expr, op, threshold, (), block_on(ctx.model, site, expr, param), a)
+        cls = ShapeClass(dim, param, expr, op, threshold, (), _block_on(ctx.model, site, expr, param), a)
         cls = replace(cls, serves=tuple(t.name for t in timed[1:] if cls.holds(t.dims)))
         if any(c.test == cls.test for c in out):
             continue

@@ -325,10 +325,10 @@ def _sum_launch(c: str, parts: str, split_var: str) -> str:
 
 def _add_sum_kernel(source: str, cast: str) -> str:
     """Insert the summing kernel before the first class (``Model``), or at the end."""
-    return insert_before_model(source, SUM_KERNEL, SUM_KERNEL_CODE.format(name=SUM_KERNEL, param=PARAM, cast=cast))
+    return _insert_before_model(source, SUM_KERNEL, SUM_KERNEL_CODE.format(name=SUM_KERNEL, param=PARAM, cast=cast))
 
 
-def insert_before_model(source: str, name: str, code: str) -> str:
+def _insert_before_model(source: str, name: str, code: str) -> str:
     """Insert the top-level function ``name`` (``code``) before the first class (``Model``), or at the end."""
     module = cst.parse_module(source)
     if any(isinstance(st, cst.FunctionDef) and st.name.value == name for st in module.body):
@@ -573,7 +573,7 @@ def host_steps(model, kernel: str, loop: tuple[str | None, str, str | None], sit
 
 def _add_size_fn(source: str) -> str:
     """Insert :data:`SIZE_FN` before the first class (``Model``), or at the end."""
-    return insert_before_model(source, SIZE_FN, SIZE_FN_CODE.format(name=SIZE_FN, most=MOST,
+    return _insert_before_model(source, SIZE_FN, SIZE_FN_CODE.format(name=SIZE_FN, most=MOST,
                                                                      min_steps=MIN_SLICE_STEPS))
 
 
