@@ -150,7 +150,7 @@ def test_a_class_of_few_tiles_gets_split_k_in_its_branch_only(verify):
     p = load_problem(ROOT / "kernels" / "gemm_square")
     ctx = h200(p)
     split = [c for c in TACTIC.propose(ctx) if "SPLIT_K" in c.params]
-    assert [c.params["SPLIT_K"] for c in split] == [8, 2]
+    assert [c.params["SPLIT_K"] for c in split] == [4, 2]  # 4 x 32 tiles: one wave of the 132 SMs
     for c in split:
         assert c.time_all_shapes and c.params["when"] == "M <= 128"
         assert f"if M <= 128:" in c.source and f"split_k = {c.params['SPLIT_K']}\n" in c.source
@@ -442,7 +442,7 @@ def test_a_split_k_class_and_the_searchs_tile_for_the_other_shapes_combined(tmp_
     ctx = tactic_context(p, kind="cuda", target="h200", cores=132, run_dir=run)
     tactic = PerShapeConfig(TACTIC._target)
     cands = tactic.propose(ctx)
-    split = next(c for c in cands if c.params.get("SPLIT_K") == 8)
+    split = next(c for c in cands if c.params.get("SPLIT_K") == 4)
     other = next(c for c in cands if "the incumbent's launch; else" in c.description and "BLOCK_N=256" in
                  c.description)
 
@@ -451,7 +451,7 @@ def test_a_split_k_class_and_the_searchs_tile_for_the_other_shapes_combined(tmp_
 
     assert tactic.follow_up(ctx, [outcome(split, 1.18), outcome(other, 0.99)]) == []  # one winner: nothing to add
     (combined,) = tactic.follow_up(ctx, [outcome(split, 1.18), outcome(other, 1.28)])
-    assert combined.time_all_shapes and "combined: if M <= 128: split-K, 8 programs" in combined.description
+    assert combined.time_all_shapes and "combined: if M <= 128: split-K, 4 programs" in combined.description
     assert "else BLOCK_N=256, BLOCK_K=64 (the search's, for the other shapes)" in combined.description
     names = [s.kernel for s in parse_kernel(combined.source).launches]
     assert names == ["matmul_kernel_splitk", splitk.SUM_KERNEL, "matmul_kernel"]

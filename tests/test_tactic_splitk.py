@@ -14,6 +14,7 @@ too.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from hypothesis import strategies as st
 
 from stages import device_tuning, fusion
 from stages.device_tuning_splitk import SplitK, split_values
-from tests.conftest import ROOT, tactic_context
+from tests.conftest import ROOT, load_kernel_module, sm90_compiler, tactic_context
 from xeforge.kernel_model import parse_kernel
 from xeforge.problem import load_problem
 from xeforge.rewrite import blockio, persistent
@@ -52,17 +53,17 @@ def candidates(p, source: str | None = None):
 def test_gemm_tall_k_is_split_and_every_candidate_is_correct(verify):
     p = load_problem(TALL_K)
     cands = candidates(p)
-    assert [c.params[splitk.PARAM] for c in cands] == [4, 2, 8]  # 4 x 64 tiles is the first to cover 132 SMs
+    assert [c.params[splitk.PARAM] for c in cands] == [2, 4, 8]  # 2 x 64 tiles: one wave of 132 SMs, 97% full
     assert [c.kind for c in cands] == ["rewrite", "search", "search"]
     assert "64 output tiles at bench-gpu for 132 cores" in cands[0].description
-    assert "256 programs, 512 of 2048 K steps each" in cands[0].description
-    # on a GPU each candidate is sized per call: about 4 x 64 programs at every shape, the kernel as written at 1
-    assert "sized per call for about 256 programs at every shape" in cands[0].description
+    assert "128 programs, 1024 of 2048 K steps each" in cands[0].description
+    # on a GPU each candidate is sized per call: about 2 x 64 programs at every shape, the kernel as written at 1
+    assert "sized per call for about 128 programs at every shape" in cands[0].description
     src = cands[0].source
     for text in ("pid_k = tl.program_id(2)", "c_ptr = c_ptr + pid_k * stride_ck", "k_hi = min(num_k, k_lo + k_per)",
                  "a_block = tl.advance(a_block, (0, k_lo * BLOCK_K))", "for _ in range(k_lo, k_hi):",
                  "tl.store(c_block, acc, boundary_check=(0, 1))",
-                 "split_k = splitk_size((triton.cdiv(M, 128), triton.cdiv(N, 128)), triton.cdiv(K, 32), 256)",
+                 "split_k = splitk_size((triton.cdiv(M, 128), triton.cdiv(N, 128)), triton.cdiv(K, 32), 128)",
                  "if split_k > 1:", "matmul_kernel_splitk[(triton.cdiv(M, 128), triton.cdiv(N, 128), split_k)]",
                  "stride_ck=c_partials.stride(0), SPLIT_K=split_k", "matmul_kernel[grid](a, b, c,",
                  "c_partials = torch.empty((split_k, *c.shape), device=c.device, dtype=torch.float32)"):
@@ -262,7 +263,9 @@ def test_the_interpreter_gets_one_candidate():
 
 
 def test_split_values_fill_the_device_within_bounds():
-    assert split_values(64, 2048, 132) == [4, 2, 8]
+    assert split_values(64, 2048, 132) == [2, 4, 8]  # 128 programs: one wave of 132 cores, 97% full
+    assert split_values(32, 1024, 132) == [4, 2, 8]  # gemm_tall_k's 128 x 256 tiles on an H100: SPLIT_K 4 won there
+    assert split_values(40, 2048, 132) == [4, 2, 8]  # 160 programs at 4: none fills one wave, so every core gets one
     assert split_values(100, 2048, 132) == [2, 4]  # 8 x 100 is over 4 programs per core
     assert split_values(64, 12, 132) == [2]  # 4 K steps per slice at least
     assert split_values(64, 4, 132) == []
@@ -398,7 +401,7 @@ def test_the_split_kernel_stays_tunable(verify, tmp_path):
     tuned = next(c.source for c in search.propose(h200(p, src))
                  if c.params.get("BLOCK_M") == 64 and c.params.get("BLOCK_K") == 64)
     assert "matmul_kernel_splitk[(triton.cdiv(M, 64), triton.cdiv(N, 128), split_k)]" in tuned
-    assert "splitk_size((triton.cdiv(M, 64), triton.cdiv(N, 128)), triton.cdiv(K, 64), 256)" in tuned
+    assert "splitk_size((triton.cdiv(M, 64), triton.cdiv(N, 128)), triton.cdiv(K, 64), 128)" in tuned
     folder = tmp_path / "gemm_tall_k"
     shutil.copytree(TALL_K, folder)
     spec = folder / "spec.yaml"
@@ -539,3 +542,46 @@ def test_a_store_through_gathered_rows_is_split_into_zeroed_partials(verify):
                            load_problem(ROOT / "kernels" / "gemm_tall_k")).gathered
     dropped = src.replace("tl.static_range(1, SPLIT_K)", "tl.static_range(1, 1)")
     assert dropped != src and not verify(p, dropped).correct
+
+
+def test_the_summing_launch_is_sized_per_call():
+    """On an H100 (2026-12-07) gemm_tall_k's port summed its 32 slices at M = 16 in 16 programs (the bench's
+    diagnosis: 116 cores without one): the launch now halves the tile's columns until it has about 128 programs, and
+    passes the widest aligned access the columns and strides allow."""
+    env: dict = {}
+    exec(splitk.SUM_CONFIG_FN_CODE.format(name="size", programs=128, block=64, sum_kernel="s"), env)  # noqa: S102
+    size = env["size"]
+    assert size(1024, 1024, 4 * 1024 * 1024, 1024, 1024) == (64, 64, 16)  # 256 programs already
+    assert size(16, 1024, 16 * 1024, 1024, 1024) == (16, 16, 16)  # 64 programs, not 16 (columns stop at 16)
+    assert size(1000, 1000, 1000 * 1000, 1000, 1000) == (64, 64, 8)
+    assert size(17, 33, 17 * 33, 33, 33)[2] == 1
+    src = splitk.apply(load_problem(ROOT / "kernels" / "gemm_tall_k").kernel_source, splitk.find(
+        load_problem(ROOT / "kernels" / "gemm_tall_k").kernel_source), 4)
+    (launch,) = [s for s in parse_kernel(src).launches if s.kernel == splitk.SUM_KERNEL]
+    assert launch.other_kwargs.get("VEC") == "sum_vec" and f"{splitk.SUM_CONFIG_FN}(c.shape[0]" in src
+
+
+def test_the_summing_kernel_stores_aligned_vectors_at_an_odd_width_with_vec(tmp_path):
+    """At M = N = 1000 the H100 bench found the summing kernel's accesses scalar (32 ``st.global.b16``): Triton
+    assumes no alignment of an integer that is not a multiple of 16. Compiled for sm_90 on this host as Triton
+    specializes it at that shape (16-byte aligned pointers, unit column strides, the row strides 1000 unknown),
+    the kernel loads and stores 16-byte vectors with VEC = 8 (1000 = 8 x 125), and single elements without."""
+    import triton
+
+    GPUTarget, ASTSource = sm90_compiler()
+    src = splitk.SUM_KERNEL_CODE.format(name="sum_kernel", param=splitk.PARAM, cast="tl.bfloat16")
+    fn = load_kernel_module(tmp_path / "sum_sm90.py", "import triton\nimport triton.language as tl\n" + src,
+                            "xeforge_test_sum_sm90").sum_kernel
+
+    def accesses(vec: int) -> set[str]:
+        consts = {splitk.PARAM: 4, "BLOCK_M": 64, "BLOCK_N": 64, "VEC": vec, "stride_pn": 1, "stride_on": 1}
+        sig = {a: "constexpr" if a in consts else ("*fp32" if a == "part_ptr" else "*bf16" if a == "out_ptr" else "i32")
+               for a in fn.arg_names}
+        aligned = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in ("part_ptr", "out_ptr", "stride_pk")}
+        const_idx = {(fn.arg_names.index(k),): v for k, v in consts.items()}
+        ptx = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const_idx, attrs=aligned),
+                             target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+        return set(re.findall(r"(?:ld|st)\.global[.a-z0-9]*", ptx))
+
+    assert accesses(1) == {"ld.global.b32", "st.global.b16"}
+    assert accesses(8) == {"ld.global.v4.b32", "st.global.v4.b32"}

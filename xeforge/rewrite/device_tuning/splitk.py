@@ -22,7 +22,11 @@ Slices are whole BLOCK_K steps (``k_per * BLOCK_K`` elements of K), computed in 
 tunable; the last slice is short or empty when K does not divide. ``forward`` allocates the fp32 workspace
 ``(SPLIT_K, *c.shape)``, passes slice 0 where it passed ``c`` (same strides per slice) and the slice stride,
 and launches a second kernel that adds the slices in order and casts into ``c`` — deterministic, no atomics,
-no torch compute in ``forward``. Pointers or counters the K loop carries are started at ``k_lo`` by scaling
+no torch compute in ``forward``. That launch is sized per call by the helper :data:`SUM_CONFIG_FN` the rewrite
+adds: its tile's columns halve until the grid has about :data:`SUM_PROGRAMS` programs (16 programs summed 32 slices
+at M = 16 on an H100), and ``VEC``, the widest power of two up to 16 dividing the columns and the strides, lets the
+compiler use 16-byte accesses at a width that is no multiple of 16 (N = 1000: scalar 16-bit stores without it).
+Pointers or counters the K loop carries are started at ``k_lo`` by scaling
 their per-step increment; anything else the loop carries, an accumulator that does not start at zero, a
 persistent or already 3D grid, or a kernel that reads its output is left alone, with the reason.
 
@@ -68,6 +72,8 @@ from xeforge.rewrite.tiling.pids import hoist_program_ids
 __all__ = ["EPILOGUE", "PARAM", "SUM_KERNEL", "SplitPlan", "apply", "find", "follow", "plan", "sizes"]
 
 SUM_BLOCK = 64
+#: the programs the summing kernel's launch aims at (columns per tile halved until it has them)
+SUM_PROGRAMS = 128
 #: the largest SPLIT_K a split sized per call takes (the summing kernel unrolls its slices)
 MOST = 32
 #: the fewest K steps a slice of a split sized per call keeps
@@ -93,9 +99,16 @@ SUM_KERNEL_CODE = '''
 @triton.jit
 def {name}(
     part_ptr, out_ptr, M, N, stride_pk, stride_pm, stride_pn, stride_om, stride_on,
-    {param}: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    {param}: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, VEC: tl.constexpr,
 ):
-    """out = the sum of {param} fp32 partial tiles, added in slice order (the same bits every run)."""
+    """out = the sum of {param} fp32 partial tiles, added in slice order (the same bits every run). VEC divides N
+    and the strides (the host passes the largest power of two up to 16 that does): it tells the compiler that
+    VEC-wide accesses along a row stay aligned where Triton's own specialization (multiples of 16) does not."""
+    if VEC > 1:
+        N = N // VEC * VEC
+        stride_pk = stride_pk // VEC * VEC
+        stride_pm = stride_pm // VEC * VEC
+        stride_om = stride_om // VEC * VEC
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -108,6 +121,26 @@ def {name}(
     out = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
     tl.store(out, acc.to({cast}), mask=mask)
 '''
+
+#: the helper that sizes the summing kernel's launch per call
+SUM_CONFIG_FN = "splitk_sum_config"
+
+SUM_CONFIG_FN_CODE = '''
+def {name}(rows, cols, *strides, programs={programs}, block={block}):
+    """(BLOCK_M, BLOCK_N, VEC) for {sum_kernel}: tiles of up to ``block`` rows (as few as 16 for fewer rows), their
+    columns halved (down to 16) until the grid has ``programs`` programs, so that a decode-sized sum is spread over
+    the device; VEC, the largest power of two up to 16 that divides the columns and every stride."""
+    bm = min(block, max(16, 1 << (max(rows, 1) - 1).bit_length()))
+    bn = block
+    while bn > 16 and -(-rows // bm) * -(-cols // bn) < programs:
+        bn //= 2
+    vec = 16
+    for v in (cols, *strides):
+        while vec > 1 and v % vec:
+            vec //= 2
+    return bm, bn, vec
+'''
+
 
 
 def _scaled(factor: str, delta: str) -> str:
@@ -290,7 +323,7 @@ def apply(source: str, p: SplitPlan, split: int, when: str | None = None, progra
 
     edits.calls[site.line] = launch
     c = p.out_host
-    reduce = _sum_launch(c, parts, split_var)
+    reduce = _sum_launch(c, parts, split_var, _sum_names(host, split_var, parts))
     edits.insert_after[launch_line] = edits.insert_after.get(launch_line, []) + statements(reduce)
     try:
         source = apply_edits(source, edits, parsed)
@@ -315,17 +348,29 @@ def _host_names(model, p: SplitPlan) -> tuple:
     return site, host, split_var, fresh_name(names | {split_var}, f"{p.out_host}_partials")
 
 
-def _sum_launch(c: str, parts: str, split_var: str) -> str:
-    """The summing kernel's launch: ``parts`` (SPLIT_K slices) added into ``c``."""
-    return (f"{SUM_KERNEL}[(triton.cdiv({c}.shape[0], {SUM_BLOCK}), triton.cdiv({c}.shape[1], {SUM_BLOCK}))](\n"
+def _sum_names(host: ast.AST, split_var: str, parts: str) -> str:
+    """Fresh names in ``host`` for the summing launch's sizes: ``BLOCK_M, BLOCK_N, VEC``."""
+    taken = {n.id for n in ast.walk(host) if isinstance(n, ast.Name)} | {split_var, parts}
+    return ", ".join(fresh_name(taken, n) for n in ("sum_block_m", "sum_block_n", "sum_vec"))
+
+
+def _sum_launch(c: str, parts: str, split_var: str, cfg: str) -> str:
+    """The summing kernel's launch: ``parts`` (SPLIT_K slices) added into ``c``, its tiles and VEC sized per call by
+    :data:`SUM_CONFIG_FN` into the names ``cfg`` (three, comma-separated)."""
+    bm, bn, vec = cfg.split(", ")
+    return (f"{cfg} = {SUM_CONFIG_FN}({c}.shape[0], {c}.shape[1], {parts}.stride(0), {parts}.stride(1), "
+            f"{c}.stride(0))\n"
+            f"{SUM_KERNEL}[(triton.cdiv({c}.shape[0], {bm}), triton.cdiv({c}.shape[1], {bn}))](\n"
             f"    {parts}, {c}, {c}.shape[0], {c}.shape[1], {parts}.stride(0), {parts}.stride(1), "
-            f"{parts}.stride(2),\n    {c}.stride(0), {c}.stride(1), {PARAM}={split_var}, BLOCK_M={SUM_BLOCK}, "
-            f"BLOCK_N={SUM_BLOCK}, num_warps=4)")
+            f"{parts}.stride(2),\n    {c}.stride(0), {c}.stride(1), {PARAM}={split_var}, BLOCK_M={bm}, "
+            f"BLOCK_N={bn}, VEC={vec}, num_warps=4)")
 
 
 def _add_sum_kernel(source: str, cast: str) -> str:
-    """Insert the summing kernel before the first class (``Model``), or at the end."""
-    return _insert_before_model(source, SUM_KERNEL, SUM_KERNEL_CODE.format(name=SUM_KERNEL, param=PARAM, cast=cast))
+    """Insert the summing kernel and its launch's sizing helper before the first class (``Model``), or at the end."""
+    source = _insert_before_model(source, SUM_KERNEL, SUM_KERNEL_CODE.format(name=SUM_KERNEL, param=PARAM, cast=cast))
+    return _insert_before_model(source, SUM_CONFIG_FN, SUM_CONFIG_FN_CODE.format(
+        name=SUM_CONFIG_FN, programs=SUM_PROGRAMS, block=SUM_BLOCK, sum_kernel=SUM_KERNEL))
 
 
 def _insert_before_model(source: str, name: str, code: str) -> str:
@@ -471,7 +516,7 @@ def _launch_copies(source: str, p: SplitPlan, model, parsed: Parsed, split: int,
             names["s_n"]: f"{parts}.stride(2)", PARAM: split_var}))
         then = f"{p.epilogue_kernel} adds them in slice order and runs {p.kernel}'s epilogue into {p.out_host}"
     else:
-        second = _sum_launch(p.out_host, parts, split_var)
+        second = _sum_launch(p.out_host, parts, split_var, _sum_names(host, split_var, parts))
         then = f"{SUM_KERNEL} adds them in slice order into {p.out_host}"
     block = [f"# split-K: {split_var} programs per output tile, each over one slice of K, write {acc_dtype} "
              f"partial tiles to {parts};", f"# {then}",
