@@ -6,9 +6,9 @@ tile, each over one slice of the K loop, fp32 partial tiles summed in order by a
 epilogue, when it has one, runs there, once per tile). SPLIT_K is drawn
 from :data:`SPLITS`, keeping at most :data:`PROGRAMS_PER_CORE` programs per core and at least
 :data:`MIN_STEPS` K steps per slice; the default is the largest whose programs fill one wave of the cores
-(:data:`ONE_WAVE_FILL` of it or more), else the smallest that gives every core a program (:func:`split_values`). On a GPU
-each value is a candidate for the verifier to time; the interpreter gets one (correctness only), sized from
-the KB device named with ``--target`` when there is one, else SPLIT_K=2.
+(:data:`ONE_WAVE_FILL` of it or more), else the smallest that gives every core a program (:func:`split_values`).
+On a GPU each value is a candidate for the verifier to time; the interpreter gets one (correctness only), sized
+from the KB device named with ``--target`` when there is one, else SPLIT_K=2.
 
 On a GPU each candidate is sized per call where the host can count the launch's tiles (``splitk.apply`` with
 ``programs``: a tuple grid, or a META grid whose block sizes the launch passes; not an ``@triton.autotune``'d one):

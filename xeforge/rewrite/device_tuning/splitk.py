@@ -142,7 +142,6 @@ def {name}(rows, cols, *strides, programs={programs}, block={block}):
 '''
 
 
-
 def _scaled(factor: str, delta: str) -> str:
     node = parse_python(delta, mode="eval").body
     if isinstance(node, ast.Constant) and node.value == 0:
