@@ -161,6 +161,7 @@ class TensorDescriptorTiles(Tactic):
         class; none where a losing shape has no class of its own (the primary, an odd shape) or a class holds a
         shape it won at too."""
         best: tuple[float, Candidate] | None = None
+        classes_of: dict[str, list] = {}  # kernel -> its launch's shape classes ([] where none form)
         for o in outcomes:
             perf = next((g for g in getattr(o.verdict, "gates", []) if g.gate == "3-performance"), None)
             d = perf.details if perf is not None and perf.status == "fail" else {}
@@ -168,11 +169,14 @@ class TensorDescriptorTiles(Tactic):
             if not d.get("blocked_by") or not d.get("improved") or not kernel:
                 continue
             lost = [s["variant"] for s in d.get("shapes", []) if s["speedup"] < 1.0]
-            try:
-                classes, _ = shape_classes(ctx, single_launch(ctx.model, kernel))
-            except NotApplicable:
+            if kernel not in classes_of:
+                try:
+                    classes_of[kernel] = shape_classes(ctx, single_launch(ctx.model, kernel))[0]
+                except NotApplicable:
+                    classes_of[kernel] = []
+            off = [c for c in classes_of[kernel] if any(v in c.serves for v in lost)]
+            if not off:
                 continue
-            off = [c for c in classes if any(v in c.serves for v in lost)]
             if any(not any(v in c.serves for c in off) for v in lost) or \
                     any(v in c.serves for c in off for v in d["improved"]):
                 continue

@@ -322,7 +322,7 @@ def apply(source: str, p: SplitPlan, split: int, when: str | None = None, progra
 
     edits.calls[site.line] = launch
     c = p.out_host
-    reduce = _sum_launch(c, parts, split_var, _sum_names(host, split_var, parts))
+    reduce = _sum_launch(c, parts, split_var, host)
     edits.insert_after[launch_line] = edits.insert_after.get(launch_line, []) + statements(reduce)
     try:
         source = apply_edits(source, edits, parsed)
@@ -347,17 +347,12 @@ def _host_names(model, p: SplitPlan) -> tuple:
     return site, host, split_var, fresh_name(names | {split_var}, f"{p.out_host}_partials")
 
 
-def _sum_names(host: ast.AST, split_var: str, parts: str) -> str:
-    """Fresh names in ``host`` for the summing launch's sizes: ``BLOCK_M, BLOCK_N, VEC``."""
-    taken = {n.id for n in ast.walk(host) if isinstance(n, ast.Name)} | {split_var, parts}
-    return ", ".join(fresh_name(taken, n) for n in ("sum_block_m", "sum_block_n", "sum_vec"))
-
-
-def _sum_launch(c: str, parts: str, split_var: str, cfg: str) -> str:
+def _sum_launch(c: str, parts: str, split_var: str, host: ast.AST) -> str:
     """The summing kernel's launch: ``parts`` (SPLIT_K slices) added into ``c``, its tiles and VEC sized per call by
-    :data:`SUM_CONFIG_FN` into the names ``cfg`` (three, comma-separated)."""
-    bm, bn, vec = cfg.split(", ")
-    return (f"{cfg} = {SUM_CONFIG_FN}({c}.shape[0], {c}.shape[1], {parts}.stride(0), {parts}.stride(1), "
+    :data:`SUM_CONFIG_FN` into names fresh in ``host``, the function holding the launch."""
+    taken = {n.id for n in ast.walk(host) if isinstance(n, ast.Name)} | {split_var, parts}
+    bm, bn, vec = (fresh_name(taken, n) for n in ("sum_block_m", "sum_block_n", "sum_vec"))
+    return (f"{bm}, {bn}, {vec} = {SUM_CONFIG_FN}({c}.shape[0], {c}.shape[1], {parts}.stride(0), {parts}.stride(1), "
             f"{c}.stride(0))\n"
             f"{SUM_KERNEL}[(triton.cdiv({c}.shape[0], {bm}), triton.cdiv({c}.shape[1], {bn}))](\n"
             f"    {parts}, {c}, {c}.shape[0], {c}.shape[1], {parts}.stride(0), {parts}.stride(1), "
@@ -515,7 +510,7 @@ def _launch_copies(source: str, p: SplitPlan, model, parsed: Parsed, split: int,
             names["s_n"]: f"{parts}.stride(2)", PARAM: split_var}))
         then = f"{p.epilogue_kernel} adds them in slice order and runs {p.kernel}'s epilogue into {p.out_host}"
     else:
-        second = _sum_launch(p.out_host, parts, split_var, _sum_names(host, split_var, parts))
+        second = _sum_launch(p.out_host, parts, split_var, host)
         then = f"{SUM_KERNEL} adds them in slice order into {p.out_host}"
     block = [f"# split-K: {split_var} programs per output tile, each over one slice of K, write {acc_dtype} "
              f"partial tiles to {parts};", f"# {then}",
