@@ -42,7 +42,11 @@ whose shape argument differs from the primary's by :data:`CLASS_RATIO` or more:
    idle (cross-entropy at 16 tokens over a 128k vocabulary, decode attention at batch 1), where split-K offers
    nothing: its branch launches ``<kernel>_split``, SPLIT programs per program over slices of the kernel's
    reduction loop, and ``<kernel>_combine``, which combines their max, sums and rescaled sums and runs the rest
-   (:mod:`xeforge.rewrite.device_tuning.splitred`).
+   (:mod:`xeforge.rewrite.device_tuning.splitred`);
+11. **rows that share loads**: for a class of more rows than the primary shape's along a grid axis of one program a
+   row (a GEMV at B = 8 against B = 1), its branch launches ``<kernel>_rows<R>``, R rows a program, each row's work
+   written out and what does not depend on the row (the weight's tile) loaded once
+   (:mod:`xeforge.rewrite.device_tuning.shared_rows`).
 
 Where it does not apply, it says why: on the interpreter (nothing to rank), with one timed shape, at an
 ``@triton.autotune``'d kernel (its key already picks a configuration per shape), at a kernel launched from several
@@ -52,6 +56,7 @@ places, or where no shape argument or grid axis separates the timed shapes.
 from __future__ import annotations
 
 import ast
+import functools
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -67,7 +72,7 @@ from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling.configs import (OPTION_KEYS, apply_config, current_config, describe, kb_configs,
                                             kb_errors, kb_rejects, measured_configs, no_change, option_keys,
                                             traced_options, tunable)
-from xeforge.rewrite.device_tuning import gemv, splitk, splitred
+from xeforge.rewrite.device_tuning import gemv, shared_rows, splitk, splitred
 from xeforge.rewrite.device_tuning.swap_ab import swap_ab, swapped_branch
 from xeforge.rewrite.tiling.dispatch import Branch, dispatch, launch_statement
 from xeforge.rewrite.tiling.host_rule import heuristic_made
@@ -126,9 +131,9 @@ class ShapeClass:
 @dataclass(frozen=True)
 class Proposal:
     """What one candidate of the tactic changes, so its verdict can be combined with another's: ``kind`` "config"
-    (the class's branch launches ``config``), "swap" / "split" / "gemv" / "splitred" (the branch launches a
-    swap-AB, split-K or GEMV-form copy, or a split reduction; its ``what`` says how) or "else" (``config`` for every shape but the class's, whose branch keeps
-    the incumbent's)."""
+    (the class's branch launches ``config``), "swap" / "split" / "gemv" / "splitred" / "rows" (the branch launches a
+    swap-AB, split-K or GEMV-form copy, a split reduction or a copy serving several rows a program; its ``what`` says
+    how) or "else" (``config`` for every shape but the class's, whose branch keeps the incumbent's)."""
 
     cls: ShapeClass
     kind: str
@@ -472,6 +477,7 @@ class PerShapeConfig(Tactic):
             split = self._split(ctx, kernel, cls)
             out.extend(split or self._split_reduction(ctx, kernel, cls))
             out.extend(self._gemv(ctx, plan.site, cls, current))
+            out.extend(self._shared_rows(ctx, plan.site, cls, current))
             out.extend(self._primary_winners(ctx, plan.site, cls, current))
         return out
 
@@ -501,7 +507,7 @@ class PerShapeConfig(Tactic):
         """One candidate per configuration: the class's branch launching a rewritten copy of the kernel (``branch``:
         :func:`swapped_branch`, :func:`gemv.gemv_branch`) with it, the other shapes keeping the incumbent's launch;
         a copy the knowledge base refuses is left out."""
-        out, flag = [], {"swap": "swap_ab", "gemv": "gemv"}[kind]
+        out, flag = [], {"swap": "swap_ab", "gemv": "gemv", "rows": "shared_rows"}[kind]
         for cfg in cfgs:
             try:
                 src = branch(dispatch(ctx.source, kernel, [Branch(cls.test, cfg)]), ctx.source, kernel, cls.test)
@@ -604,6 +610,36 @@ class PerShapeConfig(Tactic):
         return self._copies(ctx, kernel, cls, gemv.gemv_configs(form, current, names)[:GEMV_PER_CLASS], current,
                             gemv.gemv_branch, "gemv", f"the GEMV form ({kernel}{gemv.SUFFIX}: tl.dot as a multiply "
                             "and a sum)")
+
+    def _shared_rows(self, ctx: StageContext, site: LaunchSite, cls: ShapeClass,
+                     current: dict[str, Any]) -> list[Candidate]:
+        """For a class of more rows than the primary shape's along a grid axis of one program a row (``grid =
+        (cdiv(N, BLOCK_N), B)`` at B = 8 against B = 1): its branch launches ``<kernel>_rows<R>``, R rows a program
+        with what does not depend on the row loaded once (:mod:`xeforge.rewrite.device_tuning.shared_rows`), for
+        each R of :data:`~xeforge.rewrite.device_tuning.shared_rows.ROWS` up to the class's size; the other shapes
+        keep the kernel. Each with the launch search's fastest verified configuration, then the incumbent's."""
+        if cls.op != ">" or not cls.param.startswith("grid axis "):
+            return []
+        kernel, axis = site.kernel, int(cls.param.rsplit(" ", 1)[1])
+        # the launch search's fastest configuration first (gemv_decode on an H100, 2026-12-07: the copy at the
+        # start's 32 x 128 tile gained 1.49x at B = 8 and stayed at 0.36x of torch.compile, where the search's
+        # 4 x 1024 tile ran B = 1 2.15x faster), then the incumbent's
+        names = set(tunable(ctx.model, site)) | set(OPTION_KEYS)
+        best = measured_configs(ctx.run_dir, kernel, 1, tactics=("launch-params",), by_primary=True)
+        cfgs = [c for c in ({**current, **{k: v for k, v in b.items() if k in names}} for b in best)
+                if c != current] + [current]
+        try:
+            plans = {r: shared_rows.share_rows(ctx.source, kernel, axis, r)[1] for r in shared_rows.ROWS
+                     if r <= cls.size}
+        except NotApplicable:
+            return []
+        out: list[Candidate] = []
+        for cfg in cfgs:
+            for rows, plan in plans.items():
+                branch = functools.partial(shared_rows.rows_branch, axis=axis, rows=rows)
+                out += self._copies(ctx, kernel, cls, [cfg], current, branch, "rows",
+                                    f"{kernel}{shared_rows.SUFFIX}{rows} ({plan.describe().split(': ', 1)[1]})")
+        return out
 
     def _primary_winners(self, ctx: StageContext, site: LaunchSite, cls: ShapeClass,
                          current: dict[str, Any]) -> list[Candidate]:

@@ -347,7 +347,9 @@ def plan_rows(model: KernelModel, kernel: str) -> RowsPlan:
                     tuple(names), cdiv, rest, grid.meta if grid.kind == "lambda" else None, reductions)
 
 
-def _with_row_mask(pos: int, mask: str):
+def with_mask(pos: int, mask: str):
+    """A builder of ``call`` with ``& <mask>`` on its mask (positional slot ``pos`` or ``mask=``; ``mask=<mask>`` where it
+    has none). Also used by :mod:`~xeforge.rewrite.device_tuning.shared_rows`."""
     def build(call: cst.Call) -> cst.Call:
         args = list(call.args)
         positional = [i for i, a in enumerate(args) if a.keyword is None and not a.star]
@@ -382,7 +384,7 @@ def apply_rows(source: str, plan: RowsPlan, rows: int, num_warps: int | None = N
     for key in plan.aranges:
         edit.calls[key] = _row_vector
     for line, col, name, pos in plan.masked:
-        edit.calls[(line, col, name)] = _with_row_mask(pos, mask)
+        edit.calls[(line, col, name)] = with_mask(pos, mask)
     for line, col, name, method in plan.reductions:
         edit.calls[(line, col, name)] = _on_axis_1(method)
     head = f"{plan.pid} = {plan.start} * {param} + tl.arange(0, {param})[:, None]\n{mask} = {plan.pid} < {count}"
