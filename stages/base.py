@@ -49,9 +49,9 @@ class Candidate:
     kind: str = "rewrite"  # rewrite: a transformation adopted when correct (and faster on a GPU); search: one point of a parameter search
     params: dict[str, Any] = field(default_factory=dict)
     # gate 3 times every timed shape, even when the primary does not improve: for a candidate meant for shapes other
-    # than the primary (a per-shape dispatch, the incumbent at the primary by construction; divisibility hints or
-    # descriptors, for an odd shape), which the primary-first cut would reject unseen; judged by the same rule over
-    # every shape
+    # than the primary (a per-shape dispatch, the incumbent at the primary by construction; an autotuned list that
+    # holds the incumbent's configuration; divisibility hints or descriptors, for an odd shape), which the
+    # primary-first cut would reject unseen; judged by the same rule over every shape
     time_all_shapes: bool = False
 
 

@@ -104,6 +104,8 @@ def test_gpu_list_is_incumbent_then_measured_then_kb_seeds(tmp_path):
     assert "grf_mode" not in cand.source
     errors = [v for v in ctx.kb.check(parse_kernel(cand.source), "h200", ctx.triton) if v.is_error]
     assert not errors, [v.render() for v in errors]
+    # its key picks per shape: gate 3 times it at each of gemm_relu's timed shapes, not the primary alone
+    assert len(p.timed_variants("cuda")) > 1 and cand.time_all_shapes
 
 
 def test_intel_list_carries_grf_mode_in_the_config_dict():

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import FIXTURES, ROOT, skip_without_gpu
-from xeforge.timing import Stats, decide, delay_flushes, noise_margin, roofline_floor
+from xeforge.timing import LATE_RETRIES, Stats, decide, delay_flushes, noise_margin, roofline_floor, timed_call
 
 
 def test_stats_median_and_iqr():
@@ -159,9 +159,10 @@ def test_aa_on_gpu_is_never_accepted(tmp_path):
 class _FakeRuntime:
     """Stands in for xeforge.devices.Runtime on the CPU: a clock instead of device events, a log of flushes."""
 
-    def __init__(self) -> None:
+    def __init__(self, late: int = 0) -> None:
         self.log: list = []
         self.now = 0.0
+        self.late = late  # how many start events the device reaches before the host has issued the call
 
     def synchronize(self) -> None:
         self.log.append("sync")
@@ -177,6 +178,10 @@ class _FakeRuntime:
 
             def elapsed_time(self, other):
                 return other.t - self.t
+
+            def query(self):
+                rt.late -= 1
+                return rt.late >= 0
 
         return Event()
 
@@ -208,6 +213,19 @@ def test_worker_timing_loop_delays_every_call_and_interleaves():
     assert fake.log[i - 1] == "sync" and fake.log[i + 1] == "record"  # sync, flush+delay, start event
 
 
+@pytest.mark.parametrize("late, retried", [(0, 0), (2, 2), (9, LATE_RETRIES)])
+def test_a_call_the_host_issued_late_is_measured_again_with_a_longer_delay(late, retried):
+    """When the device reached the start event before the host had issued the call (the host stalled: another lane
+    compiling), the interval holds host time: the call is measured again with twice the delay, at most
+    LATE_RETRIES times, and the count is returned."""
+    fake = _FakeRuntime(late=late)
+    calls = []
+    ms, n_late, delay = timed_call(fake, lambda: calls.append(1), None, 3, 0.25)
+    assert n_late == retried and len(calls) == retried + 1 and ms == pytest.approx(0.25)
+    assert delay == min(3 * 2 ** retried, delay_flushes(float("inf"), 0.25))
+    assert [e for e in fake.log if isinstance(e, tuple)][-1] == ("flush", delay)
+
+
 def test_prewarm_compiles_every_correctness_shape(tmp_path, monkeypatch):
     """Prewarm must compile each candidate on the timing variant and on every shape gate 2 runs (each shape is a
     separate Triton specialization); the cascade's serial first calls are what it exists to avoid."""
@@ -234,3 +252,28 @@ def test_prewarm_compiles_every_correctness_shape(tmp_path, monkeypatch):
     assert v.prewarm(["# a\n", "# b\n"]) == 2
     plans = {plan for _, plan in seen}
     assert len(seen) == 2 * len(wanted) and len(plans) == len(wanted)
+
+
+def test_an_aa_margin_far_beyond_the_noise_is_measured_once_more(tmp_path, monkeypatch):
+    """The incumbent against itself 1.5x apart (a disturbed run) would set a margin no candidate beats: that A/A is
+    measured again and the second stands; an ordinary one is measured once."""
+    import dataclasses
+
+    from xeforge import devices, verifier as vmod
+    from xeforge.problem import load_problem
+    from xeforge.settings import Settings
+
+    monkeypatch.setattr(vmod, "Worker", _FakeWorker)
+    problem = load_problem(FIXTURES / "problems" / "vadd")
+    gpu = dataclasses.replace(devices.describe("cpu"), kind="cuda", interpreter=False)
+    v = vmod.Verifier(problem, gpu, Settings(), tmp_path)
+    steady = [1.0 + 0.001 * (i % 3) for i in range(20)]
+    disturbed = [1.0 if i % 2 else 1.5 for i in range(20)]
+    runs = [[steady, disturbed], [steady, steady], [steady, steady]]
+    monkeypatch.setattr(v, "_time", lambda codes, variant: runs.pop(0))
+    variant = problem.timing_variant("cuda")
+    margin, aa = v.margin_for(problem.kernel_path, variant)
+    assert margin < vmod.AA_SUSPECT and aa["remeasured"] and len(runs) == 1
+    v._margins.clear()
+    margin, aa = v.margin_for(problem.kernel_path, variant)
+    assert "remeasured" not in aa and not runs

@@ -43,6 +43,10 @@ from xeforge.timing import ShapeVerdict, decide, decide_shapes, noise_margin, pa
 from xeforge.kernel_model import loops_over_programs, parse_kernel, stored_params, tf32_dots
 
 GATES = ("0-isolation", "1-static", "2-correctness", "3-performance")
+#: an A/A margin above this is measured once more, and the second stands: the incumbent against itself that far
+#: apart is a disturbed run (on an H100, 2026-12-07, six lanes at once: 94% at 16 x 4096 x 4096, where the same
+#: kernel's IQR was 1%), and every candidate of the port would have to beat it
+AA_SUSPECT = 0.25
 
 _DEVICE_NAMES = {"xpu": "an Intel GPU (XPU)", "cuda": "a CUDA GPU", "cpu": "the CPU interpreter"}
 
@@ -866,8 +870,9 @@ class Verifier:
         there (one port stays bounded); each shape with its own A/A margin (:func:`xeforge.timing.decide_shapes`).
 
         ``all_shapes``: time every shape whatever the primary shows, for a candidate that asks for it because it is
-        the incumbent at the primary by construction (a per-shape dispatch, ``Candidate.time_all_shapes``): the
-        primary-first cut would reject it unseen. The decision is the same rule over every shape (the weighted
+        the incumbent at the primary by construction or within the noise (a per-shape dispatch, an autotuned list
+        holding the incumbent's configuration: ``Candidate.time_all_shapes``): the primary-first cut would reject
+        it unseen. The decision is the same rule over every shape (the weighted
         objective beyond the weighted margin, no shape slower than its own margin), never the primary's alone; with
         one timed shape the flag changes nothing."""
         if not self.device.can_time:
@@ -903,7 +908,8 @@ class Verifier:
                    "improved": sd.improved, "all_shapes": all_shapes}
         if sd.implausible:
             return GateResult(GATES[3], "fail", sd.implausible, details)
-        why = ("timed at every shape (the candidate asked: it is the incumbent at the primary by construction): "
+        why = ("timed at every shape (the candidate asked: it chooses per shape, so the primary alone does not judge "
+               "it): "
                if all_shapes and len(shapes) > 1 else "")
         return GateResult(GATES[3], "pass" if sd.accepted else "fail", why + sd.summary(), details)
 
@@ -913,16 +919,22 @@ class Verifier:
                 f"{self.settings.warmup_calls} warm-ups; median and IQR")
 
     def margin_for(self, inc: Path | Code, variant: Variant) -> tuple[float, dict]:
-        """The A/A noise margin of the incumbent against itself at ``variant`` (cached per incumbent and shape)."""
+        """The A/A noise margin of the incumbent against itself at ``variant`` (cached per incumbent and shape;
+        measured again once where it exceeds :data:`AA_SUSPECT`)."""
         inc = self.code(inc)
         key = (inc.hash, variant.name)
         if key not in self._margins:
             a, b = self._time([inc, inc], variant)
-            ratios = paired_ratios(a, b)
             margin = noise_margin(a, b, self.settings.min_noise_margin)
+            remeasured = margin > AA_SUSPECT
+            if remeasured:  # one code against itself that far apart: a disturbed run, not the kernel's noise
+                a, b = self._time([inc, inc], variant)
+                margin = noise_margin(a, b, self.settings.min_noise_margin)
+            ratios = paired_ratios(a, b)
             d = decide(a, b, 0.0, None, self.settings.speedup_flag)
             self._margins[key] = (margin, {"aa_speedup": d.speedup,
-                                           "aa_ratios_median": sorted(ratios)[len(ratios) // 2], "margin": margin})
+                                           "aa_ratios_median": sorted(ratios)[len(ratios) // 2], "margin": margin,
+                                           **({"remeasured": True} if remeasured else {})})
         return self._margins[key]
 
     def aa_test(self, path: Path | Code) -> dict:
@@ -958,7 +970,7 @@ class Verifier:
                                     seed=secrets.randbits(62), pairs=pairs or self.settings.timed_pairs,
                                     warmup=self.settings.warmup_calls, l2_bytes=self.device.l2_bytes,
                                     budget_bytes=self._rotation_budget())
-        self.last_timing = {k: reply.get(k) for k in ("host_ms_max", "flush_ms", "delay_flushes")}
+        self.last_timing = {k: reply.get(k) for k in ("host_ms_max", "flush_ms", "delay_flushes", "late_starts")}
         times = reply.get("times_ms")
         try:
             out = [[float(t) for t in times[s]] for s in slots]

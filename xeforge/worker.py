@@ -32,7 +32,7 @@ from xeforge.host_refs import OP_NAMESPACE
 from xeforge.analysis.trace import NAMESPACE_ALIASES, record, record_call, register_impls
 from xeforge.diagnosis.capture import dump_compiled, write_call_cost
 from xeforge.inputs import TensorPlan, generate_inputs
-from xeforge.timing import delay_flushes
+from xeforge.timing import delay_flushes, timed_call
 from xeforge.integrity import CANARY, canary_value, weight_changes
 from xeforge.sandbox import apply_own_limits
 
@@ -485,7 +485,7 @@ class WorkerState:
             flush_ms = self._flush_ms(l2_bytes)
             delay = delay_flushes(max(host_ms, default=0.0), flush_ms)
             times: dict[str, list[float]] = {s: [] for s in slots}
-            k = 0
+            k = late = 0
             # the same cyclic order every round, so no slot ever runs twice in a row: a model called again right
             # after itself ran faster (on the H200, kb41's GEMM: 0.216 ms after itself, 0.231 ms after another
             # model, the L2 flushed both times; warm address translations of its weights, most likely); reversing
@@ -494,17 +494,14 @@ class WorkerState:
                 for j in range(len(slots)):
                     args = sets[k % n_sets]
                     k += 1
-                    self.rt.synchronize()
                     # the L2 flush, repeated so the device is still busy when the host has queued the call
-                    self.rt.flush_l2(l2_bytes, repeats=delay)
-                    start, end = self.rt.event(), self.rt.event()
-                    start.record()
-                    models[j](*args)
-                    end.record()
-                    self.rt.synchronize()
-                    times[slots[j]].append(start.elapsed_time(end))
+                    ms, n_late, delay = timed_call(self.rt, lambda m=models[j], a=args: m(*a), l2_bytes, delay,
+                                                   flush_ms)
+                    late += n_late
+                    times[slots[j]].append(ms)
         return {"ok": True, "times_ms": times, "rotated_sets": n_sets, "calls": calls,
-                "host_ms_max": max(host_ms, default=0.0), "flush_ms": flush_ms, "delay_flushes": delay}
+                "host_ms_max": max(host_ms, default=0.0), "flush_ms": flush_ms, "delay_flushes": delay,
+                "late_starts": late}
 
     def profile(self, slot: str, plan: list, seed: int, iters: int) -> dict:
         """Per-kernel device times of ``iters`` calls (torch.profiler, after one warm-up call): the events with
