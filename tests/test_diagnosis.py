@@ -245,6 +245,33 @@ def test_the_rules_engine_tries_the_diagnosed_tactics_first_and_says_why(kb):
     assert same == tactics and none == {}
 
 
+def test_a_finding_with_a_bounded_gain_goes_before_the_others(kb):
+    """kb41 on an H100: 38 spilled registers at the primary shape (launch-params, epilogue-halves) and 32 programs for
+    132 cores at M = 16 (per-shape-config, up to 4.1x there). The finding whose diagnosis bounds its gain by the
+    share of cores used goes first, so the port's time reaches the decode branch."""
+    from dataclasses import asdict
+
+    from xeforge.diagnosis.rules import Finding
+
+    d = _read(kb, "gemm_tall_k", [_launch("matmul_kernel", (64,))])
+    idle = next(f for f in findings_of(d) if f.id == "dx-fewer-programs-than-cores")
+    facts = d["kernels"][0]["facts"]
+    assert idle.gain == round(1 / facts["core_fill"], 2) > 2  # 64 programs for 132 cores
+    spills = Finding("dx-register-spills", "spills", "k", "38 spilled", "device_tuning",
+                     ["launch-params", "epilogue-halves"])
+    fewer = Finding("dx-fewer-programs-than-cores", "few", "k", "32 programs for 132 cores", "device_tuning",
+                    ["split-k", "launch-params", "per-shape-config"], shape="bench-gpu-1", gain=4.12)
+    diag = {"available": True, "findings": [asdict(spills)],
+            "by_shape": {"bench-gpu-1": {"findings": [asdict(fewer)]}}}
+    tactics = [SimpleNamespace(name=n) for n in ("launch-params", "epilogue-halves", "per-shape-config", "split-k")]
+    order, why = tactic_order(tactics, "device_tuning", diag)
+    assert [t.name for t in order] == ["per-shape-config", "split-k", "launch-params", "epilogue-halves"]
+    assert why["launch-params"].startswith("diagnosis dx-fewer-programs-than-cores at bench-gpu-1")
+    diag["by_shape"]["bench-gpu-1"]["findings"][0]["gain"] = None  # unbounded: the primary's finding first
+    assert [t.name for t in tactic_order(tactics, "device_tuning", diag)[0]][:2] == ["launch-params",
+                                                                                    "epilogue-halves"]
+
+
 def test_a_trial_slower_at_one_shape_puts_the_per_shape_branch_first(kb):
     """On top of a carried trial that lost at M = 16 only, per-shape-config goes before every diagnosed tactic: a
     branch for that class keeps the trial's gain at the other shapes. Without the lost shape the diagnosis decides;
@@ -345,6 +372,13 @@ def test_a_diagnosis_naming_an_unknown_fact_or_a_bad_pattern_is_a_lint_error(tmp
     errors = [e.render() for e in lint_paths([root])]
     assert any("extra.yaml:5" in e and "unknown fact 'spils'" in e and "did you mean 'spills'" in e for e in errors)
     assert any("recognizers/extra.yaml" in e and "regular expression" in e for e in errors)
+    (root / "diagnoses" / "extra.yaml").write_text(
+        "diagnoses:\n  - id: dx-typo\n    title: t\n    when:\n      - {fact: spills, above: 0}\n"
+        "    cause: c\n    stage: device_tuning\n    share: core_fil\n    source: xeforge-design\n"
+        "    confidence: derived\n")
+    errors = [e.render() for e in lint_paths([root])]
+    assert any("extra.yaml:8" in e and "unknown fact 'core_fil'" in e and "did you mean 'core_fill'" in e
+               for e in errors), errors
 
 
 # ---------------------------------------------------------------------------------------- the profile

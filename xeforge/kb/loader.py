@@ -442,14 +442,16 @@ def _check_diagnosis_facts(files: list[LoadedFile], recognizers: list[Recognizer
         if f.kind != "diagnoses":
             continue
         for spec, node, loc in _items(f):
-            for i, cond in enumerate(spec.when):
-                names = [cond.fact] + [v for v in (cond.above, cond.below) if isinstance(v, str)]
+            tested = [(i, [cond.fact] + [v for v in (cond.above, cond.below) if isinstance(v, str)])
+                      for i, cond in enumerate(spec.when)]
+            for i, names in [*tested, *([(None, [spec.share])] if spec.share else [])]:
                 for name in names:
                     if name not in known:
                         close = difflib.get_close_matches(name, sorted(known), n=1)
                         hint = f"did you mean {close[0]!r}? " if close else ""
-                        errors.append(_err(f.display, _item_line(node, "when", i), f"{_keypath(loc)}.when[{i}]",
-                                           f"unknown fact {name!r}",
+                        line, where = ((_item_line(node, "when", i), f"{_keypath(loc)}.when[{i}]") if i is not None
+                                       else (_line(node, "share"), f"{_keypath(loc)}.share"))
+                        errors.append(_err(f.display, line, where, f"unknown fact {name!r}",
                                            f"{hint}name a compiled kernel's fact ({', '.join(METADATA_FACTS)}) "
                                            "or one a recognizer in knowledge_base/recognizers/ defines"))
     return errors

@@ -245,6 +245,10 @@ class DiagnosisSpec(Gated):
     cause: str
     stage: Stage
     tactics: list[str] = Field(default_factory=list)
+    # a fact that bounds what addressing the cause can gain: the share of the device the kernel uses (``core_fill``,
+    # programs per core); the gain is at most 1 / that share, and the rules engine tries the findings with the
+    # largest such bound first
+    share: str | None = None
     source: str | list[str]
     confidence: Confidence
 
