@@ -617,7 +617,8 @@ class PerShapeConfig(Tactic):
         (cdiv(N, BLOCK_N), B)`` at B = 8 against B = 1): its branch launches ``<kernel>_rows<R>``, R rows a program
         with what does not depend on the row loaded once (:mod:`xeforge.rewrite.device_tuning.shared_rows`), for
         each R of :data:`~xeforge.rewrite.device_tuning.shared_rows.ROWS` up to the class's size; the other shapes
-        keep the kernel. Each with the launch search's fastest verified configuration, then the incumbent's."""
+        keep the kernel. Each with the launch search's fastest verified configuration, then the incumbent's, fitted so
+        that the rows' vectors stay in registers (:func:`~xeforge.rewrite.device_tuning.shared_rows.fit_config`)."""
         if cls.op != ">" or not cls.param.startswith("grid axis "):
             return []
         kernel, axis = site.kernel, int(cls.param.rsplit(" ", 1)[1])
@@ -634,10 +635,15 @@ class PerShapeConfig(Tactic):
         except NotApplicable:
             return []
         out: list[Candidate] = []
+        seen: list[tuple[int, dict[str, Any]]] = []
         for cfg in cfgs:
             for rows, plan in plans.items():
+                fitted = shared_rows.fit_config(cfg, rows)
+                if (rows, fitted) in seen:
+                    continue
+                seen.append((rows, fitted))
                 branch = functools.partial(shared_rows.rows_branch, axis=axis, rows=rows)
-                out += self._copies(ctx, kernel, cls, [cfg], current, branch, "rows",
+                out += self._copies(ctx, kernel, cls, [fitted], current, branch, "rows",
                                     f"{kernel}{shared_rows.SUFFIX}{rows} ({plan.describe().split(': ', 1)[1]})")
         return out
 
