@@ -617,8 +617,8 @@ class PerShapeConfig(Tactic):
         (cdiv(N, BLOCK_N), B)`` at B = 8 against B = 1): its branch launches ``<kernel>_rows<R>``, R rows a program
         with what does not depend on the row loaded once (:mod:`xeforge.rewrite.device_tuning.shared_rows`), for
         each R of :data:`~xeforge.rewrite.device_tuning.shared_rows.ROWS` up to the class's size; the other shapes
-        keep the kernel. Each with the launch search's fastest verified configuration, then the incumbent's, fitted so
-        that the rows' vectors stay in registers (:func:`~xeforge.rewrite.device_tuning.shared_rows.fit_config`)."""
+        keep the kernel. Each with the launch search's fastest verified configuration, then the incumbent's, fitted for
+        several rows a program (:func:`~xeforge.rewrite.device_tuning.shared_rows.fit_config`)."""
         if cls.op != ">" or not cls.param.startswith("grid axis "):
             return []
         kernel, axis = site.kernel, int(cls.param.rsplit(" ", 1)[1])
@@ -638,7 +638,7 @@ class PerShapeConfig(Tactic):
         seen: list[tuple[int, dict[str, Any]]] = []
         for cfg in cfgs:
             for rows, plan in plans.items():
-                fitted = shared_rows.fit_config(cfg, rows)
+                fitted = shared_rows.fit_config(cfg)
                 if (rows, fitted) in seen:
                     continue
                 seen.append((rows, fitted))

@@ -172,14 +172,15 @@ def test_the_copies_take_the_launch_searchs_fastest_configuration_first(tmp_path
     (folder / "verdict.json").write_text(json.dumps({"correct": True, "speedup": 2.1}))
     ctx = tactic_context(load_problem(GEMV), kind="cuda", target="h200", cores=132, run_dir=tmp_path)
     cands = [c for c in PER_SHAPE.propose(ctx) if c.params.get("shared_rows")]
-    # fitted: 8 rows of a 1024-wide K block would not stay in registers; the weight's tile keeps its 4096 elements
-    assert [(c.params["BLOCK_N"], c.params["BLOCK_K"]) for c in cands] == [(16, 256), (8, 512), (32, 128), (32, 128)]
-    assert "BLOCK_N=16, BLOCK_K=256" in cands[0].description and "gemv_kernel_rows8" in cands[0].description
-    assert "gemv_kernel_rows4" in cands[1].description
+    # fitted: a K block of 128 and 8 warps (the H100 probe's fastest for both R); the weight's tile keeps 4096
+    # elements; the search's 2 stages first, then the incumbent's tile with its own
+    assert [(c.params["BLOCK_N"], c.params["BLOCK_K"], c.params["num_warps"], c.params.get("num_stages"))
+            for c in cands] == [(32, 128, 8, 2), (32, 128, 8, 2), (32, 128, 8, None), (32, 128, 8, None)]
+    assert "gemv_kernel_rows8" in cands[0].description and "gemv_kernel_rows4" in cands[1].description
 
 
-def test_a_configuration_is_fitted_so_the_rows_vectors_stay_in_registers():
-    assert fit_config({"BLOCK_N": 4, "BLOCK_K": 1024, "num_warps": 4}, 8) == \
-        {"BLOCK_N": 16, "BLOCK_K": 256, "num_warps": 4}
-    assert fit_config({"BN": 32, "BK": 128}, 8) == {"BN": 32, "BK": 128}  # fits already
-    assert fit_config({"XBLOCK": 1024}, 8) == {"XBLOCK": 1024}  # no K block: as it is
+def test_a_configuration_is_fitted_for_several_rows_a_program():
+    assert fit_config({"BLOCK_N": 4, "BLOCK_K": 1024, "num_warps": 4}) == \
+        {"BLOCK_N": 32, "BLOCK_K": 128, "num_warps": 8}
+    assert fit_config({"BN": 32, "BK": 64}) == {"BN": 32, "BK": 64}  # fits already, and sets no warps
+    assert fit_config({"XBLOCK": 1024, "num_warps": 4}) == {"XBLOCK": 1024, "num_warps": 4}  # no K block

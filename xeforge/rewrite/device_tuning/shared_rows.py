@@ -2,7 +2,7 @@
 not depend on the row once.
 
 Owns :func:`share_rows` (the kernel rewrite), :func:`rows_branch` (one branch of a per-shape dispatch launching it),
-:func:`fit_config` (a configuration whose row vectors fit in registers) and :func:`plain_axis`. A decode GEMV written one row of ``x`` a program (``grid = (cdiv(N, BLOCK_N), B)``,
+:func:`fit_config` (a configuration for several rows a program) and :func:`plain_axis`. A decode GEMV written one row of ``x`` a program (``grid = (cdiv(N, BLOCK_N), B)``,
 ``row = tl.program_id(1)``) reads the whole weight once per row: at B = 8 it streams W eight times, and an H100
 ran it at 0.25x of cuBLAS (docs/measurements/ports-h100-2026-12-07). The rewrite keeps every statement as the user
 wrote it and changes which program runs it:
@@ -50,10 +50,11 @@ from xeforge.rewrite.tiling.pids import hoist_program_ids
 SUFFIX = "_rows"
 #: rows a program serves, tried in this order (a power of two; the copies are written out, so few)
 ROWS = (8, 4)
-#: the copies hold R row vectors of BLOCK_K values each (a GEMV's ``x``): at most this many elements in all, about 64
-#: fp32 registers a thread over 4 warps. On an H100 (2026-12-07) the 8-row copy of gemv_decode at a 4 x 1024 tile
-#: ran B = 8 at 0.53x of torch.compile, 1.86x the time of B = 1 with the weight read once
-ROW_ELEMENTS = 2048
+#: a copy's K block at most, its N block grown to keep the weight's tile, and its warps. On an H100 (2026-12-07, the
+#: rows probe of gemv_decode at B = 8, K = N = 8192; docs/measurements/ports-h100-2026-12-07b) the 8- and 4-row copies
+#: ran fastest at 32 x 128 with 8 warps (0.095 and 0.097 ms; 0.169-0.27 ms with 4 warps, 0.17-0.23 ms at K blocks of
+#: 256 or 512 whatever the warps): each loaded weight element serves R rows, so more warps keep its loads in flight
+ROW_BLOCK_K, ROW_WARPS = 128, 8
 #: the row-count parameter and the row mask's base name
 COUNT, MASK = "N_ROWS", "row_ok"
 #: memory calls that take a ``mask=`` (and where it sits positionally)
@@ -330,18 +331,19 @@ def share_rows(source: str, kernel: str, axis: int, rows: int) -> tuple[str, Row
     return module.code, plan
 
 
-def fit_config(cfg: dict[str, Any], rows: int) -> dict[str, Any]:
-    """``cfg`` for a copy of ``rows`` rows a program: its K block (the role ``block_k``) cut to
-    ``ROW_ELEMENTS // rows`` where larger, and its N block (``block_n``) grown by the same factor, so the weight's tile
-    keeps its size while the rows' vectors fit in registers; ``cfg`` as it is where it names no such blocks."""
+def fit_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """``cfg`` for a copy serving several rows a program: its K block (the role ``block_k``) cut to
+    :data:`ROW_BLOCK_K` where larger, its N block (``block_n``) grown by the same factor (the weight's tile keeps its
+    size), and :data:`ROW_WARPS` warps where it sets ``num_warps``; ``cfg`` as it is where it names no K block."""
     k = next((n for n in cfg if role_of(n) == "block_k" and isinstance(cfg[n], int)), None)
-    if k is None or cfg[k] * rows <= ROW_ELEMENTS:
+    if k is None:
         return cfg
-    cut = max(16, ROW_ELEMENTS // rows)
-    out = {**cfg, k: cut}
-    n = next((n for n in cfg if role_of(n) == "block_n" and isinstance(cfg[n], int)), None)
-    if n is not None:
-        out[n] = cfg[n] * (cfg[k] // cut)
+    out = {**cfg, **({"num_warps": ROW_WARPS} if "num_warps" in cfg else {})}
+    if cfg[k] > ROW_BLOCK_K:
+        out[k] = ROW_BLOCK_K
+        n = next((n for n in cfg if role_of(n) == "block_n" and isinstance(cfg[n], int)), None)
+        if n is not None:
+            out[n] = cfg[n] * (cfg[k] // ROW_BLOCK_K)
     return out
 
 
