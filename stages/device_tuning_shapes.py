@@ -43,8 +43,10 @@ whose shape argument differs from the primary's by :data:`CLASS_RATIO` or more:
    nothing: its branch launches ``<kernel>_split``, SPLIT programs per program over slices of the kernel's
    reduction loop, and ``<kernel>_combine``, which combines their max, sums and rescaled sums and runs the rest
    (:mod:`xeforge.rewrite.device_tuning.splitred`);
-11. **rows that share loads**: for a class of more rows than the primary shape's along a grid axis of one program a
-   row (a GEMV at B = 8 against B = 1), its branch launches ``<kernel>_rows<R>``, R rows a program, each row's work
+11. **rows that share loads**, proposed before the class's configurations: for a class of more rows than the primary
+   shape's along a grid axis of one program a row (a GEMV at B = 8 against B = 1), its branch launches
+   ``<kernel>_dotrows``, 16 rows a program with the GEMV's sum as ``tl.dot`` on the matrix unit
+   (:mod:`xeforge.rewrite.device_tuning.rows_dot`), then ``<kernel>_rows<R>``, R rows a program, each row's work
    written out and what does not depend on the row (the weight's tile) loaded once
    (:mod:`xeforge.rewrite.device_tuning.shared_rows`).
 
@@ -72,7 +74,8 @@ from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling.configs import (OPTION_KEYS, apply_config, current_config, describe, kb_configs,
                                             kb_errors, kb_rejects, measured_configs, no_change, option_keys,
                                             traced_options, tunable)
-from xeforge.rewrite.device_tuning import gemv, shared_rows, splitk, splitred
+from xeforge.kb.roles import role_of
+from xeforge.rewrite.device_tuning import gemv, rows_dot, shared_rows, splitk, splitred
 from xeforge.rewrite.device_tuning.swap_ab import swap_ab, swapped_branch
 from xeforge.rewrite.tiling.dispatch import Branch, dispatch, launch_statement
 from xeforge.rewrite.tiling.host_rule import heuristic_made
@@ -86,6 +89,8 @@ CONFIGS_PER_CLASS = 4
 SWAPPED_PER_CLASS = 2
 #: GEMV-form configurations tried for a class of decode-sized M
 GEMV_PER_CLASS = 3
+#: configurations of the rows-on-the-matrix-unit copy tried for a class of more rows
+DOT_ROWS_CONFIGS = 2
 #: SPLIT_K values tried for a class whose output tiles leave cores idle (the split runs only in that class)
 SPLIT_PER_CLASS = 2
 #: the launch search's verified trials and the KB's seeds considered per class
@@ -146,6 +151,18 @@ class Plan:
     site: LaunchSite
     classes: list[ShapeClass] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # why a timed shape got no class of its own
+
+
+def seeds_for_rows(ctx: StageContext, rows: int) -> list[dict[str, Any]]:
+    """The seeds of the device's GEMM space for shapes of at most ``rows`` rows (KB ``max_rows``), by role; [] where
+    the device has no such space or no knowledge base is loaded."""
+    if getattr(ctx, "kb", None) is None or not getattr(ctx, "device_id", None):
+        return []
+    try:
+        space = ctx.kb.space(ctx.device_id, "gemm", ctx.triton, rows=rows)
+    except Exception:  # no space for this device: the KB raises its own error type; nothing to draw
+        return []
+    return list(space.seeds) if space.max_rows is not None else []
 
 
 def _floor_pow2(x: float) -> int:
@@ -464,6 +481,9 @@ class PerShapeConfig(Tactic):
         self._proposed.clear()
         out = []
         for cls in plan.classes:
+            # rows that share the weight first: another tile alone still reads it once per row (gemv_decode at B = 8
+            # on an H100, 2026-12-07: three such configurations 0.67-0.94x of the incumbent there)
+            out.extend(self._shared_rows(ctx, plan.site, cls, current))
             cfgs = self.configs(ctx, plan.site, cls)
             for cfg in cfgs:
                 changed = {k: v for k, v in cfg.items() if current.get(k) != v}
@@ -477,7 +497,6 @@ class PerShapeConfig(Tactic):
             split = self._split(ctx, kernel, cls)
             out.extend(split or self._split_reduction(ctx, kernel, cls))
             out.extend(self._gemv(ctx, plan.site, cls, current))
-            out.extend(self._shared_rows(ctx, plan.site, cls, current))
             out.extend(self._primary_winners(ctx, plan.site, cls, current))
         return out
 
@@ -507,7 +526,7 @@ class PerShapeConfig(Tactic):
         """One candidate per configuration: the class's branch launching a rewritten copy of the kernel (``branch``:
         :func:`swapped_branch`, :func:`gemv.gemv_branch`) with it, the other shapes keeping the incumbent's launch;
         a copy the knowledge base refuses is left out."""
-        out, flag = [], {"swap": "swap_ab", "gemv": "gemv", "rows": "shared_rows"}[kind]
+        out, flag = [], {"swap": "swap_ab", "gemv": "gemv", "rows": "shared_rows", "dotrows": "dot_rows"}[kind]
         for cfg in cfgs:
             try:
                 src = branch(dispatch(ctx.source, kernel, [Branch(cls.test, cfg)]), ctx.source, kernel, cls.test)
@@ -629,12 +648,12 @@ class PerShapeConfig(Tactic):
         best = measured_configs(ctx.run_dir, kernel, 1, tactics=("launch-params",), by_primary=True)
         cfgs = [c for c in ({**current, **{k: v for k, v in b.items() if k in names}} for b in best)
                 if c != current] + [current]
+        out = self._dot_rows(ctx, site, cls, current, axis)
         try:
             plans = {r: shared_rows.share_rows(ctx.source, kernel, axis, r)[1] for r in shared_rows.ROWS
                      if r <= cls.size}
         except NotApplicable:
-            return []
-        out: list[Candidate] = []
+            return out
         seen: list[tuple[int, dict[str, Any]]] = []
         for cfg in cfgs:
             for rows, plan in plans.items():
@@ -646,6 +665,28 @@ class PerShapeConfig(Tactic):
                 out += self._copies(ctx, kernel, cls, [fitted], current, branch, "rows",
                                     f"{kernel}{shared_rows.SUFFIX}{rows} ({plan.describe().split(': ', 1)[1]})")
         return out
+
+    def _dot_rows(self, ctx: StageContext, site: LaunchSite, cls: ShapeClass, current: dict[str, Any],
+                  axis: int) -> list[Candidate]:
+        """The class's branch launching ``<kernel>_dotrows``: 16 rows a program, the GEMV's sum as ``tl.dot`` on the
+        matrix unit (:mod:`xeforge.rewrite.device_tuning.rows_dot`), with the KB's tiles for few rows (its N and K
+        blocks, warps and stages, mapped onto the kernel's names by role)."""
+        try:
+            rows_dot.dot_rows(ctx.source, site.kernel, axis)
+        except NotApplicable:
+            return []
+        names = {role_of(n): n for n in current if role_of(n) in ("block_n", "block_k")}
+        if len(names) != 2:
+            return []
+        cfgs = []
+        for seed in seeds_for_rows(ctx, rows_dot.ROWS):
+            cfg = {**current, names["block_n"]: seed["block_n"], names["block_k"]: seed["block_k"],
+                   **{k: seed[k] for k in OPTION_KEYS if k in seed}}
+            if cfg not in cfgs:
+                cfgs.append(cfg)
+        branch = functools.partial(rows_dot.dot_branch, axis=axis)
+        return self._copies(ctx, site.kernel, cls, cfgs[:DOT_ROWS_CONFIGS], current, branch, "dotrows",
+                            f"{site.kernel}{rows_dot.SUFFIX} ({rows_dot.ROWS} rows a program through tl.dot)")
 
     def _primary_winners(self, ctx: StageContext, site: LaunchSite, cls: ShapeClass,
                          current: dict[str, Any]) -> list[Candidate]:

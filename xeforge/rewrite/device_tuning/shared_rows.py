@@ -86,7 +86,7 @@ def _simple(stmt: cst.CSTNode) -> bool:
     return isinstance(stmt, cst.SimpleStatementLine)
 
 
-def _assigned(stmt: cst.SimpleStatementLine) -> set[str]:
+def assigned(stmt: cst.SimpleStatementLine) -> set[str]:
     out: set[str] = set()
     for s in stmt.body:
         targets = []
@@ -109,28 +109,28 @@ def _blocks(node: cst.CSTNode) -> list[cst.BaseSuite]:
     return out
 
 
-def _simple_statements(block: cst.BaseSuite) -> list[cst.SimpleStatementLine]:
+def simple_statements(block: cst.BaseSuite) -> list[cst.SimpleStatementLine]:
     out = []
     for st in getattr(block, "body", ()):
         if _simple(st):
             out.append(st)
         elif isinstance(st, cst.BaseCompoundStatement):
             for b in _blocks(st):
-                out += _simple_statements(b)
+                out += simple_statements(b)
     return out
 
 
-def _row_names(fn: cst.FunctionDef, pid: str) -> set[str]:
+def row_names(fn: cst.FunctionDef, pid: str) -> set[str]:
     """The names whose value depends on the row: ``pid``, and every name a statement assigns that reads one of them
     (to a fixed point; a statement that assigns such a name is a row's statement whatever it reads)."""
     dep = {pid}
-    simple = _simple_statements(fn.body)
+    simple = simple_statements(fn.body)
     changed = True
     while changed:
         changed = False
         for st in simple:
-            if names_in(st) & dep and not _assigned(st) <= dep:
-                dep |= _assigned(st)
+            if names_in(st) & dep and not assigned(st) <= dep:
+                dep |= assigned(st)
                 changed = True
     return dep
 
@@ -144,7 +144,7 @@ def _calls(node: cst.CSTNode) -> list[cst.Call]:
     return [n for n in walk(node) if isinstance(n, cst.Call)]
 
 
-def _memory_op(call: cst.Call) -> str | None:
+def memory_op(call: cst.Call) -> str | None:
     name = call_name(call)
     for op in (*_MASK_AT, *_ATOMICS):
         if is_tl(name, op):
@@ -152,7 +152,7 @@ def _memory_op(call: cst.Call) -> str | None:
     return None
 
 
-def _check(fn: cst.FunctionDef, dep: set[str], axis: int, helpers: dict[str, cst.FunctionDef]) -> None:
+def check_rows(fn: cst.FunctionDef, dep: set[str], axis: int, helpers: dict[str, cst.FunctionDef]) -> None:
     """Raise where the copies could not run the kernel as it ran one row a program."""
     for n in walk(fn.body):
         if isinstance(n, cst.Return):
@@ -174,7 +174,7 @@ def _check(fn: cst.FunctionDef, dep: set[str], axis: int, helpers: dict[str, cst
                 inner = {call_name(c) or "" for c in _calls(helpers[n.func.value])}
                 if any(is_tl(c, "program_id", "num_programs") for c in inner):
                     raise NotApplicable(f"{fn.name.value} calls {n.func.value}, which reads the program id itself")
-    for st in _simple_statements(fn.body):
+    for st in simple_statements(fn.body):
         if not names_in(st) & dep:
             continue
         for c in _calls(st):
@@ -185,7 +185,7 @@ def _check(fn: cst.FunctionDef, dep: set[str], axis: int, helpers: dict[str, cst
                 raise NotApplicable(f"a row's statement uses {name} (`{code(st).strip()}`), which takes no row "
                                     "mask (block pointers, tensor descriptors and atomic_cas are not copied)")
             ptr = arg(c, 0, "pointer")
-            if _memory_op(c) == "store" and (ptr is None or not names_in(ptr) & dep):
+            if memory_op(c) == "store" and (ptr is None or not names_in(ptr) & dep):
                 raise NotApplicable(f"the store `{code(c)}` writes an address that does not depend on the row: the "
                                     "rows of one program would write it in turn")
 
@@ -198,7 +198,7 @@ class _Masker(cst.CSTTransformer):
         self.dep, self.ok = dep, ok
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
-        op = _memory_op(original)
+        op = memory_op(original)
         if op is None:
             return updated
         ptr = arg(original, 0, "pointer")
@@ -216,7 +216,7 @@ class _Hoist(cst.CSTTransformer):
         self.out: list[tuple[str, cst.Call]] = []
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
-        if _memory_op(original) != "load" or names_in(original) & self.dep:
+        if memory_op(original) != "load" or names_in(original) & self.dep:
             return updated
         name = fresh_name(self.taken, "shared")
         self.taken.add(name)
@@ -224,11 +224,26 @@ class _Hoist(cst.CSTTransformer):
         return cst.Name(name)
 
 
-def share_rows(source: str, kernel: str, axis: int, rows: int) -> tuple[str, RowsPlan]:
-    """``source`` with ``kernel`` serving ``rows`` rows of grid axis ``axis`` a program (its launch untouched: see
-    :func:`rows_branch`); NotApplicable with the reason."""
-    if rows < 2 or rows & (rows - 1):
-        raise NotApplicable(f"{rows} rows a program is not a power of two of at least 2")
+@dataclass
+class RowsSite:
+    """A kernel read for a rewrite that serves several rows of grid axis ``axis`` a program: its source (program ids
+    hoisted), the ``ast`` model and function, the row's program id, the libcst parse and function, the file's jit
+    helpers, and the names that depend on the row."""
+
+    source: str
+    model: Any
+    jf: Any
+    pid: Any
+    parsed: Parsed
+    fn: cst.FunctionDef
+    helpers: dict[str, cst.FunctionDef]
+    dep: set[str]
+
+
+def rows_site(source: str, kernel: str, axis: int) -> RowsSite:
+    """``kernel`` read for a rows rewrite, with what it shares with every such rewrite checked (one ``pid =
+    tl.program_id(axis)`` at the top, a launch that passes no constexpr by position, no defaults, nothing the copies
+    could not run: :func:`check_rows`); NotApplicable with the reason."""
     source = hoist_program_ids(source)
     model = parse_kernel(source)
     if kernel not in model.functions:
@@ -250,12 +265,21 @@ def share_rows(source: str, kernel: str, axis: int, rows: int) -> tuple[str, Row
                             "be inserted among them")
     if jf.node.args.defaults or jf.node.args.vararg or jf.node.args.kwonlyargs or jf.node.args.kwarg:
         raise NotApplicable(f"{kernel} has parameters with defaults, *args or keyword-only parameters")
-
     parsed = Parsed.of(source)
     fn = parsed.function(kernel)
     helpers = {n: f for n in model.functions if n != kernel and (f := parsed.function(n)) is not None}
-    dep = _row_names(fn, pid.name)
-    _check(fn, dep, axis, helpers)
+    dep = row_names(fn, pid.name)
+    check_rows(fn, dep, axis, helpers)
+    return RowsSite(source, model, jf, pid, parsed, fn, helpers, dep)
+
+
+def share_rows(source: str, kernel: str, axis: int, rows: int) -> tuple[str, RowsPlan]:
+    """``source`` with ``kernel`` serving ``rows`` rows of grid axis ``axis`` a program (its launch untouched: see
+    :func:`rows_branch`); NotApplicable with the reason."""
+    if rows < 2 or rows & (rows - 1):
+        raise NotApplicable(f"{rows} rows a program is not a power of two of at least 2")
+    rs = rows_site(source, kernel, axis)
+    model, jf, pid, parsed, fn, dep = rs.model, rs.jf, rs.pid, rs.parsed, rs.fn, rs.dep
     taken = {n.id for n in ast.walk(model.tree) if isinstance(n, ast.Name)} | set(jf.params)
     count = fresh_name(taken, COUNT)
     taken.add(count)
@@ -279,7 +303,7 @@ def share_rows(source: str, kernel: str, axis: int, rows: int) -> tuple[str, Row
                 out.append(compound(st))
                 continue
             if not (_simple(st) and names_in(st) & dep):
-                plan.shared_loads += sum(_memory_op(c) == "load" for c in _calls(st))
+                plan.shared_loads += sum(memory_op(c) == "load" for c in _calls(st))
                 out.append(st)
                 continue
             if parsed.line(st) == pid_line:
@@ -389,14 +413,12 @@ class _RowsLaunch(cst.CSTTransformer):
         return set_call_kwargs(call, {self.count[0]: self.count[1]})
 
 
-def rows_branch(dispatched: str, original: str, kernel: str, test: str, axis: int, rows: int) -> str:
-    """``dispatched`` (a per-shape dispatch of ``kernel``) with the branch under ``if <test>:`` launching
-    ``<kernel>_rows<R>`` (:func:`share_rows` of ``original``'s kernel), its grid axis ``axis`` divided by R and the
-    row count passed; the other branches keep the kernel."""
-    count = plain_axis(original, kernel, axis)
-    new, plan = share_rows(original, kernel, axis, rows)
-    copy = f"{kernel}{SUFFIX}{rows}"
-    out = branch_copy(dispatched, new, kernel, f"{SUFFIX}{rows}", test)
+def launch_rows(dispatched: str, rewritten: str, kernel: str, suffix: str, test: str, axis: int, rows: int,
+                count_param: str, count: str) -> str:
+    """``dispatched`` with the branch under ``if <test>:`` launching ``<kernel><suffix>`` (``rewritten``'s kernel,
+    placed after the kernel), its grid axis ``axis`` divided by ``rows`` and ``count_param=<count>`` passed."""
+    copy = f"{kernel}{suffix}"
+    out = branch_copy(dispatched, rewritten, kernel, suffix, test)
     model = parse_kernel(out)
     site = next((s for s in model.launches if s.kernel == copy), None)
     grid = launch_grid(model, site) if site is not None else None
@@ -408,8 +430,17 @@ def rows_branch(dispatched: str, original: str, kernel: str, test: str, axis: in
     parts[axis] = f"triton.cdiv({count}, {rows})" if tri else f"(({count}) + {rows - 1}) // {rows}"
     inner = f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
     text = f"lambda {grid.meta}: {inner}" if grid.meta else inner
-    tr = _RowsLaunch(test, copy, text, (plan.count, count))
+    tr = _RowsLaunch(test, copy, text, (count_param, count))
     module = cst.parse_module(out).visit(tr)
     if tr.done != 1:
         raise NotApplicable(f"no single launch of {copy} under `if {test}:`")
     return module.code
+
+
+def rows_branch(dispatched: str, original: str, kernel: str, test: str, axis: int, rows: int) -> str:
+    """``dispatched`` (a per-shape dispatch of ``kernel``) with the branch under ``if <test>:`` launching
+    ``<kernel>_rows<R>`` (:func:`share_rows` of ``original``'s kernel), its grid axis ``axis`` divided by R and the
+    row count passed; the other branches keep the kernel."""
+    count = plain_axis(original, kernel, axis)
+    new, plan = share_rows(original, kernel, axis, rows)
+    return launch_rows(dispatched, new, kernel, f"{SUFFIX}{rows}", test, axis, rows, plan.count, count)
