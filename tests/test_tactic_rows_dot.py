@@ -79,7 +79,8 @@ def test_the_rows_become_the_dot_s_m_side_and_the_pair_of_up_casts_is_dropped():
     body = out.split("def k(", 1)[1].split("\nclass ", 1)[0]
     assert f"r = tl.program_id(1) * {ROWS} + tl.arange(0, {ROWS})[:, None]" in body
     assert "row_ok = r < N_ROWS" in body and f"acc = tl.zeros(({ROWS}, BN), dtype=tl.float32)" in body
-    assert 'acc += tl.dot(x, tl.trans(w).to(x.dtype), input_precision="ieee")' in body and "tl.sum" not in body
+    assert 'acc += tl.dot(x, tl.trans(w).to(x.dtype), input_precision="ieee" if x.dtype == tl.float32 else None)' \
+        in body and "tl.sum" not in body
     assert "x = tl.load(x_row + kk, mask=(kk < K) & row_ok, other=0.0)\n" in body  # masked, no up-cast
     assert ".to(tl.float32)" not in body
     assert "tl.store(y_ptr + r * sy + offs_n, out, mask=(offs_n < N) & row_ok)" in body
@@ -92,7 +93,7 @@ def test_one_up_cast_alone_is_kept_with_its_partner():
     src = KERNEL.replace("    bias = tl.load(", "    last = x\n    bias = tl.load(")
     out, plan = dot_rows(src, "k", 1)
     assert plan.dropped == () and out.count(".to(tl.float32)") == 2
-    assert 'acc += tl.dot(x, tl.trans(w), input_precision="ieee")' in out
+    assert 'acc += tl.dot(x, tl.trans(w), input_precision="ieee" if x.dtype == tl.float32 else None)' in out
 
 
 @pytest.mark.parametrize("change, says", [
@@ -149,3 +150,26 @@ def test_the_per_shape_tactic_proposes_it_first_for_a_class_of_more_rows():
                for c in cands[:2])
     ctx = tactic_context(load_problem(GEMM_RELU), kind="cuda", target="h200", cores=132)
     assert not [c for c in PER_SHAPE.propose(ctx) if c.params.get("dot_rows")]
+
+
+def test_sm90_code_takes_the_matrix_unit_at_16_bits_and_stays_exact_at_fp32(tmp_path):
+    """gemv_decode's copy compiled for sm_90 on this host: with bf16 operands the product is a tensor-core mma, with
+    fp32 ones fused multiply-adds (ieee, no tf32)."""
+    import triton
+
+    from tests.conftest import load_kernel_module, sm90_compiler
+
+    GPUTarget, ASTSource = sm90_compiler()
+    out, _ = dot_rows(load_problem(GEMV).kernel_source, "gemv_kernel", 1)
+    fn = load_kernel_module(tmp_path / "dot_sm90.py", out, "xeforge_test_dot_sm90").gemv_kernel
+    consts = {"BLOCK_N": 64, "BLOCK_K": 256}
+    const_idx = {(fn.arg_names.index(k),): v for k, v in consts.items()}
+
+    def ptx(dtype: str) -> str:
+        sig = {a: "constexpr" if a in consts else (f"*{dtype}" if a.endswith("_ptr") else "i32") for a in fn.arg_names}
+        return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const_idx), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": 4, "num_stages": 5}).asm["ptx"]
+
+    half, single = ptx("bf16"), ptx("fp32")
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in half
+    assert not re.search(r"\bmma\.", single) and "fma.rn.f32" in single

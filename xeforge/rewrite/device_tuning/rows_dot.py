@@ -13,10 +13,11 @@ smallest on NVIDIA GPUs; Intel's DPAS takes 8):
   [16, n] tile by broadcasting, so loads and stores whose address depends on the row get ``& row_ok`` on their mask;
 - the accumulator ``acc = tl.zeros((BLOCK_N,), ...)`` becomes ``tl.zeros((16, BLOCK_N), ...)``;
 - ``acc += tl.sum(w * x[None, :], axis=1)`` (either operand order, ``acc = acc + ...``) becomes
-  ``acc += tl.dot(x, tl.trans(w), input_precision="ieee")``: [16, K] by [K, N]. Where both ``x`` and ``w`` are
+  ``acc += tl.dot(x, tl.trans(w), ...)``: [16, K] by [K, N]. Where both ``x`` and ``w`` are
   up-cast to fp32 right at their loads (``.to(tl.float32)``) and read by nothing else, the up-casts are dropped (and
   ``w`` meets ``x``'s dtype), so 16-bit operands reach the matrix unit: a product of two 16-bit floats is exact in
-  fp32, only the order of the sum changes; fp32 operands are multiplied exactly (``ieee``), not as tf32;
+  fp32, only the order of the sum changes; fp32 operands are multiplied exactly (``input_precision="ieee"``, chosen
+  when the kernel compiles), not as tf32;
 - the launch's grid axis ``B`` becomes ``triton.cdiv(B, 16)`` and ``N_ROWS=B`` is passed.
 
 What would change meaning is refused with the reason: what :func:`~xeforge.rewrite.device_tuning.shared_rows.
@@ -218,10 +219,10 @@ def dot_rows(source: str, kernel: str, axis: int) -> tuple[str, DotRowsPlan]:
     class Edit(cst.CSTTransformer):
         def leave_SimpleStatementLine(self, original, updated):
             if original is sum_stmt:
-                # ieee: fp32 operands (the fp32 problems, and up-casts kept) are multiplied exactly, not as tf32;
+                # fp32 operands (the fp32 problems, and up-casts kept) are multiplied exactly (ieee), not as tf32;
                 # 16-bit ones take the matrix unit as they are. Loads of two dtypes meet at x's
                 other = f"tl.trans({w}).to({x}.dtype)" if dropped else f"tl.trans({w})"
-                dot = f'tl.dot({x}, {other}, input_precision="ieee")'
+                dot = f'tl.dot({x}, {other}, input_precision="ieee" if {x}.dtype == tl.float32 else None)'
                 return statements(f"{acc} += {dot}")[0].with_changes(leading_lines=updated.leading_lines)
             if original is init:
                 call = updated.body[0].value
