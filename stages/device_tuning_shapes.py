@@ -136,9 +136,10 @@ class ShapeClass:
 @dataclass(frozen=True)
 class Proposal:
     """What one candidate of the tactic changes, so its verdict can be combined with another's: ``kind`` "config"
-    (the class's branch launches ``config``), "swap" / "split" / "gemv" / "splitred" / "rows" (the branch launches a
-    swap-AB, split-K or GEMV-form copy, a split reduction or a copy serving several rows a program; its ``what`` says
-    how) or "else" (``config`` for every shape but the class's, whose branch keeps the incumbent's)."""
+    (the class's branch launches ``config``), "swap" / "split" / "gemv" / "splitred" / "rows" / "dotrows" (the branch
+    launches a swap-AB, split-K or GEMV-form copy, a split reduction, or a copy serving several rows a program by
+    copies of its statements or through ``tl.dot``; its ``what`` says how) or "else" (``config`` for every shape but
+    the class's, whose branch keeps the incumbent's)."""
 
     cls: ShapeClass
     kind: str
@@ -633,7 +634,8 @@ class PerShapeConfig(Tactic):
     def _shared_rows(self, ctx: StageContext, site: LaunchSite, cls: ShapeClass,
                      current: dict[str, Any]) -> list[Candidate]:
         """For a class of more rows than the primary shape's along a grid axis of one program a row (``grid =
-        (cdiv(N, BLOCK_N), B)`` at B = 8 against B = 1): its branch launches ``<kernel>_rows<R>``, R rows a program
+        (cdiv(N, BLOCK_N), B)`` at B = 8 against B = 1): its branch launches the copy through ``tl.dot`` first
+        (:meth:`_dot_rows`), then ``<kernel>_rows<R>``, R rows a program
         with what does not depend on the row loaded once (:mod:`xeforge.rewrite.device_tuning.shared_rows`), for
         each R of :data:`~xeforge.rewrite.device_tuning.shared_rows.ROWS` up to the class's size; the other shapes
         keep the kernel. Each with the launch search's fastest verified configuration, then the incumbent's, fitted for

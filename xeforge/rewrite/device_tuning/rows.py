@@ -348,8 +348,8 @@ def plan_rows(model: KernelModel, kernel: str) -> RowsPlan:
 
 
 def with_mask(pos: int, mask: str):
-    """A builder of ``call`` with ``& <mask>`` on its mask (positional slot ``pos`` or ``mask=``; ``mask=<mask>`` where it
-    has none). Also used by :mod:`~xeforge.rewrite.device_tuning.shared_rows`."""
+    """A builder of ``call`` with ``& <mask>`` on its mask (positional slot ``pos`` or ``mask=``; ``mask=<mask>``
+    where it has none). Also used by :mod:`~xeforge.rewrite.device_tuning.shared_rows` and ``rows_dot``."""
     def build(call: cst.Call) -> cst.Call:
         args = list(call.args)
         positional = [i for i, a in enumerate(args) if a.keyword is None and not a.star]

@@ -2,8 +2,11 @@
 not depend on the row once.
 
 Owns :func:`share_rows` (the kernel rewrite), :func:`rows_branch` (one branch of a per-shape dispatch launching it),
-:func:`fit_config` (a configuration for several rows a program) and :func:`plain_axis`. A decode GEMV written one row of ``x`` a program (``grid = (cdiv(N, BLOCK_N), B)``,
-``row = tl.program_id(1)``) reads the whole weight once per row: at B = 8 it streams W eight times, and an H100
+:func:`fit_config` (a configuration for several rows a program), :func:`plain_axis`, and what every rewrite that
+serves several rows a program reads and checks (:func:`rows_site`, :func:`row_names`, :func:`check_rows`) and how its
+copy is launched (:func:`launch_rows`; :mod:`~xeforge.rewrite.device_tuning.rows_dot` uses them too). A decode GEMV
+written one row of ``x`` a program (``grid = (cdiv(N, BLOCK_N), B)``, ``row = tl.program_id(1)``) reads the whole
+weight once per row: at B = 8 it streams W eight times, and an H100
 ran it at 0.25x of cuBLAS (docs/measurements/ports-h100-2026-12-07). The rewrite keeps every statement as the user
 wrote it and changes which program runs it:
 
@@ -87,6 +90,7 @@ def _simple(stmt: cst.CSTNode) -> bool:
 
 
 def assigned(stmt: cst.SimpleStatementLine) -> set[str]:
+    """The names a simple statement assigns (plain, augmented and annotated assignments)."""
     out: set[str] = set()
     for s in stmt.body:
         targets = []
@@ -110,6 +114,7 @@ def _blocks(node: cst.CSTNode) -> list[cst.BaseSuite]:
 
 
 def simple_statements(block: cst.BaseSuite) -> list[cst.SimpleStatementLine]:
+    """Every simple statement of ``block``, in order, those of nested loops and branches included."""
     out = []
     for st in getattr(block, "body", ()):
         if _simple(st):
@@ -145,6 +150,7 @@ def _calls(node: cst.CSTNode) -> list[cst.Call]:
 
 
 def memory_op(call: cst.Call) -> str | None:
+    """``load``, ``store`` or the atomic a call is (``tl.<op>``), None for any other call."""
     name = call_name(call)
     for op in (*_MASK_AT, *_ATOMICS):
         if is_tl(name, op):
