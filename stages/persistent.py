@@ -10,7 +10,8 @@ the one-tile-per-program kernel on the H200 (Triton 3.6, 1024 x 4096 x 4096 bf16
 docs/measurements/HISTORY.md), so it is timed, not ruled out. On a GPU the rewrite is also proposed with the top
 KB tile configurations (and, on NVIDIA, with the tile loop flattened into the K loop as upstream's persistent matmul
 does), and over the block_io stage's rewrite where that stage did not adopt it (descriptors that lost alone; the two
-compose); the verifier times each one.
+compose); where the KB offers it (Hopper, Triton 3.5 or later), a loop over tensor descriptors is also proposed
+warp-specialized; the verifier times each one.
 """
 
 from __future__ import annotations
@@ -81,8 +82,28 @@ class PersistentTileLoop(Tactic):
         if untuned_tile(ctx.source, plan.kernel, [c for c, _ in retiled]):
             # an untuned small tile: the re-tiled loops first (over descriptors first), since a time budget may
             # judge only the first candidates
-            return [*both[1:], *tiled, *out, *both[:1]]
-        return [*out, *tiled, *both]
+            return self._specialized(ctx, [*both[1:], *tiled, *out, *both[:1]])
+        return self._specialized(ctx, [*out, *tiled, *both])
+
+    def _specialized(self, ctx: StageContext, cands: list[Candidate]) -> list[Candidate]:
+        """``cands`` with, right after the first of them whose tiles go through tensor descriptors, its tile loop
+        warp-specialized, where the KB offers that (``persistent-warp-specialize-hopper``: Hopper, Triton 3.5 or
+        later; 1.03x at 4096^3 in an H100 probe). Its tile and form are the ones this stage tries first."""
+        if not _warp_specialized(ctx):
+            return cands
+        at = next((i for i, c in enumerate(cands) if c.params.get("block_io") or _descriptors(c.source)), None)
+        if at is None:
+            return cands
+        first = cands[at]
+        try:
+            ws = persistent.specialize(first.source, first.params["kernel"])
+        except (NotApplicable, KeyError):
+            return cands
+        if kb_errors(ctx, ws):
+            return cands
+        cand = Candidate(ws, self.name, f"{first.description}; warp-specialized tile loop",
+                         params={**first.params, "warp_specialize": True})
+        return [*cands[:at + 1], cand, *cands[at + 1:]]
 
     def _with_descriptors(self, ctx: StageContext, plan: persistent.PersistentPlan) -> list[Candidate]:
         """On a GPU, where the block_io stage's descriptors were not adopted (they lost alone), the tile loop over
@@ -106,6 +127,23 @@ class PersistentTileLoop(Tactic):
             out.append(Candidate(tiled, self.name, f"{what}; with {describe(cfg)}",
                                  params={"kernel": plan.kernel, "block_io": True, **cfg}))
         return out
+
+
+def _warp_specialized(ctx: StageContext) -> bool:
+    """Whether the knowledge base offers the warp-specialized tile loop for this device and Triton (a GPU that times
+    it: on the interpreter there is nothing to rank)."""
+    if not getattr(ctx.device, "can_time", False) or ctx.kb is None or not ctx.device_id:
+        return False
+    try:
+        pats = ctx.kb.select("persistent", ctx.device_id, ctx.triton).patterns
+    except Exception:  # an unknown device id: no pattern to consult
+        return False
+    return any(p.id == "persistent-warp-specialize-hopper" for p in pats)
+
+
+def _descriptors(source: str) -> bool:
+    """Whether the kernel file loads through tensor descriptors (made in a kernel or on the host)."""
+    return "make_tensor_descriptor" in source or "TensorDescriptor" in source
 
 
 #: the persistent loop is held back for split-K where the launch leaves at least this share of the cores idle (one

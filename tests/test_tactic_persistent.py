@@ -19,7 +19,7 @@ from stages.device_tuning_splitk import SplitK
 from tests.conftest import tactic_context, FIXTURES, ROOT
 from xeforge.kernel_model import parse_kernel
 from xeforge.problem import load_problem
-from xeforge.rewrite import blockio, persistent
+from xeforge.rewrite import NotApplicable, blockio, persistent
 from xeforge.rewrite.tiling.configs import apply_config
 
 KERNELS = ROOT / "kernels"
@@ -28,8 +28,8 @@ TACTIC = stage.PersistentTileLoop()
 
 
 
-def context(p, source: str | None = None, kind: str = "cpu", target: str | None = None):
-    return tactic_context(p, source, kind, target, cores=132)
+def context(p, source: str | None = None, kind: str = "cpu", target: str | None = None, triton: str | None = None):
+    return tactic_context(p, source, kind, target, cores=132, triton=triton)
 
 
 def rewritten(p, source: str | None = None) -> str:
@@ -106,14 +106,23 @@ def test_gpu_context_adds_retiled_candidates_and_reports_the_program_count(verif
     p = load_problem(KERNELS / "gemm_relu")
     ctx = context(p, kind="cuda", target="h200")
     cands = TACTIC.propose(ctx)
-    # the rewrite, flattened, re-tiled; over descriptors at its own tiles and the KB's top tile (gemm_relu's 32 x 32
-    # tile is untuned: the re-tiled ones come first)
-    assert len(cands) == 2 + stage.RETILE_CONFIGS + 2
-    assert sum(bool(c.params.get("block_io")) for c in cands) == 2
+    # the rewrite, flattened, re-tiled; over descriptors at its own tiles, warp-specialized (the H200 under Triton
+    # 3.5 or later: KB persistent-warp-specialize-hopper) and at the KB's top tile (gemm_relu's 32 x 32 tile is
+    # untuned: the re-tiled ones come first)
+    assert len(cands) == 2 + stage.RETILE_CONFIGS + 3
+    assert sum(bool(c.params.get("block_io")) for c in cands) == 3
     flat = next(c for c in cands if c.params.get("flatten"))
     assert ", flatten=True):" in flat.source
     verdict = verify(p, flat.source)  # the interpreter runs the flattened loop like any other
     assert verdict.correct, verdict.feedback()
+    ws = next(c for c in cands if c.params.get("warp_specialize"))
+    assert ", warp_specialize=True):" in ws.source and "make_tensor_descriptor" in ws.source
+    assert ws.description.endswith("; warp-specialized tile loop")
+    verdict = verify(p, ws.source)  # the interpreter runs it as a plain loop
+    assert verdict.correct, verdict.feedback()
+    # where the KB does not offer it (an Intel GPU; a Triton before 3.5), no such candidate
+    for other in (context(p, kind="xpu", target="arc-b580"), context(p, kind="cuda", target="h200", triton="3.4.0")):
+        assert not [c for c in TACTIC.propose(other) if c.params.get("warp_specialize")]
     tiled = next(c for c in cands if "BLOCK_M" in c.params and not c.params.get("block_io"))
     assert "BLOCK_M=128" in tiled.source and tiled.params["BLOCK_M"] == 128
     issues = stage.STAGE.detect(ctx)
@@ -353,3 +362,14 @@ def test_an_untuned_small_tile_gets_its_retiled_loops_first_and_a_tuned_one_does
     assert all("BLOCK_M" in c.params for c in cands[:plain]) and plain >= stage.RETILE_CONFIGS + 1
     tuned = TACTIC.propose(context(load_problem(KERNELS / "gemm_square"), kind="cuda", target="h200"))
     assert set(tuned[0].params) == {"kernel"}
+
+
+def test_specialize_marks_the_tile_loop_and_refuses_a_kernel_without_one():
+    p = load_problem(KERNELS / "gemm_relu")
+    src, plan = persistent.rewrite(p.kernel_source)
+    ws = persistent.specialize(src, plan.kernel)
+    loops = [ln for ln in ws.splitlines() if "tl.range(" in ln and "tl.num_programs(0)" in ln]
+    assert len(loops) == 1 and loops[0].rstrip().endswith("warp_specialize=True):")
+    assert ws.replace(", warp_specialize=True", "") == src  # nothing else changes
+    with pytest.raises(NotApplicable, match="0 tile loops"):
+        persistent.specialize(p.kernel_source, plan.kernel)

@@ -41,7 +41,7 @@ from xeforge.rewrite.memory import launch_facts
 from xeforge.rewrite.tiling import KernelAnalysis, NotApplicable, _assign_counts, is_tl_call, names_in
 from xeforge.rewrite.tiling.grid import (GridTranslator, enclosing_function, fresh_name, launch_bindings, launch_grid,
                                          launched_kernels_gemm_first, program_id_vars, single_launch)
-from xeforge.rewrite.cst_tools import code, expr, statements, walk
+from xeforge.rewrite.cst_tools import arg, call_name, code, expr, is_tl, set_call_kwargs, statements, walk
 from xeforge.rewrite.tiling.edit import FunctionEdit, LaunchEdit, add_module_function, edit_function, edit_launch
 from xeforge.rewrite.tiling.pids import hoist_program_ids
 
@@ -439,6 +439,41 @@ def rewrite(source: str, kernel: str | None = None, flatten: bool = False) -> tu
         return apply_persistent(guarded, plan, flatten), plan
     raise NotApplicable("; ".join(errors) or "no kernel launch found")
 
+
+
+def specialize(source: str, kernel: str) -> str:
+    """``source`` with ``kernel``'s tile loop (``for ... in tl.range(start, tiles, tl.num_programs(0))``, as
+    :func:`apply_persistent` writes it) warp-specialized: ``tl.range(..., warp_specialize=True)``, Triton splitting the
+    loop's loads, MMAs and epilogue over separate warp groups (KB ``persistent-warp-specialize-hopper``).
+    NotApplicable where ``kernel`` has no such loop."""
+
+    class Specialize(cst.CSTTransformer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.depth = self.done = 0
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+            self.depth += node.name.value == kernel
+
+        def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+            self.depth -= original.name.value == kernel
+            return updated
+
+        def leave_For(self, original: cst.For, updated: cst.For) -> cst.For:
+            it = updated.iter
+            if not (self.depth and isinstance(it, cst.Call) and is_tl(call_name(it), "range")):
+                return updated
+            step = arg(it, 2, "step")
+            if step is None or code(step).replace(" ", "") != "tl.num_programs(0)":
+                return updated
+            self.done += 1
+            return updated.with_changes(iter=set_call_kwargs(it, {"warp_specialize": "True"}))
+
+    tr = Specialize()
+    out = cst.parse_module(source).visit(tr)
+    if tr.done != 1:
+        raise NotApplicable(f"{kernel} has {tr.done} tile loops over tl.num_programs(0) (a persistent kernel has one)")
+    return out.code
 
 
 def launched_programs(model: KernelModel, kernel: str, problem, variant) -> int | None:
