@@ -74,7 +74,6 @@ from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling.configs import (OPTION_KEYS, apply_config, current_config, describe, kb_configs,
                                             kb_errors, kb_rejects, measured_configs, no_change, option_keys,
                                             traced_options, tunable)
-from xeforge.kb.roles import role_of
 from xeforge.rewrite.device_tuning import gemv, rows_dot, shared_rows, splitk, splitred
 from xeforge.rewrite.device_tuning.swap_ab import swap_ab, swapped_branch
 from xeforge.rewrite.tiling.dispatch import Branch, dispatch, launch_statement
@@ -152,18 +151,6 @@ class Plan:
     site: LaunchSite
     classes: list[ShapeClass] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # why a timed shape got no class of its own
-
-
-def seeds_for_rows(ctx: StageContext, rows: int) -> list[dict[str, Any]]:
-    """The seeds of the device's GEMM space for shapes of at most ``rows`` rows (KB ``max_rows``), by role; [] where
-    the device has no such space or no knowledge base is loaded."""
-    if getattr(ctx, "kb", None) is None or not getattr(ctx, "device_id", None):
-        return []
-    try:
-        space = ctx.kb.space(ctx.device_id, "gemm", ctx.triton, rows=rows)
-    except Exception:  # no space for this device: the KB raises its own error type; nothing to draw
-        return []
-    return list(space.seeds) if space.max_rows is not None else []
 
 
 def _floor_pow2(x: float) -> int:
@@ -671,23 +658,16 @@ class PerShapeConfig(Tactic):
     def _dot_rows(self, ctx: StageContext, site: LaunchSite, cls: ShapeClass, current: dict[str, Any],
                   axis: int) -> list[Candidate]:
         """The class's branch launching ``<kernel>_dotrows``: 16 rows a program, the GEMV's sum as ``tl.dot`` on the
-        matrix unit (:mod:`xeforge.rewrite.device_tuning.rows_dot`), with the KB's tiles for few rows (its N and K
-        blocks, warps and stages, mapped onto the kernel's names by role)."""
+        matrix unit (:mod:`xeforge.rewrite.device_tuning.rows_dot`), with the KB's tiles for few rows."""
         try:
-            rows_dot.dot_rows(ctx.source, site.kernel, axis)
+            dot_src = rows_dot.dot_rows(ctx.source, site.kernel, axis)[0]
         except NotApplicable:
             return []
-        names = {role_of(n): n for n in current if role_of(n) in ("block_n", "block_k")}
-        if len(names) != 2:
-            return []
-        cfgs = []
-        for seed in seeds_for_rows(ctx, rows_dot.ROWS):
-            cfg = {**current, names["block_n"]: seed["block_n"], names["block_k"]: seed["block_k"],
-                   **{k: seed[k] for k in OPTION_KEYS if k in seed}}
-            if cfg not in cfgs:
-                cfgs.append(cfg)
+        # the copy is a GEMM of 16 rows: the KB's space for few rows, read on the copy's own names
+        cfgs = [{**current, **cfg} for cfg in kb_configs(ctx, dot_src, site.kernel, DOT_ROWS_CONFIGS,
+                                                         rows=rows_dot.ROWS)]
         branch = functools.partial(rows_dot.dot_branch, axis=axis)
-        return self._copies(ctx, site.kernel, cls, cfgs[:DOT_ROWS_CONFIGS], current, branch, "dotrows",
+        return self._copies(ctx, site.kernel, cls, cfgs, current, branch, "dotrows",
                             f"{site.kernel}{rows_dot.SUFFIX} ({rows_dot.ROWS} rows a program through tl.dot)")
 
     def _primary_winners(self, ctx: StageContext, site: LaunchSite, cls: ShapeClass,

@@ -349,7 +349,7 @@ def plan_rows(model: KernelModel, kernel: str) -> RowsPlan:
 
 def with_mask(pos: int, mask: str):
     """A builder of ``call`` with ``& <mask>`` on its mask (positional slot ``pos`` or ``mask=``; ``mask=<mask>``
-    where it has none). Also used by :mod:`~xeforge.rewrite.device_tuning.shared_rows` and ``rows_dot``."""
+    where it has none). Also used by :mod:`~xeforge.rewrite.device_tuning.shared_rows`."""
     def build(call: cst.Call) -> cst.Call:
         args = list(call.args)
         positional = [i for i, a in enumerate(args) if a.keyword is None and not a.star]

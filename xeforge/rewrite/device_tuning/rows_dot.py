@@ -33,8 +33,7 @@ import libcst as cst
 
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.cst_tools import add_params, arg, call_name, code, expr, is_tl, names_in, statements, walk
-from xeforge.rewrite.device_tuning.rows import with_mask
-from xeforge.rewrite.device_tuning.shared_rows import (COUNT, MASK, assigned, launch_rows, memory_op, plain_axis,
+from xeforge.rewrite.device_tuning.shared_rows import (COUNT, MASK, RowMasker, assigned, launch_rows, plain_axis,
                                                         rows_site, simple_statements)
 from xeforge.rewrite.tiling.grid import fresh_name
 
@@ -238,28 +237,13 @@ def dot_rows(source: str, kernel: str, axis: int) -> tuple[str, DotRowsPlan]:
             if name is not None:
                 updated = updated.deep_replace(updated.body[0].value, _upcast_load(updated, name))
             if names_in(original) & dep:
-                return updated.visit(_RowMask(dep, ok))
+                return updated.visit(RowMasker(dep, ok))
             return updated
 
     new_fn = fn.visit(Edit())
     new_fn = new_fn.with_changes(params=add_params(new_fn.params, [count]))
     module = rs.parsed.module.with_changes(body=[new_fn if s is fn else s for s in rs.parsed.module.body])
     return module.code, DotRowsPlan(kernel, axis, acc, x, w, tuple(dropped), count)
-
-
-class _RowMask(cst.CSTTransformer):
-    """Loads and stores whose address depends on the row, and atomics, masked by the rows' mask."""
-
-    def __init__(self, dep: set[str], ok: str) -> None:
-        super().__init__()
-        self.dep, self.ok = dep, ok
-
-    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
-        op = memory_op(original)
-        ptr = arg(original, 0, "pointer")
-        if op is not None and (op.startswith("atomic") or (ptr is not None and names_in(ptr) & self.dep)):
-            return with_mask({"load": 1}.get(op, 2), self.ok)(updated)
-        return updated
 
 
 def dot_branch(dispatched: str, original: str, kernel: str, test: str, axis: int) -> str:

@@ -3,12 +3,12 @@ not depend on the row once.
 
 Owns :func:`share_rows` (the kernel rewrite), :func:`rows_branch` (one branch of a per-shape dispatch launching it),
 :func:`fit_config` (a configuration for several rows a program), :func:`plain_axis`, and what every rewrite that
-serves several rows a program reads and checks (:func:`rows_site`, :func:`row_names`, :func:`check_rows`) and how its
-copy is launched (:func:`launch_rows`; :mod:`~xeforge.rewrite.device_tuning.rows_dot` uses them too). A decode GEMV
-written one row of ``x`` a program (``grid = (cdiv(N, BLOCK_N), B)``, ``row = tl.program_id(1)``) reads the whole
-weight once per row: at B = 8 it streams W eight times, and an H100
-ran it at 0.25x of cuBLAS (docs/measurements/ports-h100-2026-12-07). The rewrite keeps every statement as the user
-wrote it and changes which program runs it:
+serves several rows a program reads and checks (:func:`rows_site`, :func:`row_names`, :func:`check_rows`), how it
+masks the rows past the end (:class:`RowMasker`) and how its copy is launched (:func:`launch_rows`;
+:mod:`~xeforge.rewrite.device_tuning.rows_dot` uses them too). A decode GEMV written one row of ``x`` a program
+(``grid = (cdiv(N, BLOCK_N), B)``, ``row = tl.program_id(1)``) reads the whole weight once per row: at B = 8 it
+streams W eight times, and an H100 ran it at 0.25x of cuBLAS (docs/measurements/ports-h100-2026-12-07). The
+rewrite keeps every statement as the user wrote it and changes which program runs it:
 
 - ``row = tl.program_id(1)`` becomes R row indices, ``row_r0 = tl.program_id(1) * R + 0`` ... ``row_r7 = ... + 7``,
   and R row masks ``row_ok_r<i> = row_r<i> < N_ROWS`` (``N_ROWS``, a new parameter, is the grid axis's length);
@@ -47,7 +47,7 @@ from xeforge.rewrite.device_tuning.rows import with_mask
 from xeforge.rewrite.tiling import _assign_counts
 from xeforge.rewrite.tiling.grid import (_cdiv_args, fresh_name, launch_grid, program_id_vars,
                                         single_launch)
-from xeforge.rewrite.tiling.pids import hoist_program_ids
+from xeforge.rewrite.tiling.pids import _is_docstring, hoist_program_ids
 
 #: the copy's name: ``<kernel>_rows<R>``
 SUFFIX = "_rows"
@@ -140,11 +140,6 @@ def row_names(fn: cst.FunctionDef, pid: str) -> set[str]:
     return dep
 
 
-def _docstring(st: cst.CSTNode) -> bool:
-    return _simple(st) and len(st.body) == 1 and isinstance(st.body[0], cst.Expr) and \
-        isinstance(st.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
-
-
 def _calls(node: cst.CSTNode) -> list[cst.Call]:
     return [n for n in walk(node) if isinstance(n, cst.Call)]
 
@@ -196,8 +191,9 @@ def check_rows(fn: cst.FunctionDef, dep: set[str], axis: int, helpers: dict[str,
                                     "rows of one program would write it in turn")
 
 
-class _Masker(cst.CSTTransformer):
-    """A copied statement's loads and stores whose address depends on the row, and its atomics, masked by ``ok``."""
+class RowMasker(cst.CSTTransformer):
+    """A row's statement with its loads and stores whose address depends on the row, and its atomics, masked by ``ok``
+    (a copy's scalar mask, or the [16, 1] column of :mod:`~xeforge.rewrite.device_tuning.rows_dot`)."""
 
     def __init__(self, dep: set[str], ok: str) -> None:
         super().__init__()
@@ -327,7 +323,7 @@ def share_rows(source: str, kernel: str, axis: int, rows: int) -> tuple[str, Row
             plan.shared_loads += len(hoist.out)
             plan.copied += 1
             for i in range(rows):
-                one = rename(st.visit(_Masker(dep, oks[i])), {n: c[i] for n, c in copies.items()})
+                one = rename(st.visit(RowMasker(dep, oks[i])), {n: c[i] for n, c in copies.items()})
                 out.append(one if i == 0 else one.with_changes(leading_lines=()))
         return out
 
@@ -351,7 +347,7 @@ def share_rows(source: str, kernel: str, axis: int, rows: int) -> tuple[str, Row
     # a parameter the rows change (``x_ptr += row * stride``): each copy starts from the argument
     params = [p for p in jf.params if p in dep]
     if params:
-        first = 1 if body and _docstring(body[0]) else 0
+        first = 1 if body and _is_docstring(body[0]) else 0
         body[first:first] = statements("\n".join(f"{copies[p][i]} = {p}" for p in params for i in range(rows)))
     if not plan.shared_loads:
         raise NotApplicable(f"every load of {kernel} depends on the row: the programs of several rows would share "
