@@ -15,7 +15,12 @@ On a GPU each candidate is sized per call where the host can count the launch's 
 SPLIT_K is computed in ``forward`` for about the programs the value gives at the bench variant, so a shape with
 fewer rows (a decode step) splits further and one whose tiles fill the device runs the kernel as written.
 Where the bench variant's tiles fill the device already but another timed shape's do not, one candidate sized at
-that shape is proposed, timed at every shape (the bench variant runs the kernel as written). Listed first in
+that shape is proposed, timed at every shape (the bench variant runs the kernel as written).
+
+Where a timed shape's tiles end in a last wave that leaves half the cores idle after at most a few whole ones
+(gemm_square at 3000 x 4096 x 3000: 2.2 waves of 132 cores), the tail split
+(:mod:`~xeforge.rewrite.device_tuning.splitk_tail`) is proposed first, timed at every shape: sized per call, it
+splits that wave's tiles over K and a decode step's tiles as the candidates above do. Listed first in
 ``stages/device_tuning.py``: the swizzle would turn the 2D grid into a 1D one, and the launch-parameter
 search should tune the split kernel (smaller tiles that fill the device are its alternative, timed there).
 """
@@ -26,7 +31,7 @@ from typing import Any
 
 from stages.base import Applicability, Candidate, StageContext, Tactic
 from xeforge.rewrite import NotApplicable
-from xeforge.rewrite.device_tuning import splitk
+from xeforge.rewrite.device_tuning import splitk, splitk_tail
 from xeforge.rewrite.tiling.configs import kb_errors
 from xeforge.rewrite.tiling.tactics import RewriteMemo
 
@@ -98,8 +103,13 @@ class SplitK(Tactic):
             raise NotApplicable(f"{plan.kernel}: {tiles} output tile(s) {at}, but the device's core count is "
                                 "unknown (name a knowledge-base device with --target)")
         all_shapes = False
+        # the tail split goes first: sized per call, it splits a decode step's tiles as the split-K candidates do,
+        # and a part-filled last wave as they do not
+        tail = [] if interpreter or cores is None else self._tail(ctx, plan, cores)
         if cores is not None and tiles >= cores:
             idle = self._idle_shape(ctx, plan, cores)
+            if idle is None and tail:
+                return plan, tail
             if idle is None:
                 raise NotApplicable(f"{plan.kernel}: {tiles} output tiles {at} already fill the {cores} cores "
                                     f"({source}), and so do those of every other timed shape")
@@ -146,12 +156,42 @@ class SplitK(Tactic):
                         + (f" (the tiles at {bench_variant(ctx).name} fill the cores: the kernel as written runs "
                            "there)" if all_shapes else ""))
             out.append((s, src, why, all_shapes))
+        out[:0] = tail
         if not out and not bad:  # every value needed the split sized per call (all_shapes), and it cannot be
             raise NotApplicable(f"{plan.kernel}: the tiles at {bench_variant(ctx).name} fill the cores, so a split "
                                 f"{at} must be sized per call, and {unsized}")
         if not out:
             raise NotApplicable(f"the split kernel breaks KB constraints for {ctx.device_id}: {'; '.join(bad)}")
         return plan, out
+
+    @staticmethod
+    def _tail(ctx: StageContext, plan: splitk.SplitPlan, cores: int) -> list[tuple[int, str, str, bool]]:
+        """The tail split (:mod:`~xeforge.rewrite.device_tuning.splitk_tail`) as one candidate, where a timed shape
+        ends in a last wave that leaves half the cores idle or more after at most ``MAX_WAVES`` whole ones
+        (gemm_square at 3000 x 4096 x 3000: 288 tiles, 2.2 waves of 132 cores); none elsewhere, or where the
+        rewrite does not fit (its reason is then the candidate's absence: the split-K candidates still run)."""
+        kind = ctx.device.kind if ctx.device.kind != "cpu" else "cuda"
+        for variant in ctx.problem.timed_variants(kind):
+            try:
+                tiles, steps = splitk.sizes(ctx.source, plan, ctx.problem, variant)
+            except NotApplicable:
+                continue
+            start, split = splitk_tail.size((tiles,), steps, cores)
+            if start == 0 or split < 2:
+                continue
+            try:
+                src = splitk_tail.apply(ctx.source, plan, cores)
+            except NotApplicable:
+                return []
+            if kb_errors(ctx, src):
+                return []
+            tail = tiles - start
+            why = (f"{tiles} output tiles at {variant.name} are {start // cores} whole wave(s) of {cores} cores and "
+                   f"{tail} more; those {tail} run in {split} slices of K ({tail * split} programs, "
+                   f"{-(-steps // split)} of {steps} K steps each), added in slice order by the slice that ends last; "
+                   "sized per call at every shape (whole waves, or none, run as written)")
+            return [(split, src, why, True)]
+        return []
 
     @staticmethod
     def _idle_shape(ctx: StageContext, plan: splitk.SplitPlan, cores: int) -> tuple[Any, int, int] | None:
@@ -181,6 +221,14 @@ class SplitK(Tactic):
             plan, out = self._rewrite(ctx)
         except NotApplicable:
             return []
-        return [Candidate(src, self.name, f"{plan.describe(s)}: {why}", kind="rewrite" if i == 0 else "search",
+        return [Candidate(src, self.name, f"{self._describe(plan, s, src)}: {why}",
+                          kind="rewrite" if i == 0 else "search",
                           params={"kernel": plan.kernel, splitk.PARAM: s}, time_all_shapes=all_shapes)
                 for i, (s, src, why, all_shapes) in enumerate(out)]
+
+    @staticmethod
+    def _describe(plan: splitk.SplitPlan, split: int, src: str) -> str:
+        if f"def {splitk_tail.kernel_name(plan.kernel)}(" in src:
+            return (f"{plan.kernel}: tail split, whole waves of tiles as written and the last wave's tiles in "
+                    f"{splitk.PARAM}={split} slices of K ({splitk_tail.kernel_name(plan.kernel)})")
+        return plan.describe(split)

@@ -223,9 +223,12 @@ class _Uncast(cst.CSTTransformer):
         return updated
 
 
-def _kernel_edits(model, parsed: Parsed, p: SplitPlan) -> tuple[Edits, str]:
+def _kernel_edits(model, parsed: Parsed, p: SplitPlan, slices: bool = True) -> tuple[Edits, str]:
     """The kernel's side of the split (its slice's program id, output slice, K range and advanced pointers), as
-    edits of the source ``parsed`` holds; and the name of the slice-stride parameter it gets."""
+    edits of the source ``parsed`` holds; and the name of the slice-stride parameter it gets. Without ``slices``
+    the output pointer stays where it is and no stride parameter is added (a split whose partial tiles go to a
+    workspace of its own: :mod:`~xeforge.rewrite.device_tuning.splitk_tail`); ``pid_k`` is then the name the
+    slice's program id gets, returned in place of the stride."""
     fn = model.functions[p.kernel].node
     taken = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)} | set(model.functions[p.kernel].params)
     fresh = {}
@@ -236,13 +239,13 @@ def _kernel_edits(model, parsed: Parsed, p: SplitPlan) -> tuple[Edits, str]:
     stride = fresh_name(taken, f"stride_{stem}k" if len(stem) == 1 else f"stride_{stem}_k")
     pid_k, num_k, k_per, k_lo, k_hi = (fresh[b] for b in ("pid_k", "num_k", "k_per", "k_lo", "k_hi"))
     edits = Edits()
-    edits.params[p.kernel] = [stride, f"{PARAM}: tl.constexpr"]
+    edits.params[p.kernel] = [stride, f"{PARAM}: tl.constexpr"] if slices else []
 
     read = f"tl.program_id({p.axis}).to({p.pid_cast})" if p.pid_cast else f"tl.program_id({p.axis})"
-    head = [f"{pid_k} = {read}",
-            f"# split-K: program {pid_k} sums K steps [{k_lo}, {k_hi}) of its tile into slice {pid_k} of an fp32 "
-            "workspace",
-            f"{p.out} = {p.out} + {pid_k} * {stride}"]
+    head = [f"{pid_k} = {read}"]
+    if slices:
+        head += [f"# split-K: program {pid_k} sums K steps [{k_lo}, {k_hi}) of its tile into slice {pid_k} of an "
+                 "fp32 workspace", f"{p.out} = {p.out} + {pid_k} * {stride}"]
     split_code = [f"{num_k} = {_trip_count(p.start, p.stop, p.step)}", f"{k_per} = tl.cdiv({num_k}, {PARAM})",
                   f"{k_lo} = {pid_k} * {k_per}", f"{k_hi} = min({num_k}, {k_lo} + {k_per})"]
     last_pid = max(p.pid_lines)
@@ -264,7 +267,7 @@ def _kernel_edits(model, parsed: Parsed, p: SplitPlan) -> tuple[Edits, str]:
         pre = [s for inc in kl.increments for s in statements(_advance(inc, k_lo))]
         edits.replace[kl.node.lineno] = [*pre, loop]
 
-    return edits, stride
+    return edits, stride if slices else pid_k
 
 
 def apply(source: str, p: SplitPlan, split: int, when: str | None = None, programs: int | None = None) -> str:
