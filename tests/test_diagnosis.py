@@ -108,6 +108,20 @@ def test_a_grid_smaller_than_the_device_is_diagnosed_for_split_k(kb):
     assert "dx-fewer-programs-than-cores" not in _ids(_read(kb, "gemm_tall_k", [_launch("matmul_kernel", (128,))]))
 
 
+def test_a_part_filled_last_wave_is_diagnosed_for_the_tail_split(kb):
+    """gemm_square's 288 tiles at 3000 x 4096 x 3000 on 132 cores: 3 waves, the last with 24 programs; 72.7% of the
+    waves' core time has a program, so the gain is bounded at 1.38x. 264 programs (two whole waves) and 380 (the
+    third wave 88% full) are not diagnosed."""
+    d = _read(kb, "gemm_tall_k", [_launch("matmul_kernel", (288,))])
+    f = next(f for f in d["findings"] if f["id"] == "dx-part-filled-last-wave")
+    assert f["tactics"] == ["split-k"] and f["gain"] == 1.38, f
+    assert "288 programs run in 3 waves of 132 cores" in f["cause"] and "0.727 of the waves' core time" in f["cause"]
+    assert _facts(d, "matmul_kernel")["wave_fill"] == 0.727 and _facts(d, "matmul_kernel")["waves"] == 3
+    for programs in (264, 380, 64):
+        assert "dx-part-filled-last-wave" not in _ids(_read(kb, "gemm_tall_k", [_launch("matmul_kernel",
+                                                                                         (programs,))]))
+
+
 def test_a_finding_that_holds_at_another_timed_shape_names_that_shape(kb):
     """Facts are read at every timed shape (issue 34): the same GEMM fills the device at the primary shape and
     leaves cores idle at a decode-sized one; the finding says at which shape, the report lines name it, and the

@@ -142,6 +142,11 @@ class Diagnoser:
                 if "programs" in kf.facts:  # how much of the device one wave of the grid fills
                     kf.facts["core_fill"] = round(kf.facts["programs"] / self.device_cores, 3)
                     kf.facts["idle_cores"] = max(self.device_cores - kf.facts["programs"], 0)
+                    # the share of the waves' core time that does work: 288 programs on 132 cores run in 3 waves,
+                    # the last with 24 programs: 288 / 396 = 0.727
+                    waves = -(-kf.facts["programs"] // self.device_cores)
+                    kf.facts["waves"] = waves
+                    kf.facts["wave_fill"] = round(kf.facts["programs"] / (waves * self.device_cores), 3)
             if model is not None:
                 kf.facts["dot_calls"] = sum(1 for c in model.calls_to("tl.dot") if c.function == kf.kernel)
         findings = merge([f for kf in kernels for d in self.diagnoses if (f := evaluate(d, kf)) is not None])

@@ -186,8 +186,8 @@ IR_KINDS = ("ttir", "ttgir", "llir", "ptx", "sass", "amdgcn")
 IrKind = Literal["ttir", "ttgir", "llir", "ptx", "sass", "amdgcn"]
 #: facts every compiled kernel has (from its metadata and the driver), beside the recognizers' own
 METADATA_FACTS = ("regs", "spills", "shared_bytes", "num_warps", "num_stages", "threads_per_warp", "grf_mode",
-                  "max_threads", "dot_calls", "programs", "device_cores", "core_fill", "idle_cores", "launches",
-                  "grf_recompiled")
+                  "max_threads", "dot_calls", "programs", "device_cores", "core_fill", "idle_cores", "waves",
+                  "wave_fill", "launches", "grf_recompiled")
 
 
 class RecognizerSpec(Gated):
