@@ -19,8 +19,9 @@ that shape is proposed, timed at every shape (the bench variant runs the kernel 
 
 Where a timed shape's tiles end in a last wave that leaves half the cores idle after at most a few whole ones
 (gemm_square at 3000 x 4096 x 3000: 2.2 waves of 132 cores), the tail split
-(:mod:`~xeforge.rewrite.device_tuning.splitk_tail`) is proposed first, timed at every shape: sized per call, it
-splits that wave's tiles over K and a decode step's tiles as the candidates above do. Listed first in
+(:mod:`~xeforge.rewrite.device_tuning.splitk_tail`) is proposed after the first split-K candidate (alone where no
+shape leaves half the cores idle), timed at every shape: sized per call, it splits that wave's tiles over K and a
+decode step's tiles as the candidates above do. Listed first in
 ``stages/device_tuning.py``: the swizzle would turn the 2D grid into a 1D one, and the launch-parameter
 search should tune the split kernel (smaller tiles that fill the device are its alternative, timed there).
 """
@@ -103,8 +104,10 @@ class SplitK(Tactic):
             raise NotApplicable(f"{plan.kernel}: {tiles} output tile(s) {at}, but the device's core count is "
                                 "unknown (name a knowledge-base device with --target)")
         all_shapes = False
-        # the tail split goes first: sized per call, it splits a decode step's tiles as the split-K candidates do,
-        # and a part-filled last wave as they do not
+        # the tail split goes second, after the first split-K candidate: sized per call, it also splits a decode
+        # step's tiles, and a part-filled last wave as they do not; in an H100 probe (2026-12-07) it ran gemm_square's
+        # port 1.08x faster at 3072 x 4096 x 3072 and 0.93x at 3000 x 4096 x 3000, where the operands' row pitch of
+        # 6000 bytes slows its slices (docs/measurements/ports-h100-2026-12-07c)
         tail = [] if interpreter or cores is None else self._tail(ctx, plan, cores)
         if cores is not None and tiles >= cores:
             idle = self._idle_shape(ctx, plan, cores)
@@ -156,7 +159,7 @@ class SplitK(Tactic):
                         + (f" (the tiles at {bench_variant(ctx).name} fill the cores: the kernel as written runs "
                            "there)" if all_shapes else ""))
             out.append((s, src, why, all_shapes))
-        out[:0] = tail
+        out[1:1] = tail
         if not out and not bad:  # every value needed the split sized per call (all_shapes), and it cannot be
             raise NotApplicable(f"{plan.kernel}: the tiles at {bench_variant(ctx).name} fill the cores, so a split "
                                 f"{at} must be sized per call, and {unsized}")

@@ -207,9 +207,9 @@ def test_a_grid_of_the_launch_meta_parameters_is_split_at_a_constant():
 def test_a_kernel_that_fills_the_device_at_its_bench_shape_is_split_for_the_decode_shape():
     """gemm_square at 4096^3 has 1024 tiles of 128 x 128 on a 1D grid (it fills 132 cores); at M = 16, 32 tiles
     leave three quarters idle: candidates sized there, each timed at every shape, 4096^3 running the kernel as
-    written. (The tail split for its 3000 x 4096 x 3000 shape comes first: tests/test_tactic_splitk_tail.py.)"""
+    written. (The tail split for its 3000 x 4096 x 3000 shape comes second: tests/test_tactic_splitk_tail.py.)"""
     p = load_problem(KERNELS / "gemm_square")
-    cands = candidates(p)[1:]
+    cands = [c for c in candidates(p) if "_tail(" not in c.source]
     assert cands and all(c.time_all_shapes for c in cands)
     assert "32 output tiles at bench-gpu-1" in cands[0].description
     assert "the kernel as written runs there" in cands[0].description

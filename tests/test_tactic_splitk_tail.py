@@ -142,19 +142,28 @@ def test_an_accumulator_of_unnamed_block_sizes_is_left_alone_with_the_reason():
         splitk_tail.apply(src, splitk.find(src, p), 132)
 
 
-def test_the_tactic_proposes_the_tail_split_first_where_a_shape_ends_in_a_part_filled_wave():
+def test_the_tactic_proposes_the_tail_split_where_a_shape_ends_in_a_part_filled_wave():
     """gemm_square on a 132-core GPU: at 3000 x 4096 x 3000 its 128 x 128 tiles are 576, 4 whole waves and 48
-    more; the tail split comes first, timed at every shape, then the split-K candidates for the decode shape."""
+    more; the tail split comes second, timed at every shape, after the first split-K candidate for the decode
+    shape."""
     p = load_problem(KERNELS / "gemm_square")
     ctx = tactic_context(p, kind="cuda", cores=132)
     tactic = SplitK()
     assert tactic.check(ctx).applies
     cands = tactic.propose(ctx)
-    first = cands[0]
-    assert f"def {splitk_tail.kernel_name('matmul_kernel')}(" in first.source and first.time_all_shapes
-    assert "tail split" in first.description and "576 output tiles at bench-gpu-2 are 4 whole wave(s)" in \
-        first.description and "48 run in 2 slices of K" in first.description, first.description
-    assert all("_tail(" not in c.source for c in cands[1:]) and len(cands) > 1
+    tail = cands[1]
+    assert f"def {splitk_tail.kernel_name('matmul_kernel')}(" in tail.source and tail.time_all_shapes
+    assert "tail split" in tail.description and "576 output tiles at bench-gpu-2 are 4 whole wave(s)" in \
+        tail.description and "48 run in 2 slices of K" in tail.description, tail.description
+    assert [("_tail(" in c.source) for c in cands].count(True) == 1 and "if split_k > 1:" in cands[0].source
+
+
+def test_a_kernel_whose_only_idle_cores_are_a_last_wave_gets_the_tail_split_alone(tmp_path):
+    """gemm_square with its decode shape removed: every timed shape's tiles fill the cores, so no split-K
+    candidate is sized, and the tail split (for 3000 x 4096 x 3000) is the tactic's one candidate."""
+    p = _copy(tmp_path, "gemm_square", "dims: {M: 16, K: 4096, N: 4096}", "dims: {M: 2048, K: 4096, N: 4096}")
+    cands = SplitK().propose(tactic_context(p, kind="cuda", cores=132))
+    assert len(cands) == 1 and "_tail(" in cands[0].source and cands[0].time_all_shapes
 
 
 def test_the_interpreter_gets_no_tail_split():
