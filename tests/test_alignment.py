@@ -21,6 +21,9 @@ def test_the_odd_shape_names_the_strides_and_bounds_that_lose_the_hint():
     line = describe(stride)
     assert line.startswith("bench-gpu-2: matmul_kernel's stride_bk (a stride of b_ptr) = 3000 is not a multiple of 16")
     assert "16-byte aligned" in line and "tensor descriptors" in line
+    # bf16 rows 3000 elements apart are 6000 bytes apart: off a 128-byte line (a measured 10% at that shape)
+    assert stride["pitch_bytes"] == 6000 and "its rows are 6000 bytes apart, not a multiple of 128" in line
+    assert "pitch_bytes" not in found[("bench-gpu-2", "M")]
     assert "masks cannot be proven constant" in describe(found[("bench-gpu-2", "M")])
 
 
