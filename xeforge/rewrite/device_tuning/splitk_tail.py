@@ -23,8 +23,12 @@ tile is written first); the slice that counts last adds the partial tiles in sli
 everything the kernel did after its K loop — its epilogue and store, as written. The sum is the same bits whoever
 counts last: deterministic, with no spinning (on the interpreter, which runs programs one at a time, too).
 
+Measured on an H100 (2026-12-07, do_bench, docs/measurements/ports-h100-2026-12-07c): over gemm_square's port,
+1.08x at 3072 x 4096 x 3072 (the same 288 tiles, rows 6144 bytes apart) and 0.93x at 3000 x 4096 x 3000, where rows
+6000 bytes apart, off a 128-byte line, slow its slices more than they slow the kernel; gate 3 judges each port.
+
 With no whole wave (fewer tiles than cores: a decode step) the same launch splits every tile, as split-K sized per
-call does, without its second kernel. Where the last wave fills half the cores or more, or more than
+call does, without its second kernel (1.12x over the unsplit port at M = 16 in the same probe). Where the last wave fills half the cores or more, or more than
 :data:`MAX_WAVES` whole waves come first (the idle share is small), the kernel runs as written.
 
 What it refuses, with the reason: a kernel split-K's plan does not fit (:mod:`splitk_plan`), an epilogue that reads
