@@ -16,7 +16,7 @@ import pytest
 from stages import persistent as stage
 from stages.device_tuning import LaunchParamSearch
 from stages.device_tuning_splitk import SplitK
-from tests.conftest import tactic_context, FIXTURES, ROOT
+from tests.conftest import FIXTURES, ROOT, load_kernel_module, sm90_compiler, tactic_context
 from xeforge.kernel_model import parse_kernel
 from xeforge.problem import load_problem
 from xeforge.rewrite import NotApplicable, blockio, persistent
@@ -116,7 +116,7 @@ def test_gpu_context_adds_retiled_candidates_and_reports_the_program_count(verif
     verdict = verify(p, flat.source)  # the interpreter runs the flattened loop like any other
     assert verdict.correct, verdict.feedback()
     ws = next(c for c in cands if c.params.get("warp_specialize"))
-    assert ", warp_specialize=True):" in ws.source and "make_tensor_descriptor" in ws.source
+    assert ", warp_specialize=BLOCK_M >= 64):" in ws.source and "make_tensor_descriptor" in ws.source
     assert ws.description.endswith("; warp-specialized tile loop")
     verdict = verify(p, ws.source)  # the interpreter runs it as a plain loop
     assert verdict.correct, verdict.feedback()
@@ -364,12 +364,34 @@ def test_an_untuned_small_tile_gets_its_retiled_loops_first_and_a_tuned_one_does
     assert set(tuned[0].params) == {"kernel"}
 
 
+def test_the_loop_is_warp_specialized_at_a_64_row_tile_and_not_at_a_decode_branch_16(tmp_path):
+    """gemm_relu's warp-specialized candidate compiled for sm_90 on this host: at 128 x 256 its tile loop carries
+    tt.warp_specialize, at a decode branch's 16 x 64 it does not (the flag is ``BLOCK_M >= 64``, a constexpr)."""
+    import triton
+
+    GPUTarget, ASTSource = sm90_compiler()
+    p = load_problem(KERNELS / "gemm_relu")
+    ws = next(c for c in TACTIC.propose(context(p, kind="cuda", target="h200")) if c.params.get("warp_specialize"))
+    fn = load_kernel_module(tmp_path / "ws_sm90.py", ws.source, "xeforge_test_ws_sm90").matmul_kernel
+
+    def ttir(bm: int, bn: int, bk: int, warps: int, stages: int) -> str:
+        consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "USE_BLOCK_IO": True}
+        sig = {a: "constexpr" if a in consts else ("*bf16" if a.endswith("_ptr") else "i32") for a in fn.arg_names}
+        idx = {(fn.arg_names.index(k),): v for k, v in consts.items()}
+        return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=idx), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": warps, "num_stages": stages}).asm["ttir"]
+
+    assert "tt.warp_specialize" in ttir(128, 256, 64, 8, 3)
+    assert "tt.warp_specialize" not in ttir(16, 64, 256, 4, 5)
+
+
 def test_specialize_marks_the_tile_loop_and_refuses_a_kernel_without_one():
     p = load_problem(KERNELS / "gemm_relu")
     src, plan = persistent.rewrite(p.kernel_source)
     ws = persistent.specialize(src, plan.kernel)
     loops = [ln for ln in ws.splitlines() if "tl.range(" in ln and "tl.num_programs(0)" in ln]
-    assert len(loops) == 1 and loops[0].rstrip().endswith("warp_specialize=True):")
-    assert ws.replace(", warp_specialize=True", "") == src  # nothing else changes
+    # warp-specialized where the accumulator tile has 64 rows or more (a decode branch's 16 rows run it as written)
+    assert len(loops) == 1 and loops[0].rstrip().endswith("warp_specialize=BLOCK_M >= 64):")
+    assert ws.replace(", warp_specialize=BLOCK_M >= 64", "") == src  # nothing else changes
     with pytest.raises(NotApplicable, match="0 tile loops"):
         persistent.specialize(p.kernel_source, plan.kernel)
