@@ -21,7 +21,9 @@ Where a timed shape's tiles end in a last wave that leaves half the cores idle a
 (gemm_square at 3000 x 4096 x 3000: 2.2 waves of 132 cores), the tail split
 (:mod:`~xeforge.rewrite.device_tuning.splitk_tail`) is proposed after the first split-K candidate (alone where no
 shape leaves half the cores idle), timed at every shape: sized per call, it splits that wave's tiles over K and a
-decode step's tiles as the candidates above do. Listed first in
+decode step's tiles as the candidates above do. Behind a per-shape dispatch (per-shape-config's decode branch,
+adopted earlier in the stage), where split-K refuses a kernel launched from two places, the tail split still
+rewrites the ``else`` launch. Listed first in
 ``stages/device_tuning.py``: the swizzle would turn the 2D grid into a 1D one, and the launch-parameter
 search should tune the split kernel (smaller tiles that fill the device are its alternative, timed there).
 """
@@ -91,7 +93,13 @@ class SplitK(Tactic):
         return self._memo.get(ctx, self._build)
 
     def _build(self, ctx: StageContext) -> tuple[splitk.SplitPlan, list[tuple[int, str, str, bool]]]:
-        plan = splitk.find(ctx.source, ctx.problem)
+        try:
+            plan = splitk.find(ctx.source, ctx.problem)
+        except NotApplicable:
+            behind = self._behind_dispatch(ctx)
+            if behind is None:
+                raise
+            return behind
         variant = bench_variant(ctx)
         tiles, steps = splitk.sizes(ctx.source, plan, ctx.problem, variant)
         at = f"at {variant.name}"
@@ -167,8 +175,30 @@ class SplitK(Tactic):
             raise NotApplicable(f"the split kernel breaks KB constraints for {ctx.device_id}: {'; '.join(bad)}")
         return plan, out
 
+    def _behind_dispatch(self, ctx: StageContext) -> tuple[splitk.SplitPlan, list[tuple[int, str, str, bool]]] | None:
+        """The tail split of a GEMM launched from a per-shape dispatch, at its ``else`` launch (the one a part-filled
+        wave's shape runs: gemm_square's 3000 x 4096 x 3000 behind the decode branch per-shape-config adds first);
+        None where there is no such dispatch, it does not fit, or no timed shape asks for it. Split-K itself stays
+        refused there: the dispatch's decode branch already has that class."""
+        cores, _ = core_count(ctx)
+        if cores is None or not getattr(ctx.device, "can_time", False):
+            return None
+        found = splitk_tail.behind_dispatch(ctx.source)
+        if found is None:
+            return None
+        base, kernel, line = found
+        try:
+            plan = splitk.find(base, ctx.problem)
+        except NotApplicable:
+            return None
+        if plan.kernel != kernel:
+            return None
+        out = self._tail(ctx, plan, cores, base=base, line=line)
+        return (plan, out) if out else None
+
     @staticmethod
-    def _tail(ctx: StageContext, plan: splitk.SplitPlan, cores: int) -> list[tuple[int, str, str, bool]]:
+    def _tail(ctx: StageContext, plan: splitk.SplitPlan, cores: int, base: str | None = None,
+              line: int | None = None) -> list[tuple[int, str, str, bool]]:
         """The tail split (:mod:`~xeforge.rewrite.device_tuning.splitk_tail`) as one candidate, where a timed shape
         ends in a last wave that leaves half the cores idle or more after at most ``MAX_WAVES`` whole ones
         (gemm_square at 3000 x 4096 x 3000: 288 tiles, 2.2 waves of 132 cores); none elsewhere, or where the
@@ -176,14 +206,14 @@ class SplitK(Tactic):
         kind = ctx.device.kind if ctx.device.kind != "cpu" else "cuda"
         for variant in ctx.problem.timed_variants(kind):
             try:
-                tiles, steps = splitk.sizes(ctx.source, plan, ctx.problem, variant)
+                tiles, steps = splitk.sizes(base or ctx.source, plan, ctx.problem, variant)
             except NotApplicable:
                 continue
             start, split = splitk_tail.size((tiles,), steps, cores)
             if start == 0 or split < 2:
                 continue
             try:
-                src = splitk_tail.apply(ctx.source, plan, cores)
+                src = splitk_tail.apply(ctx.source, plan, cores, line=line)
             except NotApplicable:
                 return []
             if kb_errors(ctx, src):
@@ -192,7 +222,8 @@ class SplitK(Tactic):
             why = (f"{tiles} output tiles at {variant.name} are {start // cores} whole wave(s) of {cores} cores and "
                    f"{tail} more; those {tail} run in {split} slices of K ({tail * split} programs, "
                    f"{-(-steps // split)} of {steps} K steps each), added in slice order by the slice that ends last; "
-                   "sized per call at every shape (whole waves, or none, run as written)")
+                   "sized per call at every shape (whole waves, or none, run as written)"
+                   + (f"; at the launch of line {line}, the per-shape dispatch's else branch" if line else ""))
             return [(split, src, why, True)]
         return []
 

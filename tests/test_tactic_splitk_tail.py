@@ -171,3 +171,37 @@ def test_the_interpreter_gets_no_tail_split():
     p = load_problem(KERNELS / "gemm_square")
     ctx = tactic_context(p)
     assert all("_tail(" not in c.source for c in SplitK().propose(ctx))
+
+
+def _dispatched(p, source: str | None = None) -> str:
+    """The kernel behind the decode branch per-shape-config writes (``if M <= 128:`` a 16 x 64 tile)."""
+    from xeforge.rewrite.tiling.dispatch import Branch, dispatch
+
+    return dispatch(p.kernel_source if source is None else source, "matmul_kernel",
+                    [Branch("M <= 128", {"BLOCK_M": 16, "BLOCK_N": 64})])
+
+
+def test_behind_a_per_shape_dispatch_the_else_launch_gets_the_tail_split(verify, tmp_path):
+    """gemm_square after per-shape-config: split-K refuses a kernel launched from two places, the tail split rewrites
+    the else branch's launch (the one 3000 x 4096 x 3000 runs) and leaves the decode branch as it was. Verified at a
+    ci shape of 300 x 608 x 260 on 4 cores (the else branch: 2 whole waves, 1 tile in 4 slices)."""
+    p = _copy(tmp_path, "gemm_square", "dims: {M: 64, K: 64, N: 64}", "dims: {M: 300, K: 608, N: 260}")
+    src = _dispatched(p)
+    with pytest.raises(NotApplicable, match="launched from 2 places"):
+        splitk.find(src, p)
+    found = splitk_tail.behind_dispatch(src)
+    assert found is not None
+    base, kernel, line = found
+    assert kernel == "matmul_kernel" and "if M <= 128:" not in base
+    out = splitk_tail.apply(src, splitk.find(base, p), 4, line=line)
+    host = out[out.index("def forward"):]
+    decode = host[host.index("if M <= 128:"):host.index("else:")]
+    assert "BLOCK_M=16" in decode and "_tail" not in decode
+    assert "matmul_kernel_tail[(tail_grid[0] - tail_start, split_k)](" in host[host.index("else:"):]
+    verdict = verify(p, out)
+    assert verdict.correct, verdict.feedback()
+    # the tactic finds it too, on a GPU: its one candidate, at the else launch
+    cands = SplitK().propose(tactic_context(load_problem(KERNELS / "gemm_square"), _dispatched(
+        load_problem(KERNELS / "gemm_square")), kind="cuda", cores=132))
+    assert len(cands) == 1 and "_tail(" in cands[0].source and "the per-shape dispatch's else branch" in \
+        cands[0].description

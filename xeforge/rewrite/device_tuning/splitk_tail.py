@@ -3,7 +3,7 @@
 Owns: :func:`apply`, the rewrite, and the sizing helper it adds to the file (:data:`SIZE_FN`). At 3000 x 4096 x 3000
 gemm_square's 128 x 256 tiles come to 288, 2.2 waves of an H100's 132 cores: the third wave keeps 24 cores busy for
 as long as a full one, and no tile shape avoids it (the GEMM probe, docs/measurements/gemm-probe-h100-2026-12-07/:
-no form above 0.68x of cuBLAS there). Stream-K's answer, in its hybrid form, is to run the whole waves
+no form above 0.68x of cuBLAS there; the rows' 6000-byte pitch is the other cause). Stream-K's answer, in its hybrid form, is to run the whole waves
 data-parallel and share the last wave's work out over every core. This rewrite does that at slice granularity:
 ``forward`` launches the kernel as written on the programs of the whole waves, then ``<kernel>_tail`` on the rest,
 SPLIT_K programs per tile, each over one slice of the K loop::
@@ -28,8 +28,9 @@ Measured on an H100 (2026-12-07, do_bench, docs/measurements/ports-h100-2026-12-
 6000 bytes apart, off a 128-byte line, slow its slices more than they slow the kernel; gate 3 judges each port.
 
 With no whole wave (fewer tiles than cores: a decode step) the same launch splits every tile, as split-K sized per
-call does, without its second kernel (1.12x over the unsplit port at M = 16 in the same probe). Where the last wave fills half the cores or more, or more than
-:data:`MAX_WAVES` whole waves come first (the idle share is small), the kernel runs as written.
+call does, without its second kernel (1.12x over the unsplit port at M = 16 in the same probe). Where the last wave
+fills half the cores or more, or more than :data:`MAX_WAVES` whole waves come first (the idle share is small), the
+kernel runs as written.
 
 What it refuses, with the reason: a kernel split-K's plan does not fit (:mod:`splitk_plan`), an epilogue that reads
 what the K loop assigns (other than the accumulator) or returns early, an accumulator that is not a 2D ``tl.zeros``
@@ -50,10 +51,11 @@ from xeforge.rewrite.device_tuning.splitk import (PARAM, _host_names, _insert_be
                                                  host_tiles, node_at)
 from xeforge.rewrite.device_tuning.splitk_plan import SplitPlan, _assigns_of, _top_index, _zeros
 from xeforge.rewrite.tiling import NotApplicable, _kw, assigned_names
-from xeforge.rewrite.tiling.grid import fresh_name, launch_bindings, launch_grid
+from xeforge.rewrite.tiling.dispatch import undispatch
+from xeforge.rewrite.tiling.grid import enclosing_function, fresh_name, gemm_kernels, launch_bindings, launch_grid
 from xeforge.rewrite.tiling.pids import hoist_program_ids
 
-__all__ = ["MAX_WAVES", "SIZE_FN", "apply", "kernel_name", "size"]
+__all__ = ["MAX_WAVES", "SIZE_FN", "apply", "behind_dispatch", "kernel_name", "size"]
 
 #: the helper that sizes the tail per call
 SIZE_FN = "splitk_tail_size"
@@ -159,9 +161,11 @@ def _tail(fn: ast.FunctionDef, p: SplitPlan) -> list[ast.stmt]:
     return tail
 
 
-def apply(source: str, p: SplitPlan, cores: int) -> str:
+def apply(source: str, p: SplitPlan, cores: int, line: int | None = None) -> str:
     """``source`` with the tail split of ``p`` (a plan made on the source with its program ids hoisted), sized per
-    call for ``cores`` cores; NotApplicable with the reason where it does not fit."""
+    call for ``cores`` cores; NotApplicable with the reason where it does not fit. ``line``: the launch to rewrite
+    where the kernel has several (a per-shape dispatch's ``else`` branch: :func:`behind_dispatch`); ``p`` is then
+    the plan of the source with that dispatch undone, whose kernel is this one, line for line."""
     source = hoist_program_ids(source)
     model = parse_kernel(source)
     fn = model.functions[p.kernel].node
@@ -211,14 +215,45 @@ def apply(source: str, p: SplitPlan, cores: int) -> str:
         tail_fn = function_copy(apply_edits(source, edits, parsed), p.kernel, kernel_name(p.kernel))
     except LookupError as exc:
         raise NotApplicable(str(exc)) from None
-    return _host(source, model, parsed, p, tail_fn, shape, acc_dtype, cores, (ws, locks, start))
+    return _host(source, model, parsed, p, tail_fn, shape, acc_dtype, cores, (ws, locks, start), line)
+
+
+def behind_dispatch(source: str) -> tuple[str, str, int] | None:
+    """For a GEMM kernel launched from a per-shape dispatch (``if M <= 128: kernel[...](...) else: kernel[...](...)``,
+    the per-shape-config tactic's): (the source with the dispatch undone, the kernel, the line of the ``else``
+    launch here), where the kernel's text and lines are the same in both, so a plan made on the first applies to
+    this source at that launch; None where there is no such dispatch. The ``else`` launch is the one the shapes
+    outside every branch's class run (the primary shape's, and an odd one's)."""
+    source = hoist_program_ids(source)
+    model = parse_kernel(source)
+    for kernel in gemm_kernels(model):
+        sites = [s for s in model.launches if s.kernel == kernel]
+        if len(sites) < 2:
+            continue
+        undone = undispatch(source, kernel)
+        if undone is None:
+            continue
+        base = hoist_program_ids(undone[0])
+        fn, other = model.functions[kernel].node, parse_kernel(base).functions[kernel].node
+        if (fn.lineno, fn.end_lineno) != (other.lineno, other.end_lineno) or \
+                ast.dump(fn) != ast.dump(other):
+            continue
+        return base, kernel, max(s.line for s in sites)
+    return None
 
 
 def _host(source: str, model, parsed: Parsed, p: SplitPlan, tail_fn: cst.FunctionDef, shape: list[str],
-          acc_dtype: str, cores: int, params: tuple[str, str, str]) -> str:
+          acc_dtype: str, cores: int, params: tuple[str, str, str], line: int | None) -> str:
     """The launch becomes the sizing, the whole waves' launch, the tail's and, where nothing splits, the launch as
     written; the copy goes right after the kernel and the sizing helper before ``Model``."""
-    site, host, split_var, _ = _host_names(model, p)
+    if line is None:
+        site, host, split_var, _ = _host_names(model, p)
+    else:
+        site = next((s for s in model.launches if s.kernel == p.kernel and s.line == line), None)
+        host = enclosing_function(model, site) if site is not None else None
+        if host is None:
+            raise NotApplicable(f"no launch of {p.kernel} at line {line} inside a function")
+        split_var = fresh_name({n.id for n in ast.walk(host) if isinstance(n, ast.Name)}, "split_k")
     fn = model.functions[p.kernel]
     elems = host_tiles(model, site, launch_grid(model, site))
     bind = launch_bindings(site, fn, source)
