@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from xeforge.kernel_model import KernelModel, dotted_name, early_returns, literal, parse_kernel
+from xeforge.kernel_model import KernelModel, dotted_name, early_returns, literal, parse_kernel, parse_python
 from xeforge.rewrite.memory import launch_facts
 from xeforge.rewrite.tiling import KernelAnalysis, NotApplicable, _assign_counts, is_tl_call, names_in
 from xeforge.rewrite.tiling.grid import (GridTranslator, enclosing_function, fresh_name, launch_bindings, launch_grid,
@@ -448,7 +448,7 @@ WS_MIN_ROWS = 64
 def _tile_rows(source: str, kernel: str) -> str | None:
     """The constexpr parameter that sizes the rows of ``kernel``'s accumulator tile (``acc = tl.zeros((BLOCK_M,
     BLOCK_N), ...)`` in its tile loop), or None where no such tile is found."""
-    fn = next((n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef) and n.name == kernel), None)
+    fn = next((n for n in ast.walk(parse_python(source)) if isinstance(n, ast.FunctionDef) and n.name == kernel), None)
     if fn is None:
         return None
     constexprs = {a.arg for a in fn.args.args if a.annotation is not None and "constexpr" in ast.unparse(a.annotation)}
