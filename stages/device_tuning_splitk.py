@@ -248,7 +248,8 @@ class SplitK(Tactic):
         except NotApplicable as exc:
             return Applicability(False, str(exc))
         values = ", ".join(str(s) for s, *_ in out)
-        return Applicability(True, f"{plan.describe()}; SPLIT_K {values} ({out[0][2]})")
+        kinds = "; ".join(dict.fromkeys(self._describe(plan, None, src) for _, src, *_ in out))
+        return Applicability(True, f"{kinds}; SPLIT_K {values} ({out[0][2]})")
 
     def propose(self, ctx: StageContext) -> list[Candidate]:
         try:
@@ -261,8 +262,10 @@ class SplitK(Tactic):
                 for i, (s, src, why, all_shapes) in enumerate(out)]
 
     @staticmethod
-    def _describe(plan: splitk.SplitPlan, split: int, src: str) -> str:
+    def _describe(plan: splitk.SplitPlan, split: int | None, src: str) -> str:
+        """What a candidate is: the tail split (its copy is in ``src``) or split-K (:meth:`SplitPlan.describe`)."""
         if f"def {splitk_tail.kernel_name(plan.kernel)}(" in src:
+            what = f"{splitk.PARAM}={split}" if split else splitk.PARAM
             return (f"{plan.kernel}: tail split, whole waves of tiles as written and the last wave's tiles in "
-                    f"{splitk.PARAM}={split} slices of K ({splitk_tail.kernel_name(plan.kernel)})")
+                    f"{what} slices of K ({splitk_tail.kernel_name(plan.kernel)})")
         return plan.describe(split)

@@ -149,7 +149,9 @@ def test_the_tactic_proposes_the_tail_split_where_a_shape_ends_in_a_part_filled_
     p = load_problem(KERNELS / "gemm_square")
     ctx = tactic_context(p, kind="cuda", cores=132)
     tactic = SplitK()
-    assert tactic.check(ctx).applies
+    app = tactic.check(ctx)
+    assert app.applies and "split-K, SPLIT_K programs per output tile" in app.reason and \
+        "tail split, whole waves of tiles as written" in app.reason, app.reason
     cands = tactic.propose(ctx)
     tail = cands[1]
     assert f"def {splitk_tail.kernel_name('matmul_kernel')}(" in tail.source and tail.time_all_shapes
