@@ -299,8 +299,11 @@ def _host(source: str, model, parsed: Parsed, p: SplitPlan, tail_fn: cst.Functio
         "else:",
         textwrap.indent(code(launch), "    "),
     ]
+    statement = next((st for st in ast.walk(host) if isinstance(st, ast.Expr) and st.value is site.node), None)
+    if statement is None:
+        raise NotApplicable(f"the launch of {p.kernel} at line {site.line} is part of a larger statement; the tail "
+                            "split replaces a launch that is a statement of its own")
     host_edits = Edits()
-    statement = next(st for st in ast.walk(host) if isinstance(st, ast.Expr) and st.value is site.node)
     host_edits.replace[statement.lineno] = statements("\n".join(block))
     try:
         out = place_copies(apply_edits(source, host_edits, parsed), p.kernel, [tail_fn], keep=True)
