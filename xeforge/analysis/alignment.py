@@ -17,7 +17,7 @@ from typing import Any
 from xeforge.analysis.trace import Trace
 
 DIVISIBILITY = 16  # Triton's integer specialization: multiples of 16 (and the value 1)
-LINE = 128  # bytes in a cache line of the GPUs measured (NVIDIA's L2 lines; Intel's are 64 B, a divisor of it)
+LINE = 128  # bytes in an L2 cache line of the NVIDIA GPUs measured (no Intel GPU was at hand to measure)
 _ITEMSIZE = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2, "int16": 2,
              "int8": 1, "uint8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "bool": 1}
 
@@ -93,7 +93,7 @@ def describe(finding: dict[str, Any]) -> str:
         "scalar" if role == SCALAR_ROLE else "loop" if role == LOOP_ROLE else ""
     pitch = finding.get("pitch_bytes")
     line = (f"; its rows are {pitch} bytes apart, not a multiple of {LINE} (a cache line), so the rows of a tile "
-            "start part-way into a line, the case of the descriptors too: in an H100 probe (2026-12-07) gemm_square's "
+            "start part-way into a line, through tensor descriptors too: in an H100 probe (2026-12-07) gemm_square's "
             "port ran 0.158 ms at 3000 x 4096 x 3000 with B's rows 6000 bytes apart and 0.144 ms with them 6144 "
             "apart") if pitch and pitch % LINE else ""
     return (f"{finding['shape']}: {finding['kernel']}'s {finding['arg']}{f' ({role})' if role else ''} = "

@@ -446,8 +446,8 @@ WS_MIN_ROWS = 64
 
 
 def _tile_rows(source: str, kernel: str) -> str | None:
-    """The constexpr parameter that sizes the rows of ``kernel``'s accumulator tile (``acc = tl.zeros((BLOCK_M,
-    BLOCK_N), ...)`` in its tile loop), or None where no such tile is found."""
+    """The constexpr parameter that sizes the rows of ``kernel``'s accumulator tile: the first ``tl.zeros`` of a 2D
+    tile whose rows are a constexpr (``acc = tl.zeros((BLOCK_M, BLOCK_N), ...)``); None where there is none."""
     fn = next((n for n in ast.walk(parse_python(source)) if isinstance(n, ast.FunctionDef) and n.name == kernel), None)
     if fn is None:
         return None
