@@ -14,12 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from xeforge.analysis.trace import Trace
+from xeforge.analysis.trace import ITEMSIZE, Trace
 
 DIVISIBILITY = 16  # Triton's integer specialization: multiples of 16 (and the value 1)
 LINE = 128  # bytes in an L2 cache line of the NVIDIA GPUs measured (no Intel GPU was at hand to measure)
-_ITEMSIZE = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2, "int16": 2,
-             "int8": 1, "uint8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "bool": 1}
 
 
 def _ints(trace: Trace) -> dict[tuple[str, str], int]:
@@ -38,8 +36,8 @@ def _itemsizes(trace: Trace) -> dict[tuple[str, str], int]:
     out: dict[tuple[str, str], int] = {}
     for la in trace.launches:
         for name, arg in la.args.items():
-            if arg.kind in ("tensor", "descriptor") and arg.dtype in _ITEMSIZE:
-                out.setdefault((la.kernel, name), _ITEMSIZE[arg.dtype])
+            if arg.kind in ("tensor", "descriptor") and arg.dtype in ITEMSIZE:
+                out.setdefault((la.kernel, name), ITEMSIZE[arg.dtype])
     return out
 
 

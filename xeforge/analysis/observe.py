@@ -15,14 +15,13 @@ import math
 from typing import Any
 
 from xeforge.analysis.launches import remember
-from xeforge.analysis.trace import Trace, TraceError
+from xeforge.analysis.trace import ITEMSIZE, Trace, TraceError
 from xeforge.isolation import WorkerFailure, facts_worker
 from xeforge.problem import plan_inputs
 
 
 #: the most input bytes a trace on the CPU with real values may allocate (host code that reads data)
 HOST_TRACE_BYTES = 4 << 30
-_ITEM = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "bfloat16": 2, "float16": 2, "int16": 2}
 
 
 @functools.lru_cache(maxsize=64)
@@ -39,7 +38,7 @@ def _trace(source: str, filename: str, init_args: tuple, dtype: str | None, plan
         meta = f"forward could not be traced on the meta device at {variant}: {exc.detail[:300]}"
     except TraceError as exc:
         return f"the trace of {variant} was malformed: {exc}"
-    size = sum(math.prod(shape) * _ITEM.get(dt, 1) for _, shape, dt, _, _ in plan)
+    size = sum(math.prod(shape) * ITEMSIZE.get(dt, 1) for _, shape, dt, _, _ in plan)
     if size > HOST_TRACE_BYTES:
         return f"{meta}; its inputs ({size / 2**30:.1f} GiB) are too large to trace on the CPU with real values"
     try:

@@ -44,6 +44,9 @@ from typing import Any, Callable
 from xeforge.kernel_model import parse_python
 
 MAX_EVENTS = 2048  # launches + torch ops kept per trace (a forward with more is cut, and says so)
+#: bytes an element of each dtype a trace records (``Arg.dtype``, torch's name without ``torch.``) takes
+ITEMSIZE = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2, "int16": 2,
+            "int8": 1, "uint8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "bool": 1}
 
 # torch functions that read metadata or allocate nothing: not "ops" of the program
 _METADATA = {"size", "stride", "dim", "numel", "is_contiguous", "data_ptr", "element_size", "__get__", "ndimension",

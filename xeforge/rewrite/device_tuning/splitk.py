@@ -341,10 +341,14 @@ def _alloc(p: SplitPlan) -> str:
     return "zeros" if p.gathered else "empty"
 
 
-def _host_names(model, p: SplitPlan) -> tuple:
-    """(the launch site, the host function holding it, fresh names there for SPLIT_K and the partial tiles)."""
-    site = single_launch(model, p.kernel)
-    host = enclosing_function(model, site)
+def _host_names(model, p: SplitPlan, line: int | None = None) -> tuple:
+    """(the launch site, the host function holding it, fresh names there for SPLIT_K and the partial tiles); with
+    ``line``, the kernel's launch on that line (one of several), not its single launch."""
+    site = single_launch(model, p.kernel) if line is None else \
+        next((s for s in model.launches if s.kernel == p.kernel and s.line == line), None)
+    host = enclosing_function(model, site) if site is not None else None
+    if host is None:
+        raise NotApplicable(f"no launch of {p.kernel} at line {site.line if site else line} inside a function")
     names = {n.id for n in ast.walk(host) if isinstance(n, ast.Name)} | {a.arg for a in host.args.args}
     split_var = fresh_name(names, "split_k")
     return site, host, split_var, fresh_name(names | {split_var}, f"{p.out_host}_partials")

@@ -52,7 +52,7 @@ from xeforge.rewrite.device_tuning.splitk import (PARAM, _host_names, _insert_be
 from xeforge.rewrite.device_tuning.splitk_plan import SplitPlan, _assigns_of, _top_index, _zeros
 from xeforge.rewrite.tiling import NotApplicable, _kw, assigned_names
 from xeforge.rewrite.tiling.dispatch import undispatch
-from xeforge.rewrite.tiling.grid import enclosing_function, fresh_name, gemm_kernels, launch_bindings, launch_grid
+from xeforge.rewrite.tiling.grid import fresh_name, gemm_kernels, launch_bindings, launch_grid
 from xeforge.rewrite.tiling.pids import hoist_program_ids
 
 __all__ = ["MAX_WAVES", "SIZE_FN", "apply", "behind_dispatch", "kernel_name", "size"]
@@ -246,14 +246,7 @@ def _host(source: str, model, parsed: Parsed, p: SplitPlan, tail_fn: cst.Functio
           acc_dtype: str, cores: int, params: tuple[str, str, str], line: int | None) -> str:
     """The launch becomes the sizing, the whole waves' launch, the tail's and, where nothing splits, the launch as
     written; the copy goes right after the kernel and the sizing helper before ``Model``."""
-    if line is None:
-        site, host, split_var, _ = _host_names(model, p)
-    else:
-        site = next((s for s in model.launches if s.kernel == p.kernel and s.line == line), None)
-        host = enclosing_function(model, site) if site is not None else None
-        if host is None:
-            raise NotApplicable(f"no launch of {p.kernel} at line {line} inside a function")
-        split_var = fresh_name({n.id for n in ast.walk(host) if isinstance(n, ast.Name)}, "split_k")
+    site, host, split_var, _ = _host_names(model, p, line)
     fn = model.functions[p.kernel]
     elems = host_tiles(model, site, launch_grid(model, site))
     bind = launch_bindings(site, fn, source)
