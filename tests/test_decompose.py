@@ -143,6 +143,59 @@ def test_per_column_vectors_broadcast_and_their_math_is_done_once_per_column():
                  if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div)]
     assert divisions and not any("acc" in ast.unparse(d.right) for d in divisions), (lines, code)
     assert "* 1.0" not in code  # the decomposition's weight of 1 is dropped
+    # (acc - mean) * invstd * w + b folded into one multiply-add: the tile is read once, by the code that returns;
+    # the scale and shift are computed from the columns alone, so two of them, not four, live beside the tile
+    assert _reads(code).count("acc") == 1 and not any("acc" in _reads(x.split(" = ", 1)[1]) for x in lines)
+    assert len(_names(code) - {"acc", "tl"}) == 2, code
+
+
+AFFINE_CASES = [  # ops whose decomposition is a run of multiply-adds on the tile (the alpha'd sub is not folded)
+    ("torch.rsub", [("column", "c")], {}, lambda z, c, d: c - z),
+    ("torch.addcmul", [("column", "c"), ("column", "d")], {"value": 0.5}, lambda z, c, d: z + 0.5 * c * d),
+    ("torch.addcdiv", [("column", "c"), ("column", "d")], {"value": 2.0}, lambda z, c, d: z + 2.0 * c / d),
+    ("torch.sub", [("column", "c")], {"alpha": 2.0}, lambda z, c, d: z - 2.0 * c),
+    ("torch.div", [("column", "d")], {}, lambda z, c, d: z / d),
+    ("torch.neg", [], {}, lambda z, c, d: -z),
+]
+
+
+@pytest.mark.parametrize("name,args,kwargs,want", AFFINE_CASES, ids=[c[0] for c in AFFINE_CASES])
+def test_a_run_of_multiply_adds_is_one_multiply_add_on_the_tile(name, args, kwargs, want):
+    z = torch.randn(5, 8, dtype=torch.float64)
+    c, d = torch.randn(8, dtype=torch.float64), torch.rand(8, dtype=torch.float64) + 0.5
+    lines: list[str] = []
+    code = _lower(name, [("tile", "acc"), *args], kwargs, lines)
+    got = _run_with(code, lines, {"acc": z, "c": c, "d": d})
+    assert torch.allclose(got, want(z, c, d), atol=1e-12), (lines, code)
+    assert _reads(code).count("acc") == 1 and not any("acc" in x for x in lines), (lines, code)
+    ops = [type(n.op) for n in ast.walk(ast.parse(code, mode="eval")) if isinstance(n, ast.BinOp)]
+    assert ops.count(ast.Mult) <= 1 and ops.count(ast.Add) + ops.count(ast.Sub) <= 1 and ast.Div not in ops, code
+
+
+def test_a_division_by_a_zero_literal_is_a_multiply_by_inf():
+    z = torch.tensor([-2.0, 0.0, 3.0], dtype=torch.float64)
+    lines: list[str] = []
+    code = _lower("torch.div", [("tile", "acc"), ("const", 0.0)], {}, lines)
+    got, want = _run_with(code, lines, {"acc": z}), z / 0.0
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got[~want.isnan()], want[~want.isnan()]), code
+
+
+def test_a_value_read_by_something_else_than_a_multiply_add_is_written_out_once():
+    """``where(y > 0, y * s, y * s + c)``-like graphs: the fold stops where a non-affine op reads the run."""
+    z = torch.randn(5, 8, dtype=torch.float64)
+    lines: list[str] = []
+    code = _lower("F.leaky_relu", [("tile", "acc"), ("const", 0.1)], {}, lines)
+    got = _run_with(code, lines, {"acc": z})
+    assert torch.allclose(got, F.leaky_relu(z, 0.1)) and "+" not in code, code
+
+
+def _reads(code: str) -> str:
+    """The names ``code`` reads, space-separated (so that the tile's can be counted)."""
+    return " ".join(n.id for n in ast.walk(ast.parse(code, mode="eval")) if isinstance(n, ast.Name))
+
+
+def _names(code: str) -> set[str]:
+    return {n.id for n in ast.walk(ast.parse(code, mode="eval")) if isinstance(n, ast.Name)}
 
 
 def _binder(lines: list[str]):

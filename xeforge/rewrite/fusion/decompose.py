@@ -9,6 +9,13 @@ shape of how it varies (:data:`SAMPLE_SHAPES`: the tile, a per-column vector, on
 the kernel receives at run time is traced as a stand-in value and written back by name; Python literals stay
 constants. A division by what does not vary over the tile is one reciprocal and a multiply per element.
 
+A run of adds, subtracts, multiplies, divides and negations between the tile's value and what does not vary over
+the tile (per-column vectors, one-element tensors, scalars) is folded into one multiply-add, ``x * scale + shift``,
+its scale and shift computed once per column (:func:`_affine`): inference batch_norm's ``(x - mean) * invstd *
+weight + bias`` keeps two column vectors alive beside the accumulator instead of four. kb41's GEMM with that epilogue
+spilled 38 registers at 128 x 256 tiles (H100, 2026-12-07); the same fold, in the per-family code this module
+replaced, took kb41 from 0.90x to 0.98x of torch.compile on the H200 (BENCHMARKS.md, issues 4 and 6).
+
 What is traced is only ever a torch function resolved by name from ``torch.nn.functional``, ``torch.special``, or
 (with a reference implementation in ``torch._refs``, so never ``torch.save`` and the like) ``torch`` and
 ``torch.Tensor``, called on this module's own sample tensors with the literal arguments the call wrote: no user code
@@ -283,15 +290,15 @@ def lower_call(name: str, method: bool, args: list[tuple[str, Any]], kw_names: t
     inputs = iter((k, code) for k, code in args if k in SAMPLE_SHAPES)
     scalars = [code for k, code in args if k == "scalar"]
     env: dict[Any, Any] = {}
-    tiled: set[Any] = set()  # the nodes whose value varies over the tile (not one per column or per program)
+    tiled = _tiled_nodes(graph, kinds)  # the nodes whose value varies over the tile (not one per column or program)
+    steps = _affine_steps(graph, tiled)  # node -> its tile inputs: a step of a multiply-add run (:func:`_affine`)
+    affine: dict[Any, tuple[str, Any, Any]] = {}  # node -> (tile code, scale, shift): its value is code * scale + shift
     out = None
     for node in graph.nodes:
         if node.op == "placeholder":
             kind, code = next(inputs)
             # an input read in more than one place is bound once; read once, it stays inline
             env[node] = code if code.isidentifier() or _is_number(code) or len(node.users) <= 1 else bind(code, "d")
-            if kind in ("tile", "mask"):
-                tiled.add(node)
         elif node.op == "output":
             res = node.args[0]
             res = res[0] if isinstance(res, (list, tuple)) and len(res) == 1 else res
@@ -306,20 +313,21 @@ def lower_call(name: str, method: bool, args: list[tuple[str, Any]], kw_names: t
                 raise DecompositionError(f"{shown} decomposes to aten.{packet}, which has no tl lowering (not "
                                          "elementwise, or not in the primitive table)")
             params, from_graph = _by_schema(node, env, scalars)
-            if not any(isinstance(params[k], str) for k in from_graph):
+            if not any(isinstance(params[k], str) for k in from_graph) and node not in tiled:
                 env[node] = _fold(node, params)  # constants only: torch computes it now (a Python scalar)
                 continue
-            for k in from_graph:  # a constant of the graph beside a tile value: as tl source
-                if not isinstance(params[k], str):
-                    params[k] = str(params[k]) if isinstance(params[k], bool) else _f(params[k])
-            if any(a in tiled for a in node.all_input_nodes):
-                tiled.add(node)
-            divisor = params.get("other") if packet == "div" else None
-            by_tile = len(node.args) > 1 and hasattr(node.args[1], "op") and node.args[1] in tiled
-            if node in tiled and divisor is not None and not by_tile and params.get("rounding_mode") is None:
-                # a division by what does not vary over the tile: one reciprocal, then a multiply per element
-                code = f"({_c(params['self'])} * {bind(f'1.0 / {_c(divisor)}', 'inv')})"
+            if node in steps:
+                name, src = steps[node]
+                base, scale, shift = affine.get(src) or (env[src], None, None)
+                affine[node] = (base, *_affine(packet, name, params, scale, shift, bind))
+                if all(u in steps for u in node.users):
+                    env[node] = None  # read only by further steps of the run: never written out
+                    continue
+                code = _affine_code(*affine[node], bind)
             else:
+                for k in from_graph:  # a constant of the graph beside a tile value: as tl source
+                    if not isinstance(params[k], str):
+                        params[k] = str(params[k]) if isinstance(params[k], bool) else _f(params[k])
                 code = _once(PRIMS[packet], params, from_graph, bind)
             env[node] = code if code.isidentifier() or _is_number(code) or len(node.users) <= 1 else bind(code, "d")
         else:
@@ -327,6 +335,94 @@ def lower_call(name: str, method: bool, args: list[tuple[str, Any]], kw_names: t
     if out is None:
         raise DecompositionError(f"{shown} has no output")
     return out
+
+
+#: the primitives a run of multiply-adds is folded through (:func:`_affine`)
+AFFINE = {"add", "sub", "rsub", "mul", "div", "neg"}
+
+
+def _tiled_nodes(graph: Any, kinds: tuple[str, ...]) -> set[Any]:
+    """The graph's nodes whose value varies over the tile: the tile and mask inputs and what reads them."""
+    fed = iter(k for k in kinds if k in SAMPLE_SHAPES)
+    out: set[Any] = set()
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            if next(fed) in ("tile", "mask"):
+                out.add(node)
+        elif any(a in out for a in node.all_input_nodes):
+            out.add(node)
+    return out
+
+
+def _affine_steps(graph: Any, tiled: set[Any]) -> dict[Any, tuple[str, Any]]:
+    """The nodes that are one step of a multiply-add run on the tile, each with its tile input (schema name, node):
+    an add, subtract, multiply or negation of one tiled value by what does not vary over the tile, or its division
+    by that."""
+    out: dict[Any, tuple[str, Any]] = {}
+    for node in graph.nodes:
+        packet = getattr(getattr(node.target, "overloadpacket", None), "__name__", None)
+        if node not in tiled or node.op != "call_function" or packet not in AFFINE or node.kwargs.get("alpha", 1) != 1:
+            continue
+        if (packet == "div" and node.kwargs.get("rounding_mode") is not None) or \
+                len(node.args) > (1 if packet == "neg" else 2):
+            continue
+        names = [a.name for a in node.target._schema.arguments]
+        ins = [(names[i], a) for i, a in enumerate(node.args) if hasattr(a, "op") and a in tiled]
+        if len(ins) == 1 and not (packet == "div" and ins[0][0] != "self"):  # x / c, never c / x
+            out[node] = ins[0]
+    return out
+
+
+def _times(a: Any, b: Any) -> Any:
+    """``a * b`` where None is one: tl code, or a Python number when both are numbers."""
+    if a is None or b is None:
+        return b if a is None else a
+    if not isinstance(a, str) and not isinstance(b, str):
+        return a * b
+    return f"({_c(a)} * {_c(b)})"
+
+
+def _plus(a: Any, b: Any, sign: str = "+") -> Any:
+    """``a + b`` (``a - b``) where None is zero."""
+    if b is None:
+        return a
+    if a is None:
+        return b if sign == "+" else (-b if not isinstance(b, str) else f"(-{b})")
+    if not isinstance(a, str) and not isinstance(b, str):
+        return a + b if sign == "+" else a - b
+    return f"({_c(a)} {sign} {_c(b)})"
+
+
+def _affine(packet: str, name: str, params: dict[str, Any], scale: Any, shift: Any,
+            bind: Callable[[str, str], str]) -> tuple[Any, Any]:
+    """The (scale, shift) of ``packet`` applied to a value ``x * scale + shift`` passed as argument ``name``, the
+    other argument (tl code of something that does not vary over the tile, or a number) from ``params``; ``bind``
+    as :func:`lower_call`'s."""
+    other = params.get("other" if name == "self" else "self")
+    factor = {"neg": -1.0, "mul": other}.get(packet)
+    if packet == "div":  # x / 0.0 is x * inf, in IEEE arithmetic as in torch (0 / 0 and 0 * inf both nan)
+        factor = f"(1.0 / {other})" if isinstance(other, str) else \
+            (1.0 / other if other != 0 else math.copysign(math.inf, other))
+    if factor is not None:  # the shift scales too, where there is one (None: zero)
+        if shift is not None and isinstance(factor, str) and not factor.isidentifier():
+            factor = bind(factor, "factor")  # read by the scale and the shift: computed once
+        return _times(scale, factor), None if shift is None else _times(shift, factor)
+    if packet == "add":
+        return scale, _plus(shift, other)
+    # sub(self, other) = self - other; rsub(self, other) = other - self
+    if (packet == "sub") == (name == "self"):
+        return scale, _plus(shift, other, "-")
+    return _times(scale, -1.0), _plus(other, shift, "-")
+
+
+def _affine_code(base: str, scale: Any, shift: Any, bind: Callable[[str, str], str]) -> str:
+    """``base * scale + shift`` as tl code, scale and shift bound once (they do not vary over the tile)."""
+    code = base
+    if scale is not None and not (not isinstance(scale, str) and scale == 1):
+        code = f"({code} * {bind(scale, 'scale') if isinstance(scale, str) else _f(scale)})"
+    if shift is not None and not (not isinstance(shift, str) and shift == 0):
+        code = f"({code} + {bind(shift, 'shift') if isinstance(shift, str) else _f(shift)})"
+    return code
 
 
 def _once(prim: Callable[[dict[str, Any]], str], params: dict[str, Any], names: set[str],
