@@ -149,6 +149,20 @@ def test_a_column_vector_assigned_twice_is_split_not_made_again(verify):
     assert verdict.correct, verdict.feedback()
 
 
+def test_a_folded_batch_norm_runs_on_two_halves(verify):
+    """kb41's fused epilogue: inference batch_norm folded into ``acc * scale + shift`` (per-column temporaries made
+    from four column loads), then GELU and ReLU. Its 128 x 256 GEMM still spilled 14 registers on an H100 after the
+    fold (call T, 2026-12-07): the halves hold half of each column vector; still correct."""
+    p = load_problem(ROOT / "kernels" / "kb41_gemm_batchnorm_gelu_relu")
+    fuse = next(t for t in fusion.STAGE.tactics if t.name == "fuse-epilogue")
+    src = fuse.propose(tactic_context(p))[0].source
+    assert "acc = (acc * scale) + shift" in src, "the fusion stage no longer folds batch_norm"
+    cand = halved(p, src)[0]
+    assert "scale" in cand.source.split("acc_halves =")[1] and cand.source.count("tl.store(") == 2
+    verdict = verify(p, cand.source)
+    assert verdict.correct, verdict.feedback()
+
+
 def test_tutorial_style_offsets_made_in_the_epilogue_are_halved(verify):
     """linear_logsumexp's GEMM makes its C offsets after the K loop (``offs_cn = pid_n * BLOCK_SIZE_N +
     tl.arange(0, BLOCK_SIZE_N)``, the Triton tutorial's style) and walks pointers along K: each half gets its own
