@@ -12,9 +12,10 @@ constants. A division by what does not vary over the tile is one reciprocal and 
 A run of adds, subtracts, multiplies, divides and negations between the tile's value and what does not vary over
 the tile (per-column vectors, one-element tensors, scalars) is folded into one multiply-add, ``x * scale + shift``,
 its scale and shift computed once per column (:func:`_affine`): inference batch_norm's ``(x - mean) * invstd *
-weight + bias`` keeps two column vectors alive beside the accumulator instead of four. kb41's GEMM with that epilogue
-spilled 38 registers at 128 x 256 tiles (H100, 2026-12-07); the same fold, in the per-family code this module
-replaced, took kb41 from 0.90x to 0.98x of torch.compile on the H200 (BENCHMARKS.md, issues 4 and 6).
+weight + bias`` keeps two column vectors alive beside the accumulator instead of four. On an H100 (2026-12-07,
+docs/measurements/ports-h100-2026-12-07d) kb41's 128 x 256 GEMM with that epilogue spilled 38 registers unfolded and
+14 folded, and its port reached 0.98-0.99x of torch.compile at every timed shape (from 0.70-0.91x); the same fold, in
+the per-family code this module replaced, had taken it from 0.90x to 0.98x on the H200 (BENCHMARKS.md, issues 4 and 6).
 
 What is traced is only ever a torch function resolved by name from ``torch.nn.functional``, ``torch.special``, or
 (with a reference implementation in ``torch._refs``, so never ``torch.save`` and the like) ``torch`` and
@@ -291,7 +292,7 @@ def lower_call(name: str, method: bool, args: list[tuple[str, Any]], kw_names: t
     scalars = [code for k, code in args if k == "scalar"]
     env: dict[Any, Any] = {}
     tiled = _tiled_nodes(graph, kinds)  # the nodes whose value varies over the tile (not one per column or program)
-    steps = _affine_steps(graph, tiled)  # node -> its tile inputs: a step of a multiply-add run (:func:`_affine`)
+    steps = _affine_steps(graph, tiled)  # node -> (schema name, tile input): a step of a multiply-add run
     affine: dict[Any, tuple[str, Any, Any]] = {}  # node -> (tile code, scale, shift): its value is code * scale + shift
     out = None
     for node in graph.nodes:
