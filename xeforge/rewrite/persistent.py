@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from xeforge.kernel_model import KernelModel, dotted_name, early_returns, literal, parse_kernel, parse_python
+from xeforge.kernel_model import KernelModel, dotted_name, early_returns, literal, parse_kernel
 from xeforge.rewrite.memory import launch_facts
 from xeforge.rewrite.tiling import KernelAnalysis, NotApplicable, _assign_counts, is_tl_call, names_in
 from xeforge.rewrite.tiling.grid import (GridTranslator, enclosing_function, fresh_name, launch_bindings, launch_grid,
@@ -448,11 +448,11 @@ WS_MIN_ROWS = 64
 def _tile_rows(source: str, kernel: str) -> str | None:
     """The constexpr parameter that sizes the rows of ``kernel``'s accumulator tile: the first ``tl.zeros`` of a 2D
     tile whose rows are a constexpr (``acc = tl.zeros((BLOCK_M, BLOCK_N), ...)``); None where there is none."""
-    fn = next((n for n in ast.walk(parse_python(source)) if isinstance(n, ast.FunctionDef) and n.name == kernel), None)
+    fn = parse_kernel(source).functions.get(kernel)
     if fn is None:
         return None
-    constexprs = {a.arg for a in fn.args.args if a.annotation is not None and "constexpr" in ast.unparse(a.annotation)}
-    for node in ast.walk(fn):
+    constexprs = set(fn.constexpr_params)
+    for node in ast.walk(fn.node):
         if is_tl_call(node, "zeros") and node.args and isinstance(node.args[0], (ast.Tuple, ast.List)) \
                 and len(node.args[0].elts) == 2 and isinstance(node.args[0].elts[0], ast.Name) \
                 and node.args[0].elts[0].id in constexprs:

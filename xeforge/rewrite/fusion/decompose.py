@@ -419,10 +419,14 @@ def _affine(packet: str, name: str, params: dict[str, Any], scale: Any, shift: A
 def _affine_code(base: str, scale: Any, shift: Any, bind: Callable[[str, str], str]) -> str:
     """``base * scale + shift`` as tl code, scale and shift bound once (they do not vary over the tile)."""
     code = base
-    if scale is not None and not (not isinstance(scale, str) and scale == 1):
-        code = f"({code} * {bind(scale, 'scale') if isinstance(scale, str) else _f(scale)})"
-    if shift is not None and not (not isinstance(shift, str) and shift == 0):
-        code = f"({code} + {bind(shift, 'shift') if isinstance(shift, str) else _f(shift)})"
+    if isinstance(scale, str):
+        code = f"({code} * {bind(scale, 'scale')})"
+    elif scale is not None and scale != 1:
+        code = f"({code} * {_f(scale)})"
+    if isinstance(shift, str):
+        code = f"({code} + {bind(shift, 'shift')})"
+    elif shift is not None and shift != 0:
+        code = f"({code} + {_f(shift)})"
     return code
 
 
