@@ -5,9 +5,9 @@ S=$(date +%s); END=${END:-480}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 2
 mkdir -p /tmp/bw && dpkg -x .deb/bubblewrap*.deb /tmp/bw && export XEFORGE_BWRAP=/tmp/bw/usr/bin/bwrap PYTHONUNBUFFERED=1
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; python3 -c 'import torch,triton,sys;print("torch",torch.__version__,"triton",triton.__version__,"python",sys.version.split()[0])'; git log --oneline -1; } > $OUT/gpu.txt 2>&1
-timeout 25 python3 .gpucall/names_probe.py > $OUT/probe.txt 2>&1; echo "names probe rc=$? after $(( $(date +%s) - S )) s" >> $OUT/probe.txt
-timeout 50 python3 .gpucall/tallk_probe.py >> $OUT/probe.txt 2>&1; echo "tallk probe rc=$? after $(( $(date +%s) - S )) s" >> $OUT/probe.txt
-timeout 60 python3 .gpucall/pitch_probe.py >> $OUT/probe.txt 2>&1; echo "pitch probe rc=$? after $(( $(date +%s) - S )) s" >> $OUT/probe.txt
+timeout 25 python3 docs/measurements/ports-h100-2026-12-07d/names_probe.py > $OUT/probe.txt 2>&1; echo "names probe rc=$? after $(( $(date +%s) - S )) s" >> $OUT/probe.txt
+timeout 50 python3 docs/measurements/ports-h100-2026-12-07d/tallk_probe.py >> $OUT/probe.txt 2>&1; echo "tallk probe rc=$? after $(( $(date +%s) - S )) s" >> $OUT/probe.txt
+timeout 60 python3 docs/measurements/ports-h100-2026-12-07d/pitch_probe.py >> $OUT/probe.txt 2>&1; echo "pitch probe rc=$? after $(( $(date +%s) - S )) s" >> $OUT/probe.txt
 python3 scripts/epilogue_problems.py /tmp/ep centred > /tmp/dirs.txt
 LEFT=$(( END - 15 - ($(date +%s) - S) ))
 LANES=2 BUDGET=3 TIME_BUDGET=${TB:-4} STOP_AFTER=1 RUNS_DIR=/tmp/xr timeout -s INT $LEFT bash scripts/h200-suite.sh /tmp/bo \
