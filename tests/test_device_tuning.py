@@ -199,6 +199,34 @@ def test_fit_stages_keeps_the_tile_and_drops_just_enough_stages():
     assert fit_stages(src, OVER.replace("240000", "999999")) is None  # not even one stage fits: no candidate
 
 
+def _dispatched(src: str) -> str:
+    """gemm_square's launch behind a per-shape dispatch: a decode branch of 16-row tiles, then the launch as it was."""
+    launch = src[src.index("        matmul_kernel[grid]"):src.index("        return c")]
+    small = launch.replace("BLOCK_M=128", "BLOCK_M=16").replace("num_stages=3", "num_stages=5")
+    branches = ("        if M <= 128:\n" + small.replace("\n        ", "\n            ").replace("        matmul", "            matmul", 1)
+                + "        else:\n" + launch.replace("\n        ", "\n            ").replace("        matmul", "            matmul", 1))
+    return src.replace(launch, branches)
+
+
+def test_fit_stages_changes_the_branch_the_failure_names_after_a_dispatch():
+    """A per-shape dispatch launches the GEMM twice: the shared-memory refit changes the launch on the line the
+    worker's failure names (the large tile's branch), not the decode branch, and refits nothing when no line tells."""
+    from xeforge.rewrite.tiling.configs import fit_stages
+
+    src = _dispatched(load_problem(KERNELS / "gemm_square").kernel_source)
+    sites = [s for s in parse_kernel(src).launches if s.kernel == "matmul_kernel"]
+    assert [s.options.get("num_stages") for s in sites] == [5, 3]
+    failure = f"{OVER} (at candidate.py:{sites[1].line}: `matmul_kernel[grid](a, b, c, ...`)"
+    new, how = fit_stages(src, failure, elem_bytes=2)
+    assert how["num_stages"] == 2
+    assert [s.options.get("num_stages") for s in parse_kernel(new).launches if s.kernel == "matmul_kernel"] == [5, 2]
+    assert fit_stages(src, OVER, elem_bytes=2) is None  # two launches and no line: which one failed is unknown
+    # the line is read in the source that failed and the launch found at the same place in a rewritten one
+    shifted = "# one line more\n" + src
+    again, _ = fit_stages(shifted, failure, elem_bytes=2, failed_source=src)
+    assert [s.options.get("num_stages") for s in parse_kernel(again).launches if s.kernel == "matmul_kernel"] == [5, 2]
+
+
 def test_rules_engine_retries_a_shared_memory_failure_with_fewer_stages():
     from stages.base import Candidate
     from tests.conftest import run_rules_stage

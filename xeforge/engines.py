@@ -154,7 +154,7 @@ def refit_candidates(ctx: StageContext, outcome: TrialOutcome) -> list[Candidate
     c = outcome.candidate
     out = []
     halved = subtile_stores(c.source)
-    if halved is not None and (fitted := fit_stages(halved[0], failure, elem, fixed_scale=0.5)) is not None:
+    if halved is not None and (fitted := fit_stages(halved[0], failure, elem, fixed_scale=0.5, failed_source=c.source)) is not None:
         source, how = fitted
         fewer = (f"; num_stages {how['was']} -> {how['num_stages']}" if how["num_stages"] != how["was"] else "")
         out.append(Candidate(source, c.tactic, f"{c.description}; C stored in two halves (the compiler needed more "

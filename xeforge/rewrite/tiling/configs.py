@@ -596,8 +596,23 @@ def observe(ctx: Any, source: str) -> None:
 SMEM_OVER = re.compile(r"out of resource: shared memory, Required: (\d+), Hardware limit: (\d+)")
 
 
+#: where a worker's failure names the candidate's line (``at candidate.py:121: ...``)
+FAILED_AT = re.compile(r"\bcandidate\.py:(\d+)")
+
+
+def _failing_launch(source: str, failure: str, kernel: str) -> int | None:
+    """Which of ``kernel``'s launches in ``source`` (their index in source order) the failure is at: the only one, or
+    the one on the line the failure names (a per-shape dispatch launches the kernel from each branch); None when
+    neither tells."""
+    sites = [s for s in parse_kernel(source).launches if s.kernel == kernel]
+    if len(sites) == 1:
+        return 0
+    lines = {int(n) for n in FAILED_AT.findall(failure or "")}
+    return next((i for i, s in enumerate(sites) if s.line in lines), None)
+
+
 def fit_stages(source: str, failure: str, elem_bytes: int = 2,
-               fixed_scale: float = 1.0) -> tuple[str, dict[str, Any]] | None:
+               fixed_scale: float = 1.0, failed_source: str | None = None) -> tuple[str, dict[str, Any]] | None:
     """``source`` with fewer ``num_stages`` at its GEMM launch, so that what the compiler said it needs fits.
 
     ``failure`` is the text of a compile failure. The compiler's figure includes what the pipeline stages do not
@@ -607,6 +622,10 @@ def fit_stages(source: str, failure: str, elem_bytes: int = 2,
 
     ``fixed_scale`` scales that non-stage part: 0.5 for ``source`` whose staging tile was halved after the failure
     (``subtile.subtile_stores``); then the launch's own stage count may fit, and ``source`` comes back unchanged.
+
+    Where the kernel is launched from several places (a per-shape dispatch), the launch changed is the one the
+    failure names by its line in ``failed_source`` (the source that failed; ``source`` by default), taken at the same
+    place among the kernel's launches in ``source``.
     """
     m = SMEM_OVER.search(failure or "")
     if m is None:
@@ -614,10 +633,11 @@ def fit_stages(source: str, failure: str, elem_bytes: int = 2,
     required, limit = int(m.group(1)), int(m.group(2))
     model = parse_kernel(source)
     for kernel in launched_kernels_gemm_first(model):
-        try:
-            site = single_launch(model, kernel)
-        except NotApplicable:
+        at = _failing_launch(failed_source or source, failure, kernel)
+        sites = [s for s in model.launches if s.kernel == kernel]
+        if at is None or at >= len(sites):
             continue
+        site = sites[at]
         cfg = {**{k: b.value for k, b in bindings(model, site).items() if b.value is not None}, **launch_options(model, site)}
         stages = cfg.get("num_stages")
         by_use = roles_by_use(model.functions[kernel])
@@ -634,7 +654,7 @@ def fit_stages(source: str, failure: str, elem_bytes: int = 2,
             new = source
         else:
             try:
-                new = apply_config(source, kernel, {"num_stages": fits[0]})
+                new = apply_config(source, kernel, {"num_stages": fits[0]}, line=site.line if len(sites) > 1 else None)
             except (NotApplicable, LookupError):
                 continue
         return new, {"kernel": kernel, "num_stages": fits[0], "was": stages,
