@@ -19,6 +19,7 @@ from __future__ import annotations
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic, guarded
 from stages.block_io import TensorDescriptorTiles
 from stages.device_tuning_splitk import SplitK
+from stages.persistent_rowsync import RowSync
 from xeforge.analysis.launches import live_launches
 from xeforge.rewrite import persistent
 from xeforge.rewrite.tiling import NotApplicable
@@ -198,6 +199,7 @@ STAGE = Stage(
     order=6,
     goal="a persistent kernel over tiles, sized from the device's core count",
     kb_topics=('persistent',),
-    tactics=[PersistentTileLoop()],
+    # the row sync needs the tile loop the first one writes
+    tactics=[PersistentTileLoop(), RowSync()],
     detectors=[_detect_many_programs],
 )
