@@ -79,3 +79,20 @@ def test_the_row_sync_refuses_a_warp_specialized_loop_and_xpu(tmp_path):
     xpu = tactic_context(p, source=src, kind="xpu", target="arc-b580")
     app = RowSync().check(xpu)
     assert not app.applies and "cooperative launch" in app.reason
+
+
+def test_on_cuda_the_tile_loop_is_proposed_synchronised_first(tmp_path):
+    """A time budget may judge only the persistent stage's first candidate: on CUDA the synchronised tile loop comes
+    first where the kernel has a split row reduction; on the interpreter the loops come as before."""
+    from stages.persistent import PersistentTileLoop
+
+    body, _ = SPLIT_READ_BACK["softmax-numerator"]
+    p = _problem(tmp_path, body)
+    tactic, ctx = _applying_to(p, "fuse-split-row-reduction")
+    fused = tactic.propose(ctx)[0].source
+    gpu = tactic_context(p, source=fused, kind="cuda", target="h100")
+    cands = PersistentTileLoop().propose(gpu)
+    assert cands[0].params.get("row_sync") and "sync_on" in cands[0].source, cands[0].description
+    assert not any(c.params.get("row_sync") for c in cands[1:])
+    cpu = PersistentTileLoop().propose(tactic_context(p, source=fused))
+    assert cpu and not any(c.params.get("row_sync") for c in cpu)
