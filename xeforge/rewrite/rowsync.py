@@ -321,7 +321,10 @@ class _Kernels(cst.CSTTransformer):
         args = list(it.args)
         args[0] = args[0].with_changes(value=start)
         args[2] = args[2].with_changes(value=expr("sync_step"))
-        kept = [a for a in args if not (a.keyword is not None and a.keyword.value == "warp_specialize")]
+        # not flattened: Triton 3.6's TritonGPUFuseNestedLoops fails on the wait's loop inside a flattened tile loop
+        # (H100, 2026-12-07, docs/measurements/ports-h100-2026-12-07e)
+        kept = [a for a in args if not (a.keyword is not None and a.keyword.value == "flatten")]
+        kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
         return it.with_changes(args=kept)
 
     def _loop_body(self, block: cst.IndentedBlock) -> cst.IndentedBlock:
@@ -349,11 +352,14 @@ if sync_on:
     # this tile's partials are stored before it counts itself in its row of tiles; it waits for the row's count
     tl.debug_barrier()
     tl.atomic_add(sync_count_ptr + 1 + {p.pid_row}, 1, sem="release")
-    while tl.atomic_add(sync_count_ptr + 1 + {p.pid_row}, 0, sem="acquire") < {p.n_cols}:
+    # spin on plain loads (an atomic a try would queue the row's last count behind the spinners), then acquire
+    while tl.load(sync_count_ptr + 1 + {p.pid_row}, volatile=True) < {p.n_cols}:
         pass
-    # the row's partials in slot order, then the ops after the reduction on the tile still in registers
+    tl.atomic_add(sync_count_ptr + 1 + {p.pid_row}, 0, sem="acquire")
+    # the row's partials in slot order (the slots past its tiles hold the reduction's identity: not read), then the
+    # ops after the reduction on the tile still in registers
     sync_slots = tl.arange(0, SYNC_BLOCK_S)
-    sync_ok = ({p.row_mask})[:, None] & (sync_slots < sync_S)[None, :]
+    sync_ok = ({p.row_mask})[:, None] & (sync_slots < {p.n_cols})[None, :]
     sync_p = tl.load({p.part_param} + {p.rows}[:, None] * {p.stride_param} + sync_slots[None, :], mask=sync_ok,
                      other=0.0, volatile=True).to(tl.float32)
 {reduce}
