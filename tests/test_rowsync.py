@@ -36,7 +36,9 @@ def test_the_row_sync_is_correct_on_both_paths(name, tmp_path, verify):
                                                                         "row_part", "y", False)
     out = rowsync.apply(src, plan)
     kernel, fwd = out[:out.index("class Model")], out[out.index("def forward"):]
-    assert 'tl.atomic_add(sync_count_ptr + 1 + pid_0, 0, sem="acquire") < num_pid_1' in kernel
+    assert 'while tl.load(sync_count_ptr + 1 + pid_0, volatile=True) < num_pid_1:' in kernel
+    assert 'tl.atomic_add(sync_count_ptr + 1 + pid_0, 0, sem="acquire")' in kernel
+    assert "(sync_slots < num_pid_1)[None, :]" in kernel  # the row's used slots only
     assert "pid_0 = tile_id // num_pid_1" in kernel and "volatile=True" in kernel
     assert 'SYNC=y.device.type == "cuda", launch_cooperative_grid=y.device.type == "cuda"' in fwd
     assert "if tl.load(sync_flag_ptr) == 0:" in kernel
