@@ -236,3 +236,17 @@ class Model(torch.nn.Module):
     violations = load_kb().check(parse_kernel(source), "cpu-interpreter", TritonInfo.parse("3.8.0"))
     assert [(v.rule_id, v.line) for v in violations] == [("block-sizes-power-of-two", 13)]
     assert "64 or 128" in violations[0].fix
+
+
+def test_clusters_are_refused_on_triton_3_6_cuda_only() -> None:
+    """num_ctas=2 failed to compile on the H100 under Triton 3.6 (KB cuda-no-clusters-triton-3-6): refused there,
+    not under 3.8 (not measured), and num_ctas=1 is fine everywhere."""
+    source = (Path(__file__).parent.parent / "kernels" / "gemm_square" / "kernel.py").read_text().replace(
+        "num_stages=3)", "num_stages=3, num_ctas=2)")
+    assert "num_ctas=2" in source
+    kb = load_kb()
+    model = parse_kernel(source)
+    assert [v.rule_id for v in kb.check(model, "h100", TritonInfo.parse("3.6.0"))] == ["cuda-no-clusters-triton-3-6"]
+    assert kb.check(model, "h100", TritonInfo.parse("3.8.0")) == []
+    one = parse_kernel(source.replace("num_ctas=2", "num_ctas=1"))
+    assert kb.check(one, "h100", TritonInfo.parse("3.6.0")) == []

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from xeforge.kernel_model import KernelModel, dotted_name, parse_kernel
+from xeforge.kernel_model import KernelModel, dotted_name, parse_kernel, parse_python
 from xeforge.rewrite import NotApplicable
 from xeforge.rewrite.cst_tools import Edits, add_params, apply_edits, code, expr, set_call_kwargs, statements
 
@@ -259,7 +259,7 @@ class _Rename(ast.NodeTransformer):
 
 
 def _renamed(stmts: list[str]) -> list[str]:
-    return [ast.unparse(_Rename().visit(ast.parse(s))) for s in stmts]
+    return [ast.unparse(_Rename().visit(parse_python(s))) for s in stmts]
 
 
 class _Kernels(cst.CSTTransformer):
@@ -375,7 +375,7 @@ else:
 
 
 def _stores(s: cst.CSTNode, p: SyncPlan) -> bool:
-    return _store_to(ast.parse(textwrap.dedent(code(s))), p.y_param) is not None
+    return _store_to(parse_python(textwrap.dedent(code(s))), p.y_param) is not None
 
 
 def _is_docstring(s: cst.BaseStatement) -> bool:
