@@ -12,8 +12,7 @@ KB tile configurations (and, on NVIDIA, with the tile loop flattened into the K 
 does), and over the block_io stage's rewrite where that stage did not adopt it (descriptors that lost alone; the two
 compose); where the KB offers it (Hopper, Triton 3.5 or later), a loop over tensor descriptors is also proposed
 warp-specialized; the verifier times each one. Its second tactic, ``row-sync`` (:mod:`stages.persistent_rowsync`),
-finishes a split row reduction inside the tile loop; on CUDA the first tile loop that takes it is also proposed
-synchronised, first of all (a time budget may judge only the first candidate).
+finishes a split row reduction inside the tile loop the first one adopted.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from stages.block_io import TensorDescriptorTiles
 from stages.device_tuning_splitk import SplitK
 from stages.persistent_rowsync import RowSync
 from xeforge.analysis.launches import live_launches
-from xeforge.rewrite import persistent, rowsync
+from xeforge.rewrite import persistent
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling.configs import describe, kb_errors
 from xeforge.rewrite.autotune import untuned_tile, with_configs
@@ -85,26 +84,8 @@ class PersistentTileLoop(Tactic):
         if untuned_tile(ctx.source, plan.kernel, [c for c, _ in retiled]):
             # an untuned small tile: the re-tiled loops first (over descriptors first), since a time budget may
             # judge only the first candidates
-            return self._synced(ctx, self._specialized(ctx, [*both[1:], *tiled, *out, *both[:1]]))
-        return self._synced(ctx, self._specialized(ctx, [*out, *tiled, *both]))
-
-    def _synced(self, ctx: StageContext, cands: list[Candidate]) -> list[Candidate]:
-        """On CUDA, where the kernel's split row reduction can be finished in the tile loop (the ``row-sync``
-        tactic, :mod:`xeforge.rewrite.rowsync`): the first candidate that takes it, synchronised, ahead of them all.
-        It removes a pass over the output, which a time budget that judges only the first candidate would
-        otherwise leave to the row-sync tactic after this one, and that tactic may get no time."""
-        if not (getattr(ctx.device, "can_time", False) and getattr(ctx.device, "kind", "") == "cuda"):
-            return cands
-        for c in cands:
-            try:
-                synced = rowsync.apply(c.source)
-            except NotApplicable:
-                continue
-            if kb_errors(ctx, synced):
-                continue
-            return [Candidate(synced, self.name, f"{c.description}; {rowsync.plan(c.source).describe()}",
-                              params={**c.params, "row_sync": True}), *cands]
-        return cands
+            return self._specialized(ctx, [*both[1:], *tiled, *out, *both[:1]])
+        return self._specialized(ctx, [*out, *tiled, *both])
 
     def _specialized(self, ctx: StageContext, cands: list[Candidate]) -> list[Candidate]:
         """``cands`` with, right after the first of them whose tiles go through tensor descriptors, its tile loop
