@@ -352,7 +352,8 @@ if sync_on:
     # this tile's partials are stored before it counts itself in its row of tiles; it waits for the row's count
     tl.debug_barrier()
     tl.atomic_add(sync_count_ptr + 1 + {p.pid_row}, 1, sem="release")
-    # spin on plain loads (an atomic a try would queue the row's last count behind the spinners), then acquire
+    # spin on plain loads (a read-modify-write per try would queue the row's last count behind the spinners),
+    # then acquire once
     while tl.load(sync_count_ptr + 1 + {p.pid_row}, volatile=True) < {p.n_cols}:
         pass
     tl.atomic_add(sync_count_ptr + 1 + {p.pid_row}, 0, sem="acquire")
