@@ -82,3 +82,34 @@ def test_rules_engine_halves_the_store_before_it_drops_stages():
     # where the halved store fails too, the fewer-stages refit follows
     rec, seen = run_rules_stage(ctx, [first], lambda src: "BLOCK_N // 2" not in src and "num_stages=2" in src)
     assert len(seen) == 3 and "num_stages 3 -> 2" in seen[2].description and rec.best.candidate is seen[2]
+
+
+def test_a_tile_that_cannot_fit_is_halved_before_it_is_compiled():
+    """On CUDA, with the device's per-block limit known, a 4-stage 128 x 256 x 64 bf16 tile with its C tile staged
+    whole (262,144 B by the compiler's arithmetic against 232,448) goes to the verifier already halved: no failed
+    compile first. A 3-stage tile (212,992 B) fits and is judged as proposed."""
+    import dataclasses
+
+    from stages.base import Candidate
+    from tests.conftest import run_rules_stage
+    from xeforge.rewrite.tiling.configs import apply_config, staged_smem
+
+    p = load_problem(KERNELS / "kb09_matmul_subtract_multiply_relu")
+    ctx = tactic_context(p, kind="cuda", target="h100")
+    ctx.device = dataclasses.replace(ctx.device, shared_mem_bytes=232448)
+    src = descriptor_source(p)
+    four = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_stages": 4}
+    first = Candidate(apply_config(src, "matmul_bias_kernel", four), "fixed", "128x256x64/4", kind="search", params=four)
+    assert staged_smem(first.source) == ("matmul_bias_kernel", 262144)
+    rec, seen = run_rules_stage(ctx, [first], lambda s: "BLOCK_N // 2" in s)
+    assert len(seen) == 1 and "two halves (by the estimate it needs 262144 B" in seen[0].description
+    launch = next(s for s in parse_kernel(seen[0].source).launches if s.kernel == "matmul_bias_kernel")
+    assert launch.options.get("num_stages") == 4 and launch.constexprs["BLOCK_N"] == 256
+    three = Candidate(apply_config(src, "matmul_bias_kernel", {**four, "num_stages": 3}), "fixed", "128x256x64/3",
+                      kind="search", params={**four, "num_stages": 3})
+    _, seen = run_rules_stage(ctx, [three], lambda s: True)
+    assert [c.source for c in seen] == [three.source]
+    # without the device's limit (the interpreter, or a device that does not report it) nothing changes
+    ctx.device = dataclasses.replace(ctx.device, shared_mem_bytes=None)
+    _, seen = run_rules_stage(ctx, [first], lambda s: True)
+    assert [c.source for c in seen] == [first.source]

@@ -29,7 +29,7 @@ from xeforge.diagnosis.rules import tactic_order
 from xeforge.errors import EngineError
 from xeforge.kb._base import DTYPE_BYTES, dtype_key
 from xeforge.rewrite.tiling.subtile import subtile_stores
-from xeforge.rewrite.tiling.configs import fit_stages
+from xeforge.rewrite.tiling.configs import fit_stages, staged_smem
 
 
 class RulesEngine:
@@ -69,6 +69,7 @@ class RulesEngine:
             part = _tactic_part(stage.name, left() if left is not None else None,
                                 1 + sum(checked[t.name].applies for t in tactics[i + 1:]))
             candidates, failed = propose_safely(tactic, ctx)
+            candidates = [prefit(ctx, c) for c in candidates]
             if failed:
                 rec.note = "; ".join(filter(None, [rec.note, failed]))
                 continue
@@ -135,6 +136,31 @@ def _tactic_part(stage: str, seconds: float | None, tactics: int) -> Callable[[]
     return why
 
 
+def prefit(ctx: StageContext, c: Candidate) -> Candidate:
+    """``c``, or on CUDA, where its GEMM would not fit shared memory with its C tile staged whole
+    (:func:`~xeforge.rewrite.tiling.configs.staged_smem` against the device's per-block limit), the first candidate
+    :func:`refit_candidates` would make from the compiler's failure: C stored in two halves, fewer stages only if
+    that is still too much. Made before the compile, so the failed one costs no time: in an H100 port (2026-12-07,
+    call V of docs/measurements/ports-h100-2026-12-07e) each of three 4-stage tile loops failed gate 0 and its
+    halved refit, judged after it, was adopted."""
+    limit = getattr(ctx.device, "shared_mem_bytes", None)
+    if getattr(ctx.device, "kind", "") != "cuda" or not limit:
+        return c
+    elem = _elem_bytes(ctx)
+    need = staged_smem(c.source, elem)
+    if need is None or need[1] <= limit:
+        return c
+    failure = f"out of resource: shared memory, Required: {need[1]}, Hardware limit: {limit}"
+    refits = _refits(c, failure, elem, why=f"by the estimate it needs {need[1]} B,")
+    return refits[0] if refits and refits[0].params.get("c_halves") else c
+
+
+def _elem_bytes(ctx: StageContext) -> int:
+    variant = ctx.problem.timing_variant(ctx.device.kind) if ctx.problem is not None else None
+    dtype = getattr(variant, "dtype", None)
+    return DTYPE_BYTES.get(dtype_key(dtype) if dtype else None, 2)
+
+
 def refit_candidates(ctx: StageContext, outcome: TrialOutcome) -> list[Candidate]:
     """Candidates for one that failed to compile for shared memory; [] for any other failure.
 
@@ -147,25 +173,27 @@ def refit_candidates(ctx: StageContext, outcome: TrialOutcome) -> list[Candidate
     failed = outcome.verdict.failed_gate if outcome.verdict is not None else None
     if failed is None or failed.gate != "0-isolation":
         return []
-    variant = ctx.problem.timing_variant(ctx.device.kind) if ctx.problem is not None else None
-    dtype = getattr(variant, "dtype", None)
-    elem = DTYPE_BYTES.get(dtype_key(dtype) if dtype else None, 2)
-    failure = f"{failed.summary} {failed.details.get('detail', '')}"
-    c = outcome.candidate
+    return _refits(outcome.candidate, f"{failed.summary} {failed.details.get('detail', '')}", _elem_bytes(ctx))
+
+
+def _refits(c: Candidate, failure: str, elem: int, why: str = "the compiler needed") -> list[Candidate]:
+    """The refits of ``c`` for a shared-memory ``failure`` (see :func:`refit_candidates`), in the order to judge;
+    ``why`` says whose figure it is."""
     out = []
     halved = subtile_stores(c.source)
     if halved is not None and (fitted := fit_stages(halved[0], failure, elem, fixed_scale=0.5, failed_source=c.source)) is not None:
         source, how = fitted
         fewer = (f"; num_stages {how['was']} -> {how['num_stages']}" if how["num_stages"] != how["was"] else "")
-        out.append(Candidate(source, c.tactic, f"{c.description}; C stored in two halves (the compiler needed more "
-                             f"than the {how['limit']} B of shared memory; the staging tile halves){fewer}",
-                             kind=c.kind, params={**c.params, "num_stages": how["num_stages"]}))
+        out.append(Candidate(source, c.tactic, f"{c.description}; C stored in two halves ({why} more than the "
+                             f"{how['limit']} B of shared memory; the staging tile halves){fewer}", kind=c.kind,
+                             params={**c.params, "num_stages": how["num_stages"], "c_halves": True},
+                             time_all_shapes=c.time_all_shapes))
     fitted = fit_stages(c.source, failure, elem)
     if fitted is not None:
         source, how = fitted
         out.append(Candidate(source, c.tactic, f"{c.description}; num_stages {how['was']} -> {how['num_stages']} "
-                             f"(the compiler needed more than the {how['limit']} B of shared memory)", kind=c.kind,
-                             params={**c.params, "num_stages": how["num_stages"]}))
+                             f"({why} more than the {how['limit']} B of shared memory)", kind=c.kind,
+                             params={**c.params, "num_stages": how["num_stages"]}, time_all_shapes=c.time_all_shapes))
     return out
 
 
