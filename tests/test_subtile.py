@@ -101,6 +101,8 @@ def test_a_tile_that_cannot_fit_is_halved_before_it_is_compiled():
     four = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_stages": 4}
     first = Candidate(apply_config(src, "matmul_bias_kernel", four), "fixed", "128x256x64/4", kind="search", params=four)
     assert staged_smem(first.source) == ("matmul_bias_kernel", 262144)
+    # once halved, the staging tile is [BM, BN // 2]: the halved source fits and is not halved again
+    assert staged_smem(subtile_stores(first.source)[0]) == ("matmul_bias_kernel", 229376)
     rec, seen = run_rules_stage(ctx, [first], lambda s: "BLOCK_N // 2" in s)
     assert len(seen) == 1 and "two halves (by the estimate it needs 262144 B" in seen[0].description
     launch = next(s for s in parse_kernel(seen[0].source).launches if s.kernel == "matmul_bias_kernel")

@@ -26,8 +26,8 @@ from typing import Any
 from xeforge.analysis.observe import traces
 from xeforge.analysis.launches import (Binding, autotune_configs, bindings, block_params, expression_uses,
                                        launch_options, observed)
-from xeforge.kernel_model import (JitFunction, KernelModel, LaunchSite, axis_blocks, literal, parse_kernel, segment_of,
-                                  source_offset)
+from xeforge.kernel_model import (JitFunction, KernelModel, LaunchSite, axis_blocks, literal, parse_kernel,
+                                  parse_python, segment_of, source_offset)
 from xeforge.rewrite.tiling import KernelAnalysis, NotApplicable
 from xeforge.kb._base import DTYPE_BYTES, dtype_key
 from xeforge.kb.kernel_facts import roles_by_use
@@ -35,7 +35,7 @@ from xeforge.kb.roles import first_int
 from xeforge.rewrite.tiling.grid import (GridInfo, GridTranslator, _cdiv_args, enclosing_function, launch_grid,
                                          launched_kernels_gemm_first, single_launch)
 from xeforge.rewrite.tiling.edit import LaunchEdit, edit_launch
-from xeforge.rewrite.tiling.subtile import subtile_stores
+from xeforge.rewrite.tiling.subtile import store_tiles
 from xeforge.rewrite.tiling.host_rule import (HostMade, at_primary, heuristic_made, host_made, is_capped, overridable,
                                               override, override_heuristics)
 
@@ -599,26 +599,48 @@ SMEM_OVER = re.compile(r"out of resource: shared memory, Required: (\d+), Hardwa
 
 def staged_smem(source: str, elem_bytes: int = 2) -> tuple[str, int] | None:
     """(kernel, bytes) of shared memory the GEMM launched once in ``source`` needs by the compiler's own arithmetic
-    where it stores its C tile whole through a tensor descriptor: ``num_stages`` x (BM x BK + BN x BK) operand bytes
-    plus the BM x BN staging tile. On an H100 (Triton 3.6) the compiler asked 262,176 B for a 128 x 256 x 64 tile at
-    4 stages, 213,016 at 3 (this estimate: 262,144 and 212,992). None where there is no such store, the GEMM is
-    launched from several places, or its tile is not known."""
-    if subtile_stores(source) is None:
-        return None
+    where it stores its C tile through a tensor descriptor: ``num_stages`` x (BM x BK + BN x BK) operand bytes plus
+    the largest staging tile it stores (``[BM, BN]``, or ``[BM, BN // 2]`` once halved). On an H100 (Triton 3.6) the
+    compiler asked 262,176 B for a 128 x 256 x 64 tile at 4 stages, 213,016 at 3 (this estimate: 262,144 and
+    212,992). None where there is no such store, the GEMM is launched from several places, or a size is not known."""
     model = parse_kernel(source)
     for kernel in launched_kernels_gemm_first(model):
         sites = [s for s in model.launches if s.kernel == kernel]
-        if len(sites) != 1:
+        tiles = store_tiles(source, kernel)
+        if len(sites) != 1 or not tiles:
             return None
         cfg = {**{k: b.value for k, b in bindings(model, sites[0]).items() if b.value is not None},
                **launch_options(model, sites[0])}
         by_use = roles_by_use(model.functions[kernel])
         bm, bn, bk = (first_int(r, cfg, by_use) for r in ("block_m", "block_n", "block_k"))
         stages = cfg.get("num_stages")
-        if isinstance(stages, int) and bm and bn and bk:
-            return kernel, (stages * (bm + bn) * bk + bm * bn) * elem_bytes
-        return None
+        sizes = [_int_expr(f"({r}) * ({c})", cfg) for r, c in tiles]
+        if not (isinstance(stages, int) and bm and bn and bk) or None in sizes:
+            return None
+        return kernel, (stages * (bm + bn) * bk + max(sizes)) * elem_bytes
     return None
+
+
+def _int_expr(text: str, names: dict[str, Any]) -> int | None:
+    """The value of an integer expression of constexpr names (``BLOCK_N // 2``) given their values; None otherwise."""
+    ops = {ast.Mult: lambda a, b: a * b, ast.FloorDiv: lambda a, b: a // b if b else None,
+           ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b}
+
+    def value(n: ast.AST) -> int | None:
+        if isinstance(n, ast.Constant) and isinstance(n.value, int) and not isinstance(n.value, bool):
+            return n.value
+        if isinstance(n, ast.Name):
+            v = names.get(n.id)
+            return v if isinstance(v, int) and not isinstance(v, bool) else None
+        if isinstance(n, ast.BinOp) and type(n.op) in ops:
+            a, b = value(n.left), value(n.right)
+            return None if a is None or b is None else ops[type(n.op)](a, b)
+        return None
+
+    try:
+        return value(parse_python(text, mode="eval").body)
+    except SyntaxError:
+        return None
 
 
 #: where a worker's failure names the candidate's line (``at candidate.py:121: ...``)

@@ -66,6 +66,15 @@ def _descriptors(fn: cst.FunctionDef) -> dict[str, _Desc]:
     return found
 
 
+def store_tiles(source: str, kernel: str) -> list[tuple[str, str]]:
+    """The block shapes (rows, columns, as written) of ``kernel``'s store-only 2D descriptors: the C tiles the
+    compiler stages through shared memory before it stores them (``[BLOCK_M, BLOCK_N // 2]`` once halved)."""
+    fn = Parsed.of(source).function(kernel)
+    if fn is None:
+        return []
+    return [(d.rows, d.cols) for d in _descriptors(fn).values() if d.stores and not d.other_use]
+
+
 def subtile_stores(source: str) -> tuple[str, list[str]] | None:
     """``source`` with every store-only 2D descriptor stored in two halves along its columns.
 
