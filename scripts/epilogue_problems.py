@@ -43,9 +43,9 @@ def _atol(name: str) -> str:
 
 
 def main() -> int:
-    if len(sys.argv) < 2:
+    if len(sys.argv) < 2 or sys.argv[1].startswith("-"):  # no folder, or an option (--help): the usage, nothing written
         print(__doc__, file=sys.stderr)
-        return 2
+        return 0 if sys.argv[1:2] in (["-h"], ["--help"]) else 2
     out = Path(sys.argv[1])
     cases = {**{n: b for n, (b, _) in GRAPHS.items()}, **{n: b for n, (b, _) in SPLIT_READ_BACK.items()}}
     names = sys.argv[2:] or sorted(cases)
