@@ -36,6 +36,7 @@ import libcst as cst
 
 from xeforge.kernel_model import KernelModel, dotted_name, parse_kernel, parse_python
 from xeforge.rewrite import NotApplicable
+from xeforge.rewrite.tiling import _kw
 from xeforge.rewrite.cst_tools import Edits, add_params, apply_edits, code, expr, set_call_kwargs, statements
 
 __all__ = ["COMBINE_PARAMS", "SyncPlan", "apply", "plan"]
@@ -144,10 +145,6 @@ def _store_to(node: ast.AST, base: str) -> ast.Call | None:
             if isinstance(ptr, ast.Name) and ptr.id == base:
                 return n
     return None
-
-
-def _kw(call: ast.Call, name: str) -> ast.expr | None:
-    return next((k.value for k in call.keywords if k.arg == name), None)
 
 
 def plan(source: str) -> SyncPlan:

@@ -647,11 +647,11 @@ def _int_expr(text: str, names: dict[str, Any]) -> int | None:
 FAILED_AT = re.compile(r"\bcandidate\.py:(\d+)")
 
 
-def _failing_launch(source: str, failure: str, kernel: str) -> int | None:
-    """Which of ``kernel``'s launches in ``source`` (their index in source order) the failure is at: the only one, or
+def _failing_launch(model: KernelModel, failure: str, kernel: str) -> int | None:
+    """Which of ``kernel``'s launches in ``model`` (their index in source order) the failure is at: the only one, or
     the one on the line the failure names (a per-shape dispatch launches the kernel from each branch); None when
     neither tells."""
-    sites = [s for s in parse_kernel(source).launches if s.kernel == kernel]
+    sites = [s for s in model.launches if s.kernel == kernel]
     if len(sites) == 1:
         return 0
     lines = {int(n) for n in FAILED_AT.findall(failure or "")}
@@ -679,8 +679,9 @@ def fit_stages(source: str, failure: str, elem_bytes: int = 2,
         return None
     required, limit = int(m.group(1)), int(m.group(2))
     model = parse_kernel(source)
+    failed = parse_kernel(failed_source) if failed_source is not None else model
     for kernel in launched_kernels_gemm_first(model):
-        at = _failing_launch(failed_source or source, failure, kernel)
+        at = _failing_launch(failed, failure, kernel)
         sites = [s for s in model.launches if s.kernel == kernel]
         if at is None or at >= len(sites):
             continue
