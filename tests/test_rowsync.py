@@ -15,11 +15,11 @@ from tests.conftest import tactic_context
 from xeforge.rewrite import NotApplicable, persistent, rowsync
 
 
-def _split_persistent(tmp_path, name: str):
+def _split_persistent(tmp_path, name: str, style: str = "wrapper"):
     """The problem of ``name``'s read-back graph with the fusion stage's split (its combine-kernel candidate) and the
     persistent stage's tile loop applied, as the port would have them when the row sync is proposed."""
     body, _ = SPLIT_READ_BACK[name]
-    p = _problem(tmp_path, body)
+    p = _problem(tmp_path, body, style)
     tactic, ctx = _applying_to(p, "fuse-split-row-reduction")
     fused = tactic.propose(ctx)[0].source
     assert "row_combine_kernel[" in fused
@@ -28,9 +28,10 @@ def _split_persistent(tmp_path, name: str):
 
 
 @pytest.mark.slow  # about 15 s a graph (a trace and two runs of the verifier on the interpreter)
+@pytest.mark.parametrize("style", ["wrapper", "direct"])
 @pytest.mark.parametrize("name", sorted(SPLIT_READ_BACK))
-def test_the_row_sync_is_correct_on_both_paths(name, tmp_path, verify):
-    p, src = _split_persistent(tmp_path, name)
+def test_the_row_sync_is_correct_on_both_paths(name, style, tmp_path, verify):
+    p, src = _split_persistent(tmp_path, name, style)
     plan = rowsync.plan(src)
     assert (plan.gemm, plan.combine, plan.part, plan.y, plan.keep_y) == ("_mm_bias", "row_combine_kernel",
                                                                         "row_part", "y", False)
