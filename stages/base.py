@@ -3,10 +3,11 @@
 Owns: the :class:`Stage` and :class:`Tactic` interfaces and the data passed between a stage, an engine and
 the pipeline (:class:`StageContext`, :class:`Issue`, :class:`Candidate`, :class:`Applicability`, and what an
 engine returns for a stage: :class:`TacticRecord` with its :class:`TrialOutcome` list, both engines — the rules
-engine in :mod:`xeforge.engines` and the llm engine in :mod:`cover_agent` — filling the same records), and
-:func:`guarded`, which turns a detector's unexpected failure into one issue instead of an exception. A stage is
-one module in ``stages/`` plus its ``<name>.md.j2`` prompt template; adding one touches that module, its
-template, its KB patterns and its tests.
+engine in :mod:`xeforge.engines` and the llm engine in :mod:`cover_agent` — filling the same records), what the
+incumbent's compile said of a kernel (:func:`compiled_facts`, :func:`incumbent_spills`), and :func:`guarded`,
+which turns a detector's unexpected failure into one issue instead of an exception. A stage is one module in
+``stages/`` plus its ``<name>.md.j2`` prompt template; adding one touches that module, its template, its KB
+patterns and its tests.
 """
 
 from __future__ import annotations
@@ -177,6 +178,23 @@ class Stage:
         if self.llm_only_reason:
             return f"no deterministic tactic for {self.name}: {self.llm_only_reason} (the llm engine covers it)"
         return f"no tactic implemented for {self.name}"
+
+
+def compiled_facts(diagnosis: dict[str, Any] | None, kernel: str) -> dict[str, Any]:
+    """The incumbent's compiler facts for ``kernel`` at the primary shape (registers, spills, num_warps, ...);
+    empty where none were read (the interpreter)."""
+    if not diagnosis or not diagnosis.get("available"):
+        return {}
+    for k in diagnosis.get("kernels", []):
+        if k.get("kernel") == kernel:
+            return dict(k.get("facts") or {})
+    return {}
+
+
+def incumbent_spills(diagnosis: dict[str, Any] | None, kernel: str) -> int:
+    """Registers ``kernel`` spilled in the incumbent at the primary shape; 0 where it spilled none or no facts
+    were read."""
+    return int(compiled_facts(diagnosis, kernel).get("spills") or 0)
 
 
 def guarded(stage: str) -> Callable:

@@ -40,7 +40,8 @@ import itertools
 import random
 from typing import Any
 
-from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic
+from stages.base import (Applicability, Candidate, Issue, Stage, StageContext, Tactic, compiled_facts,
+                         incumbent_spills)
 from stages.device_tuning_epilogue import EpilogueHalves
 from stages.device_tuning_host_desc import HostDescriptors
 from stages.device_tuning_rows import RowsPerProgram
@@ -110,23 +111,6 @@ def _role_less(current: dict[str, Any], names: list[str], varied: set[str]) -> l
             continue
         out += [{n: w} for w in (v // 2, v * 2, v // 4, v * 4) if w >= 1]
     return out
-
-
-def compiled_facts(diagnosis: dict[str, Any] | None, kernel: str) -> dict[str, Any]:
-    """The incumbent's compiler facts for ``kernel`` at the primary shape (registers, spills, num_warps, ...);
-    empty where none were read (the interpreter)."""
-    if not diagnosis or not diagnosis.get("available"):
-        return {}
-    for k in diagnosis.get("kernels", []):
-        if k.get("kernel") == kernel:
-            return dict(k.get("facts") or {})
-    return {}
-
-
-def incumbent_spills(diagnosis: dict[str, Any] | None, kernel: str) -> int:
-    """Registers ``kernel`` spilled in the incumbent at the primary shape; 0 where it spilled none or no facts
-    were read."""
-    return int(compiled_facts(diagnosis, kernel).get("spills") or 0)
 
 
 def _acc_per_warp(cfg: dict[str, Any]) -> float | None:

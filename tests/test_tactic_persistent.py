@@ -395,3 +395,26 @@ def test_specialize_marks_the_tile_loop_and_refuses_a_kernel_without_one():
     assert ws.replace(", warp_specialize=BLOCK_M >= 64", "") == src  # nothing else changes
     with pytest.raises(NotApplicable, match="0 tile loops"):
         persistent.specialize(p.kernel_source, plan.kernel)
+
+
+def test_where_the_incumbent_spills_the_loops_with_the_epilogue_in_halves_come_first(verify):
+    """An H100 port of several-outputs (2026-12-07, call U) spilled 46 registers at 128 x 256 and judged only the
+    plain tile loop in its share of the time budget; where the compile says it spilled, the loops with the
+    epilogue on two column halves of the accumulator are judged first, and only then."""
+    p = load_problem(KERNELS / "gemm_relu")
+    big = apply_config(p.kernel_source, "matmul_kernel", {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64,
+                                                          "num_warps": 8, "num_stages": 3})
+    ctx = context(p, big, kind="cuda", target="h200")
+    plain = TACTIC.propose(ctx)
+    assert not [c for c in plain if c.params.get("epilogue_halves")]
+    ctx.diagnosis = {"available": True, "findings": [],
+                     "kernels": [{"kernel": "matmul_kernel", "facts": {"regs": 255, "spills": 46}}]}
+    cands = TACTIC.propose(ctx)
+    halved = [c for c in cands if c.params.get("epilogue_halves")]
+    assert [c.params.get("flatten", False) for c in cands[:2]] == [False, True] and cands[:2] == halved
+    assert "the incumbent spills 46 registers" in halved[0].description
+    assert len(cands) == len(plain) + 2 and "tl.split(" in halved[0].source
+    for c in halved:  # each is still the tile loop, and correct
+        assert "for tile_id in tl.range(" in c.source
+        verdict = verify(p, c.source)
+        assert verdict.correct, verdict.feedback()
