@@ -11,7 +11,9 @@ docs/measurements/HISTORY.md), so it is timed, not ruled out. On a GPU the rewri
 KB tile configurations (and, on NVIDIA, with the tile loop flattened into the K loop as upstream's persistent matmul
 does), and over the block_io stage's rewrite where that stage did not adopt it (descriptors that lost alone; the two
 compose); where the KB offers it (Hopper, Triton 3.5 or later), a loop over tensor descriptors is also proposed
-warp-specialized; the verifier times each one.
+warp-specialized; where the incumbent's compile spilled registers, the loops with the epilogue on two column halves
+of the accumulator come first; the verifier times each one. The tiles of a row waiting for each other inside the
+loop, to finish a split row reduction there, is no tactic: it lost to the two passes (KB ``persistent-row-sync``).
 """
 
 from __future__ import annotations
