@@ -23,6 +23,8 @@ def test_the_odd_shape_names_the_strides_and_bounds_that_lose_the_hint():
     assert "16-byte aligned" in line and "tensor descriptors" in line
     # bf16 rows 3000 elements apart are 6000 bytes apart: off a 128-byte line (a measured 10% at that shape)
     assert stride["pitch_bytes"] == 6000 and "its rows are 6000 bytes apart, not a multiple of 128" in line
+    assert line.endswith("keep this tensor in a buffer whose rows are padded to a multiple of 64 elements and pass "
+                         "a view of it")
     assert "pitch_bytes" not in found[("bench-gpu-2", "M")]
     assert "masks cannot be proven constant" in describe(found[("bench-gpu-2", "M")])
 

@@ -63,6 +63,7 @@ def alignment_by_shape(traces: dict[str, Trace | str], shapes: list[str],
             size = sizes[shape].get((kernel, role[len(STRIDE_ROLE):])) if role.startswith(STRIDE_ROLE) else None
             if size:
                 found["pitch_bytes"] = v * size
+                found["itemsize"] = size
             out.append(found)
     return out
 
@@ -94,7 +95,10 @@ def describe(finding: dict[str, Any]) -> str:
             "start part-way into a line, through tensor descriptors too: in H100 probes (2026-12-07) gemm_square's "
             "port ran 0.158 ms at 3000 x 4096 x 3000 with B's rows 6000 bytes apart and 0.144 ms with them 6144 "
             "apart, gemm_tall_k's 0.234 ms at 1000 x 65536 x 1000 with B's rows 2000 bytes apart and 0.199 ms with "
-            "them 2048 apart (cuBLAS: 0.187 ms as given)") if pitch and pitch % LINE else ""
+            "them 2048 apart (cuBLAS: 0.187 ms as given). No rewrite of the kernel recovered it (256 x 128 tiles, "
+            "pointer loads, a padded copy per call: each slower); where the model allows it, keep this tensor in a "
+            f"buffer whose rows are padded to a multiple of {LINE // finding.get('itemsize', 1)} elements and pass a "
+            "view of it") if pitch and pitch % LINE else ""
     return (f"{finding['shape']}: {finding['kernel']}'s {finding['arg']}{f' ({role})' if role else ''} = "
             f"{finding['value']} is not a multiple of {DIVISIBILITY} ({at}): Triton compiles this shape without the "
             f"divisibility hint{',' if kind in ('scalar', 'loop') else ', so'} {_CONSEQUENCE[kind]}{line}")
