@@ -78,7 +78,7 @@ class PersistentTileLoop(Tactic):
                                      params={"kernel": plan.kernel, "flatten": True}))
             except NotApplicable:
                 pass
-        out = [*self._halved(ctx, out), *out]
+        out = [*self._halved(ctx, plan.kernel, out), *out]
         retiled = with_configs(ctx, src, plan.kernel, RETILE_CONFIGS)
         tiled = [Candidate(t, self.name, f"{plan.describe()}; with {describe(cfg)}",
                            params={"kernel": plan.kernel, **cfg}) for cfg, t in retiled]
@@ -89,7 +89,7 @@ class PersistentTileLoop(Tactic):
             return self._specialized(ctx, [*both[1:], *tiled, *out, *both[:1]])
         return self._specialized(ctx, [*out, *tiled, *both])
 
-    def _halved(self, ctx: StageContext, loops: list[Candidate]) -> list[Candidate]:
+    def _halved(self, ctx: StageContext, kernel: str, loops: list[Candidate]) -> list[Candidate]:
         """Where the incumbent's kernel spilled registers (its compile at the primary shape), each of ``loops`` with
         its epilogue run on two column halves of the accumulator (:func:`split_epilogue`), to be judged first: a
         time budget may judge only the first candidates, and the plain loop keeps every temporary of the whole
@@ -97,7 +97,6 @@ class PersistentTileLoop(Tactic):
         port spilled 46 registers and judged only the plain loop (0.984x) in its share of a 5-minute budget; the
         halved epilogue inside a tile loop ran 1.4-2.8% faster on the H200
         (:mod:`xeforge.rewrite.device_tuning.epilogue`)."""
-        kernel = loops[0].params["kernel"] if loops else ""
         spills = incumbent_spills(ctx.diagnosis, kernel)
         if not spills:
             return []
