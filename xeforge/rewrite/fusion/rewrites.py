@@ -733,20 +733,10 @@ def _apply_chain(c: Ctx, ch: Chain, extra_launch: dict[str, str] | None = None,
         store = _store_stmt(ts, ts.cast(b.var), f"{ts.ptr_param} + {offs_m} * {ts.row_stride}", f"{offs_m} < {m}")
         edits.replace[ts.line] = _comment_stmts(f"fused from Model.forward: {what}", [*lines, store])
     else:
-        # each earlier value forward returns is stored where it is final, right after the line that keeps it, so
-        # the tile it holds need not stay live through the ops after it (an H100 port of several-outputs, `return
-        # y, gelu(y)`, spilled 46 registers at 128 x 256 holding both tiles to the end)
-        stores: dict[str, list[str]] = {}
-        for name, (param, _) in extra.items():
-            stores.setdefault(b.saved[name], []).append(
-                _store_stmt(ts, f"{b.saved[name]}.to({param}.dtype.element_ty)", f"{param} + {ts.offset_src}"))
-        body = []
-        for line in lines:
-            body.append(line)
-            body += stores.pop(line.split(" = ", 1)[0], [])
-        body += [st for left in stores.values() for st in left]
-        head = _comment_stmts(f"fused from Model.forward: {what}", body) if body else []
-        edits.replace[ts.line] = [*head, store_with_value(ts, ts.cast(b.var))]
+        head = _comment_stmts(f"fused from Model.forward: {what}", lines) if lines else []
+        more = [_store_stmt(ts, f"{b.saved[name]}.to({param}.dtype.element_ty)", f"{param} + {ts.offset_src}")
+                for name, (param, _) in extra.items()]
+        edits.replace[ts.line] = [*head, *statements("\n".join(more)), store_with_value(ts, ts.cast(b.var))]
     if ts.cast_line:
         edits.replace[ts.cast_line] = []
     params = [q for op in b.operands.values() for q in op.params()] + [param for param, _ in extra.values()]
