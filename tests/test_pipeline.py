@@ -341,6 +341,55 @@ def test_a_stages_share_is_split_between_its_tactics_so_the_last_ones_get_their_
     assert "2 of its 3 candidates not run" in per_shape.note
 
 
+def test_a_tactics_refits_stop_at_its_part_once_one_of_its_trials_is_correct(monkeypatch):
+    """On the H100 (2026-12-07) gemm_tall_k's three splits failed for shared memory and their refits were judged
+    past split-k's part of device_tuning's share, so per-shape-config, its one tactic for M = 16, never ran. A
+    refit (and a follow-up) now waits for the part as a candidate does, once one of the tactic's trials is correct;
+    before that, a failed candidate's refit is judged whatever the time (it may be the only way in)."""
+    from stages.base import Applicability, Candidate, Stage, Tactic, TrialOutcome
+    from tests.conftest import tactic_context
+    from xeforge import engines
+    from xeforge.problem import load_problem
+    from xeforge.verifier import GateResult, Verdict
+
+    now = {"t": 0.0}
+    monkeypatch.setattr(engines.time, "monotonic", lambda: now["t"])
+    monkeypatch.setattr(engines, "refit_candidates", lambda ctx, o: [] if o.verdict.correct else [
+        Candidate(o.candidate.source + "\n# refit\n", o.candidate.tactic, f"{o.candidate.description} refit")])
+
+    class T(Tactic):
+        def __init__(self, name, n):
+            self.name, self.n = name, n
+
+        def check(self, ctx):
+            return Applicability(True, "test")
+
+        def propose(self, ctx):
+            return [Candidate(ctx.source + f"\n# {self.name} {i}\n", self.name, f"{self.name} {i}")
+                    for i in range(self.n)]
+
+    judged = []
+
+    def evaluate(c):
+        judged.append(c.description)
+        now["t"] += 20.0
+        ok = c.description.endswith("refit") or c.tactic == "per-shape"
+        gate = GateResult("2-correctness", "pass", "ok") if ok else GateResult("0-isolation", "fail", "smem")
+        return TrialOutcome("0001", c, Verdict("h", [gate], correct=ok))
+
+    evaluate.spent = lambda: None
+    evaluate.left = lambda: max(0.0, 90.0 - now["t"])
+    stage = Stage("device_tuning", 7, "test", (), tactics=[T("split", 2), T("per-shape", 1)])
+    split, per_shape = engines.RulesEngine().run_stage(
+        stage, tactic_context(load_problem(ROOT / "kernels" / "gemm_relu")), evaluate, lambda outs: None)
+    # split's part: 45 s of 90. Both candidates fail (40 s); the first's refit runs although the part is spent
+    # (nothing correct yet) and is correct; the second's refit waits, and per-shape gets its turn
+    assert judged == ["split 0", "split 1", "split 0 refit", "per-shape 0"], judged
+    assert "1 refit(s) or follow-up(s) not run: its part of the device_tuning stage's share (45 s" in split.note, \
+        split.note
+    assert per_shape.outcomes and per_shape.outcomes[0].verdict.correct
+
+
 def test_a_port_on_a_shared_gpu_reports_what_it_waited_for_the_device(monkeypatch, tmp_path):
     """With lanes on one GPU (the bench's XEFORGE_GPU_LOCK) the report says the seconds the port's workers waited
     while another lane timed, of its wall time; on a GPU of its own, and on the interpreter, it says nothing."""

@@ -97,6 +97,9 @@ class RulesEngine:
                     break
                 rec.outcomes.append(evaluate(c))
             seen = {c.source for c in candidates}
+
+            over = _bound_after_a_correct_trial(rec, spent, part)
+            skipped = 0
             for o in list(rec.outcomes):
                 # a failed candidate's refits in order until one is correct: on an H100 (2026-12-07) the halved C
                 # store ran 1.4-1.5x faster than fewer stages for each of gemm_tall_k's three split candidates, and
@@ -105,16 +108,39 @@ class RulesEngine:
                     if c.source in seen:
                         continue
                     seen.add(c.source)
+                    if over():
+                        skipped += 1
+                        break
                     rec.outcomes.append(evaluate(c))
                     if rec.outcomes[-1].verdict is not None and rec.outcomes[-1].verdict.correct:
                         break
-            more = [c for c in tactic.follow_up(ctx, rec.outcomes) if c.source not in seen]
-            rec.outcomes += [evaluate(c) for c in {c.source: c for c in more}.values()]
+            more = list({c.source: c for c in tactic.follow_up(ctx, rec.outcomes) if c.source not in seen}.values())
+            for c in more:
+                if over():
+                    skipped += len(more) - more.index(c)
+                    break
+                rec.outcomes.append(evaluate(c))
+            why = over() if skipped else None
+            if why:
+                rec.note = "; ".join(filter(None, [rec.note, f"{skipped} refit(s) or follow-up(s) not run: {why}"]))
             rec.best = choose(rec.outcomes)
             if rec.best is not None:
                 ctx = ctx.with_source(rec.best.candidate.source)
                 ctx.diagnosis = rec.best.verdict.diagnosis if rec.best.verdict is not None else None
         return records
+
+
+def _bound_after_a_correct_trial(rec: TacticRecord, spent: Callable[[], str | None] | None,
+                                 part: Callable[[], str | None] | None) -> Callable[[], str | None]:
+    """Why no more of ``rec``'s tactic's trials run: once one of them is correct, the port's budget, the stage's
+    share and the tactic's part bound its refits and follow-ups as they bound its candidates (on an H100, 2026-12-07,
+    gemm_tall_k's three splits and their refits spent device_tuning's share, and per-shape-config, its one tactic
+    for M = 16, never ran). None while none is correct: a failed first candidate's refit may be the only way in."""
+    def over() -> str | None:
+        if not any(o.verdict is not None and o.verdict.correct for o in rec.outcomes or []):
+            return None
+        return (spent() if spent is not None else None) or (part() if part is not None else None)
+    return over
 
 
 def _tactic_part(stage: str, seconds: float | None, tactics: int) -> Callable[[], str | None] | None:
