@@ -406,3 +406,30 @@ def test_a_port_on_a_shared_gpu_reports_what_it_waited_for_the_device(monkeypatc
     assert Pipeline._shared_device(verifier, cpu, time.monotonic()) is None
     got = Pipeline._shared_device(verifier, gpu, time.monotonic() - 100.0)
     assert got["waited_s"] == 41.2 and 100.0 <= got["wall_s"] < 110.0, got
+
+
+def test_among_candidates_as_fast_within_the_noise_margin_the_one_with_fewest_lines_is_adopted():
+    """On the H100 (2026-12-07) gemm_tall_k's descriptors with the C tile stored in two halves (more lines) won at
+    block_io by 1.327x against 1.326x, and the halves kept split-K from applying at device_tuning: the port ended at
+    0.57x of torch.compile, where the one with split-K had reached 0.95x. A tie within the margin now goes to the
+    candidate with the fewest lines; a gain beyond it still goes to the fastest."""
+    from types import SimpleNamespace
+
+    from stages.base import Candidate, TrialOutcome
+    from xeforge.pipeline import Pipeline
+    from xeforge.verifier import Verdict
+
+    def outcome(trial, lines, speedup, correct=True, accepted=True):
+        verdict = Verdict("h", correct=correct, timed=True, accepted=accepted, speedup=speedup, margin=0.02)
+        return TrialOutcome(trial, Candidate("x = 1\n" * lines, "tensor-descriptor", trial), verdict)
+
+    gpu = SimpleNamespace(can_time=True)
+    plain, halves = outcome("0003", 100, 1.326), outcome("0004", 110, 1.327)
+    assert Pipeline._choose(None, [plain, halves], gpu) is plain
+    faster = outcome("0004", 110, 1.40)
+    assert Pipeline._choose(None, [plain, faster], gpu) is faster
+    # not accepted (not faster than the incumbent beyond its margin), or wrong: never adopted, however short
+    short = outcome("0005", 10, 1.33, accepted=False)
+    wrong = outcome("0006", 10, 1.33, correct=False)
+    assert Pipeline._choose(None, [plain, halves, short, wrong], gpu) is plain
+    assert Pipeline._choose(None, [short, wrong], gpu) is None
