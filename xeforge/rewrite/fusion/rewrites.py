@@ -734,7 +734,7 @@ def _apply_chain(c: Ctx, ch: Chain, extra_launch: dict[str, str] | None = None,
         edits.replace[ts.line] = _comment_stmts(f"fused from Model.forward: {what}", [*lines, store])
     else:
         # the earlier values forward returns are stored together with the result, after every op: stored where
-        # each is final instead, several-outputs' 128 x 256 tile ran 0.283 ms against 0.239 on an H100 (call Z,
+        # each is final instead, several-outputs' 128 x 256 tile ran 0.283 ms against 0.240 on an H100 (call Z2,
         # docs/measurements/ports-h100-2026-12-07g); the persistent stage's epilogue halves are what lower the
         # registers of such a tile
         head = _comment_stmts(f"fused from Model.forward: {what}", lines) if lines else []
