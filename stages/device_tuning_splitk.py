@@ -23,7 +23,8 @@ Where a timed shape's tiles end in a last wave that leaves half the cores idle a
 shape leaves half the cores idle), timed at every shape: sized per call, it splits that wave's tiles over K and a
 decode step's tiles as the candidates above do. Behind a per-shape dispatch (per-shape-config's decode branch,
 adopted earlier in the stage), where split-K refuses a kernel launched from two places, the tail split still
-rewrites the ``else`` launch. Listed first in
+rewrites the ``else`` launch. A C tile the shared-memory refit stored in two halves is stored whole again for the
+plan (:func:`stored_whole`); the engine halves the candidates' stores again where they need it. Listed first in
 ``stages/device_tuning.py``: the swizzle would turn the 2D grid into a 1D one, and the launch-parameter
 search should tune the split kernel (smaller tiles that fill the device are its alternative, timed there).
 """
@@ -34,8 +35,10 @@ from typing import Any
 
 from stages.base import Applicability, Candidate, StageContext, Tactic
 from xeforge.rewrite import NotApplicable
+from xeforge.kernel_model import parse_kernel
 from xeforge.rewrite.device_tuning import splitk, splitk_tail
 from xeforge.rewrite.tiling.configs import kb_errors
+from xeforge.rewrite.tiling.subtile import whole_stores
 from xeforge.rewrite.tiling.tactics import RewriteMemo
 
 SPLITS = (2, 4, 8)
@@ -81,6 +84,20 @@ def split_values(tiles: int, steps: int, cores: int) -> list[int]:
     return [default] + [s for s in ok if s != default]
 
 
+
+def stored_whole(source: str) -> tuple[str, list[str]] | None:
+    """``source`` with every kernel's C tile stored whole where the shared-memory refit halved it
+    (:func:`~xeforge.rewrite.tiling.subtile.whole_stores`), and what changed; None where no store is halved. On an
+    H100 (2026-12-07) gemm_tall_k's block_io stage adopted its descriptors with the store halved, and split-K, which
+    its 32 tiles on 132 cores need, then refused the kernel."""
+    changed: list[str] = []
+    for name in parse_kernel(source).functions:
+        got = whole_stores(source, name)
+        if got is not None:
+            source, more = got
+            changed += more
+    return (source, changed) if changed else None
+
 class SplitK(Tactic):
     name = "split-k"
     summary = ("SPLIT_K programs per output tile over slices of K, fp32 partials summed in order by a second "
@@ -96,6 +113,12 @@ class SplitK(Tactic):
         try:
             plan = splitk.find(ctx.source, ctx.problem)
         except NotApplicable:
+            whole = stored_whole(ctx.source)
+            if whole is not None:  # the split's plan reads the store of acc, which the halves hide
+                plan, out = self._build(ctx.with_source(whole[0]))
+                note = (f"; C stored whole again for the split ({'; '.join(whole[1])}: halved again where shared "
+                        "memory needs it)")
+                return plan, [(s, src, why + note, every) for s, src, why, every in out]
             behind = self._behind_dispatch(ctx)
             if behind is None:
                 raise

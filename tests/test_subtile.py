@@ -115,3 +115,32 @@ def test_a_tile_that_cannot_fit_is_halved_before_it_is_compiled():
     ctx.device = dataclasses.replace(ctx.device, shared_mem_bytes=None)
     _, seen = run_rules_stage(ctx, [first], lambda s: True)
     assert [c.source for c in seen] == [first.source]
+
+
+def test_a_halved_store_is_made_whole_again_and_split_k_plans_on_it():
+    """On the H100 (2026-12-07) gemm_tall_k's adopted descriptors stored C in two halves, and split-K refused the
+    kernel ("stores c_desc_lo rather than acc"): its 32 tiles ran on 132 cores, 0.57x of torch.compile. The halves
+    are now undone for the split's plan: whole_stores gives back the descriptor source it came from."""
+    from stages.device_tuning_splitk import SplitK
+    from xeforge.rewrite import NotApplicable
+    from xeforge.rewrite.device_tuning import splitk
+    from xeforge.rewrite.tiling.subtile import whole_stores
+
+    p = load_problem(KERNELS / "gemm_tall_k")
+    src = descriptor_source(p)
+    halved, _ = subtile_stores(src)
+    kernel = parse_kernel(src).launches[0].kernel
+    assert whole_stores(src, kernel) is None  # nothing halved
+    back, changed = whole_stores(halved, kernel)
+    assert back == src, changed
+    assert changed == [f"{kernel}: c_desc [BLOCK_M, BLOCK_N // 2] -> [BLOCK_M, BLOCK_N]"]
+    try:
+        splitk.find(halved, p)
+    except NotApplicable as exc:
+        assert "rather than acc" in str(exc)
+    else:
+        raise AssertionError("split-K's plan took the halved store")
+    ctx = tactic_context(p, cores=132).with_source(halved)
+    assert SplitK().check(ctx).applies
+    (cand, *_) = SplitK().propose(ctx)
+    assert "c_desc_lo" not in cand.source and "tl.split(" not in cand.source.split("def splitk_sum_kernel")[0]

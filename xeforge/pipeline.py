@@ -588,9 +588,10 @@ class Pipeline:
             faster = [o for o in correct if o.verdict.accepted]
             if not faster:
                 return None
-            # the fastest, or where others are as fast within its noise margin, the one of them with the fewest lines:
-            # on an H100 (2026-12-07) gemm_tall_k's descriptors with their C tile stored in two halves won by 1.327x
-            # against 1.326x, and the halves kept split-K, the tactic its 32 tiles on 132 cores needed, from applying
+            # the fastest, or where others are as fast within its noise margin, the one of them with the fewest lines,
+            # the form later tactics read best: on an H100 (2026-12-07) gemm_tall_k's descriptors with their C tile
+            # stored in two halves won by 1.327x against 1.326x, and the halves kept split-K, which its 32 tiles on
+            # 132 cores needed, from applying (split-K now also undoes them: device_tuning_splitk.stored_whole)
             best = max(faster, key=lambda o: o.verdict.speedup or 0.0)
             margin = best.verdict.margin or 0.0
             ties = [o for o in faster if (o.verdict.speedup or 0.0) * (1.0 + margin) >= (best.verdict.speedup or 0.0)]

@@ -6,7 +6,8 @@ block_shape=[BM, BN])`` that is only ever stored to (``desc.store([r, c], value)
 ``tl.split``). The staging tile that a descriptor store keeps in shared memory halves with it: a 128x256 tile
 whose fp32 epilogue needs 128 KB of staging fits beside three 48 KB operand stages on a 227 KB part (H200) once
 the staging is 64 KB. The engine proposes it as a shared-memory refit (``engines.refit_candidates``) before it
-gives up pipeline stages, which cost more than the second store does.
+gives up pipeline stages, which cost more than the second store does. Its inverse, :func:`whole_stores`, gives a
+tactic that reads the K loop's store (split-K) the kernel as it was before the halves.
 """
 
 from __future__ import annotations
@@ -123,3 +124,105 @@ def subtile_stores(source: str) -> tuple[str, list[str]] | None:
     if not changed:
         return None
     return apply_edits(source, edits, parsed), changed
+
+
+def _halved_store(stmts: list) -> tuple[str, str, str, str, cst.BaseExpression] | None:
+    """(descriptor, row, column, half, value) where ``stmts`` (four statements of one block) are the two-halves
+    store :func:`subtile_stores` writes; None otherwise."""
+    first, split, lo_store, hi_store = (small(s) for s in stmts)
+    if not (isinstance(first, cst.Assign) and isinstance(split, cst.Assign) and isinstance(lo_store, cst.Expr)
+            and isinstance(hi_store, cst.Expr) and len(first.targets) == 1 and len(split.targets) == 1):
+        return None
+    permute = first.value
+    if not (isinstance(permute, cst.Call) and is_tl(call_name(permute), "permute") and len(permute.args) == 2
+            and code(permute.args[1].value) == "(0, 2, 1)"):
+        return None
+    reshape = permute.args[0].value
+    if not (isinstance(reshape, cst.Call) and is_tl(call_name(reshape), "reshape") and len(reshape.args) == 2):
+        return None
+    dims = reshape.args[1].value
+    if not (isinstance(dims, cst.Tuple) and len(dims.elements) == 3 and code(dims.elements[1].value) == "2"):
+        return None
+    half = code(dims.elements[2].value)
+    both = code(first.targets[0].target)
+    pair = split.targets[0].target
+    if not (isinstance(split.value, cst.Call) and is_tl(call_name(split.value), "split")
+            and [code(a.value) for a in split.value.args] == [both]
+            and isinstance(pair, cst.Tuple) and len(pair.elements) == 2):
+        return None
+    lo, hi = (code(e.value) for e in pair.elements)
+    calls = []
+    for st, want in ((lo_store, lo), (hi_store, hi)):
+        call = st.value
+        base, _, method = (call_name(call) or "").rpartition(".") if isinstance(call, cst.Call) else ("", "", "")
+        coords, value = (arg(call, 0, "offsets"), arg(call, 1, "value")) if method == "store" else (None, None)
+        if not (isinstance(coords, (cst.List, cst.Tuple)) and len(coords.elements) == 2 and value is not None
+                and code(value) == want):
+            return None
+        calls.append((base, [code(e.value) for e in coords.elements]))
+    (desc, (row, col)), (desc_hi, coords_hi) = calls
+    if desc_hi != desc or coords_hi != [row, f"{col} + {half}"]:
+        return None
+    return desc, row, col, half, reshape.args[0].value
+
+
+def whole_stores(source: str, kernel: str) -> tuple[str, list[str]] | None:
+    """``source`` with ``kernel``'s C tiles stored whole again where :func:`subtile_stores` halved them: each
+    two-halves store back to one ``desc.store([r, c], value)``, the descriptor's block back to ``[BM, BN]``. A
+    tactic that reads the K loop's store (split-K's plan takes ``acc`` or a cast of it) plans on this form; the
+    engine halves its candidates' stores again where shared memory needs it. Returns the source and one line per
+    descriptor, or None where nothing is halved (or a halved descriptor is also stored some other way)."""
+    parsed = Parsed.of(source)
+    fn = parsed.function(kernel)
+    if fn is None:
+        return None
+    found: dict[str, list[tuple[int, str]]] = {}  # descriptor -> (index of the block's statement, half) per store
+
+    class Find(cst.CSTVisitor):
+        def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+            body = list(node.body)
+            for i in range(len(body) - 3):
+                hit = _halved_store(body[i:i + 4])
+                if hit is not None:
+                    found.setdefault(hit[0], []).append((parsed.line(body[i]), hit[3]))
+
+    fn.visit(Find())
+    descs = _descriptors(fn)
+    whole: dict[str, str] = {}  # descriptor -> its block's columns, whole
+    for name, stores in found.items():
+        d = descs.get(name)
+        halves = {h for _, h in stores}
+        if d is None or d.other_use or len(halves) != 1 or d.cols not in halves or len(d.stores) != 2 * len(stores):
+            continue
+        cols = d.cols.removesuffix(" // 2").strip()
+        if cols == d.cols:
+            continue
+        whole[name] = cols[1:-1] if cols.startswith("(") and cols.endswith(")") else cols
+    if not whole:
+        return None
+    changed = [f"{kernel}: {n} [{descs[n].rows}, {descs[n].cols}] -> [{descs[n].rows}, {c}]" for n, c in whole.items()]
+
+    class Undo(cst.CSTTransformer):
+        def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.IndentedBlock:
+            body, out, i = list(updated.body), [], 0
+            while i < len(body):
+                hit = _halved_store(body[i:i + 4]) if i + 4 <= len(body) else None
+                if hit is None or hit[0] not in whole:
+                    out.append(body[i])
+                    i += 1
+                    continue
+                desc, row, col, _, value = hit
+                store = statements(f"{desc}.store([{row}, {col}], {code(value)})\n")[0]
+                lead = [ln for ln in body[i].leading_lines
+                        if ln.comment is None or not ln.comment.value.startswith("# C in two [")]
+                out.append(store.with_changes(leading_lines=lead))
+                i += 4
+            return updated.with_changes(body=out)
+
+    new_fn = fn.visit(Undo())
+    for name, cols in whole.items():
+        d = _descriptors(new_fn)[name]
+        shape = arg(d.call, 3, "block_shape")
+        new_shape = shape.with_changes(elements=[shape.elements[0], shape.elements[1].with_changes(value=expr(cols))])
+        new_fn = new_fn.deep_replace(d.assign, d.assign.deep_replace(d.call, d.call.deep_replace(shape, new_shape)))
+    return parsed.module.deep_replace(fn, new_fn).code, changed
