@@ -9,7 +9,10 @@ whose shape argument differs from the primary's by :data:`CLASS_RATIO` or more:
    dim at every traced variant), or else a plain axis of its grid that does (a batch dim only the grid sees:
    ``grid = (cdiv(N, BLOCK_N), B)``), a test on the host expression the launch passes for it (``M <= 128``), the
    threshold between the classes derived from the timed shapes' values of the dim (the geometric middle between the
-   shape and the nearest timed value across, rounded down to a power of two);
+   shape and the nearest timed value across, rounded down to a power of two); where no dim differs that much, a
+   shape with a dim that is odd there (no multiple of 128, above a decode step's rows: issue 34's odd class) and
+   not at the primary gets the class ``N % 128 != 0 and N > 64``, whose first configurations are those whose
+   programs fill the last wave of the device's cores better there;
 2. **coverage**: the correctness gate's own shapes (:meth:`xeforge.problem.Problem.correctness_variants`: every
    variant and the ragged shapes) must put at least one shape in the branch and one in the rest, or the class is
    not proposed, and the tactic says why: every configuration is verified at shapes it serves;
@@ -68,7 +71,7 @@ from stages.device_tuning_splitk import core_count, split_values
 from xeforge.analysis.observe import traces
 from xeforge.kb.kernel_facts import roles_by_use
 from xeforge.kb.roles import names_for
-from xeforge.kernel_model import KernelModel, LaunchSite, axis_blocks, parse_python, pure_expression
+from xeforge.kernel_model import KernelModel, LaunchSite, axis_blocks, parse_kernel, parse_python, pure_expression
 from xeforge.problem import Variant, source_hash
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling.configs import (OPTION_KEYS, apply_config, current_config, describe, kb_configs,
@@ -77,7 +80,9 @@ from xeforge.rewrite.tiling.configs import (OPTION_KEYS, apply_config, current_c
 from xeforge.rewrite.device_tuning import gemv, rows_dot, shared_rows, splitk, splitred
 from xeforge.rewrite.device_tuning.swap_ab import swap_ab, swapped_branch
 from xeforge.rewrite.tiling.dispatch import Branch, dispatch, launch_statement
+from xeforge.rewrite.persistent import launched_programs
 from xeforge.rewrite.tiling.host_rule import heuristic_made
+from xeforge.shape_classes import DECODE_ROWS, TILE_MULTIPLE
 from xeforge.rewrite.tiling.grid import _cdiv_args, launch_bindings, launch_grid
 
 #: a timed shape is a class of its own when one shape argument differs from the primary's by this factor or more
@@ -100,6 +105,9 @@ FROM_KB_FEW_ROWS = 3
 #: the launch search's configurations tried the other way round: for every shape but a class's (which keeps the
 #: incumbent's launch)
 PRIMARY_WINNERS = 2
+#: how much fuller (of one wave of the cores) a configuration's last wave must be at an odd class's shape to be tried
+#: first there
+FULLER_BY = 0.1
 #: the smallest tile a fitted configuration uses along the class's dim (tl.dot's minimum on the GPUs xeforge targets;
 #: a smaller seed of the KB, e.g. Intel's 8-row DPAS tile, is taken as the KB gives it)
 MIN_FIT = 16
@@ -114,7 +122,7 @@ class ShapeClass:
     dim: str
     param: str  # the kernel parameter that carries the dim
     expr: str  # the host expression the launch passes for it
-    op: str  # "<=" (smaller than the primary's) or ">"
+    op: str  # "<=" (smaller than the primary's), ">", or "%" (no multiple of ``threshold``: an odd size)
     threshold: int
     serves: tuple[str, ...]  # the timed shapes in the class
     block: str | None = None  # the block size that tiles the dim (the grid axis over it), when one does
@@ -123,13 +131,32 @@ class ShapeClass:
 
     @property
     def test(self) -> str:
+        if self.op == "%":  # odd, above a decode step's rows (those have a class of their own)
+            expr = self.expr if _atom(self.expr) else f"({self.expr})"
+            return f"{expr} % {self.threshold} != 0 and {expr} > {DECODE_ROWS}"
         return f"{self.expr} {self.op} {self.threshold}"
 
     def holds(self, dims: dict[str, Any]) -> bool:
         v = dims.get(self.dim)
         if not isinstance(v, int):
             return False
+        if self.op == "%":
+            return _odd(v, self.threshold)
         return v <= self.threshold if self.op == "<=" else v > self.threshold
+
+
+def _odd(v: int, multiple: int = TILE_MULTIPLE) -> bool:
+    """A size of issue 34's odd class: no multiple of the tile, above a decode step's rows."""
+    return v > DECODE_ROWS and v % multiple != 0
+
+
+def _atom(expr: str) -> bool:
+    """``expr`` reads as one operand (a name, an attribute, a subscript, a call): no parentheses needed around it."""
+    try:
+        node = ast.parse(expr, mode="eval").body
+    except SyntaxError:
+        return False
+    return isinstance(node, (ast.Name, ast.Attribute, ast.Subscript, ast.Call))
 
 
 @dataclass(frozen=True)
@@ -256,6 +283,19 @@ def _block_on(model: KernelModel, site: LaunchSite, expr: str, param: str | None
     return None
 
 
+def _odd_dim(ratios: list[tuple], timed: list[Variant]) -> tuple | None:
+    """Of a timed shape's dims carried by an argument (``ratios``' rows: ratio, dim, param, expr, its value, the
+    primary's), the one that is odd there (no multiple of :data:`TILE_MULTIPLE`, issue 34's odd class: 3000, 1000,
+    a vocabulary of 32003; above a decode step's rows) and not at the primary, where the fewest other timed shapes
+    are odd too; None where there is none. Such a shape ends its
+    tiles part-filled and its rows off the line the aligned ones start on: on an H100 (2026-12-07) gemm_square's
+    persistent loop ran 1.05x at 4096^3 and 0.93x at 3000 x 4096 x 3000, one class for the tactic until then."""
+    found = [r for r in ratios if _odd(r[4]) and not _odd(r[5])]
+    if not found:
+        return None
+    return min(found, key=lambda r: sum(isinstance(t.dims.get(r[1]), int) and _odd(t.dims[r[1]]) for t in timed))
+
+
 def _classes(ctx: StageContext, site: LaunchSite, args: dict[str, tuple[str, str]], timed: list[Variant],
              shapes: list[Variant]) -> tuple[list[ShapeClass], list[str]]:
     primary = timed[0]
@@ -268,19 +308,25 @@ def _classes(ctx: StageContext, site: LaunchSite, args: dict[str, tuple[str, str
             if isinstance(a, int) and isinstance(b, int) and a > 0 and b > 0:
                 ratios.append((max(a, b) / min(a, b), dim, param, expr, a, b))
         big = [r for r in ratios if r[0] >= CLASS_RATIO]
-        if not big:
+        odd = _odd_dim(ratios, timed)
+        if not big and odd is None:
             seen = ", ".join(f"{d} {a} vs {b}" for _, d, _, _, a, b in ratios) or "no dim carried by an argument"
             skipped.append(f"{v.name}: no shape argument or grid axis of {site.kernel} (line {site.line}) differs from "
-                           f"{primary.name}'s by {CLASS_RATIO}x or more ({seen})")
+                           f"{primary.name}'s by {CLASS_RATIO}x or more, or is odd (no multiple of {TILE_MULTIPLE}) "
+                           f"where the primary's is not ({seen})")
             continue
-        _, dim, param, expr, a, b = max(big, key=lambda r: r[0])
-        values = sorted({t.dims[dim] for t in timed if isinstance(t.dims.get(dim), int)})
-        if a < b:
-            across = min(x for x in values if x > a)
-            op, threshold = "<=", max(_floor_pow2(math.sqrt(a * across)), a)
+        if big:
+            _, dim, param, expr, a, b = max(big, key=lambda r: r[0])
+            values = sorted({t.dims[dim] for t in timed if isinstance(t.dims.get(dim), int)})
+            if a < b:
+                across = min(x for x in values if x > a)
+                op, threshold = "<=", max(_floor_pow2(math.sqrt(a * across)), a)
+            else:
+                across = max(x for x in values if x < a)
+                op, threshold = ">", max(_floor_pow2(math.sqrt(a * across)), across)
         else:
-            across = max(x for x in values if x < a)
-            op, threshold = ">", max(_floor_pow2(math.sqrt(a * across)), across)
+            _, dim, param, expr, a, b = odd
+            op, threshold = "%", TILE_MULTIPLE
         cls = ShapeClass(dim, param, expr, op, threshold, (), _block_on(ctx.model, site, expr, param), a)
         cls = replace(cls, serves=tuple(t.name for t in timed[1:] if cls.holds(t.dims)))
         if any(c.test == cls.test for c in out):
@@ -406,7 +452,8 @@ class PerShapeConfig(Tactic):
         out: list[dict[str, Any]] = []
         keys = tuple(k for k in option_keys(fn) if k not in heur)
         there = {**traced_options(m, site, cls.serves[0]), **current}  # what the class's shape runs with now
-        for cfg in [*self._few_rows(ctx, site, cls), current, *measured, *seeds]:
+        fuller = self._fuller_waves(ctx, site, cls, current, [*measured, *seeds], names)
+        for cfg in [*self._few_rows(ctx, site, cls), *fuller, current, *measured, *seeds]:
             full = {**current, **{k: v for k, v in cfg.items() if k in names or k in keys}}
             for option in (self._fit(full, cls), full):
                 if option in out or no_change(there, option) or kb_rejects(ctx, option, fn):
@@ -415,6 +462,45 @@ class PerShapeConfig(Tactic):
             if len(out) >= CONFIGS_PER_CLASS:
                 break
         return out[:CONFIGS_PER_CLASS]
+
+    @staticmethod
+    def _fuller_waves(ctx: StageContext, site: LaunchSite, cls: ShapeClass, current: dict[str, Any],
+                      pool: list[dict[str, Any]], names: list[str]) -> list[dict[str, Any]]:
+        """For a class of odd sizes (``%``): of the search's trials, the KB's seeds and the incumbent's tile with one
+        block halved, those whose programs at the class's first timed shape fill their last wave of the device's
+        cores better than the incumbent's (by :data:`FULLER_BY` of a wave or more), fullest first. gemm_square's
+        128 x 256 tiles at 3000 x 4096 x 3000 are 288 programs, 2.2 waves of an H100's 132 cores; 128 x 128 tiles are
+        576, 4.4 waves. Each is counted from its own launch (traced at that shape); [] for other classes, without
+        a core count, or where the launch's programs cannot be counted."""
+        cores, _ = core_count(ctx)
+        variant = next((v for v in ctx.problem.timed_variants(ctx.device.kind) if v.name in cls.serves), None)
+        if cls.op != "%" or cores is None or variant is None:
+            return []
+
+        def fill(cfg: dict[str, Any]) -> float | None:
+            try:
+                src = apply_config(ctx.source, site.kernel, cfg) if cfg != current else ctx.source
+                n = launched_programs(parse_kernel(src), site.kernel, ctx.problem, variant)
+            except (NotApplicable, SyntaxError):
+                return None
+            return None if not n or n <= cores else n / (cores * -(-n // cores))
+
+        base = fill(current)
+        if base is None:
+            return []
+        roles = roles_by_use(ctx.model.functions[site.kernel])
+        tiles = [*names_for("block_m", names, roles), *names_for("block_n", names, roles)]
+        halved = [{**current, k: current[k] // 2} for k in tiles
+                  if isinstance(current.get(k), int) and not isinstance(current[k], bool) and current[k] >= 2 * MIN_FIT]
+        scored = []
+        for cfg in [*halved, *pool]:
+            full = {**current, **{k: v for k, v in cfg.items() if k in current}}
+            if full == current or any(full == c for _, _, c in scored):
+                continue
+            f = fill(full)
+            if f is not None and f >= base + FULLER_BY:
+                scored.append((-f, len(scored), full))
+        return [c for _, _, c in sorted(scored, key=lambda t: (t[0], t[1]))]
 
     @staticmethod
     def _few_rows(ctx: StageContext, site: LaunchSite, cls: ShapeClass) -> list[dict[str, Any]]:

@@ -23,7 +23,7 @@ from xeforge.problem import load_problem
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.device_tuning import splitk
 from xeforge.rewrite.device_tuning.swap_ab import swapped_branch
-from xeforge.rewrite.tiling.configs import apply_config
+from xeforge.rewrite.tiling.configs import OPTION_KEYS, apply_config
 from xeforge.rewrite.tiling.dispatch import Branch, dispatch, undispatch
 from xeforge.verifier import Verdict
 
@@ -91,8 +91,9 @@ def test_the_decode_shape_gets_a_class_and_candidates_that_keep_the_primary_laun
     assert app.applies, app.reason
     # M: 4096 (primary), 16 (decode), 3000: the threshold is the power of two below sqrt(16 * 3000)
     assert "M <= 128 for bench-gpu-1 (M=16; verified at ci@bfloat16, bench-gpu-1" in app.reason
-    assert "bench-gpu-2: no shape argument or grid axis of matmul_kernel (line 51) differs" in app.reason  # M 3000 vs 4096
-    every = TACTIC.propose(ctx)
+    # M 3000 against 4096: less than 4x apart, and odd: a class of its own
+    assert "M % 128 != 0 and M > 64 for bench-gpu-2 (M=3000; verified at bench-gpu-2)" in app.reason
+    every = [c for c in TACTIC.propose(ctx) if "(bench-gpu-1)" in c.description]  # the odd class's are below
     cands = [c for c in every if not (c.params.get("swap_ab") or c.params.get("gemv") or "SPLIT_K" in c.params)]
     assert 0 < len(cands) <= CONFIGS_PER_CLASS
     original = ast.get_source_segment(p.kernel_source, launches(p.kernel_source, "matmul_kernel")[0].node)
@@ -211,7 +212,7 @@ def test_a_dim_that_only_sizes_the_grid_gets_a_class_too():
     app = TACTIC.check(ctx)
     assert app.applies, app.reason
     assert "B > 2 for bench-gpu-1 (B=8" in app.reason  # B: 1 (primary), 8; the ragged B=3 runs the branch
-    cands = TACTIC.propose(ctx)
+    cands = [c for c in TACTIC.propose(ctx) if "(bench-gpu-1)" in c.description]  # not the odd 4000 x 4000's
     assert cands and all(c.time_all_shapes and "if B > 2 (bench-gpu-1)" in c.description for c in cands)
     plain = next(c for c in cands if not c.params.get("dot_rows") and not c.params.get("shared_rows"))
     test = next(n for n in ast.walk(parse_kernel(plain.source).tree) if isinstance(n, ast.If))
@@ -231,7 +232,11 @@ def test_a_branch_no_correctness_shape_reaches_is_not_proposed_and_the_tactic_sa
     monkeypatch.setattr(type(p), "correctness_variants",
                         lambda self, kind, ragged=True: [v for v in every if v.dims["M"] > 128])
     app = TACTIC.check(h200(p))
-    assert not app.applies and "no correctness shape falls into M <= 128" in app.reason
+    assert "no correctness shape falls into M <= 128" in app.reason
+    # the odd shape's class is reached by M = 3000 and its else by 4096: it alone is proposed
+    assert app.applies and "M % 128 != 0 and M > 64 for bench-gpu-2" in app.reason
+    cands = TACTIC.propose(h200(p))
+    assert cands and not any("M <= 128" in c.description for c in cands)
 
 
 @pytest.mark.slow  # about 10 s on 2 cores: make test-slow
@@ -461,4 +466,55 @@ def test_a_split_k_class_and_the_searchs_tile_for_the_other_shapes_combined(tmp_
     assert "BLOCK_N=256" in rest and "BLOCK_K=64" in rest
     assert combined.source.count("if M <= 128:") == 1
     verdict = verify(p, combined.source.replace("if M <= 128:", "if M <= 31:"))  # ragged M=17 split, ci's 64 not
+    assert verdict.correct, verdict.feedback()
+
+
+# ------------------------------------------------------------------------------------------------- the odd class
+def test_an_odd_shape_gets_a_class_of_its_own_and_tiles_that_fill_its_last_wave_first():
+    """Issue 34's odd class: gemm_square at 3000 x 4096 x 3000 differs from the primary 4096^3 by less than 4x, so it
+    had no class, and a tactic that won at 4096^3 and lost there (the persistent loop on the H100: 1.05x and 0.93x)
+    could only be taken or left for both. It now has one, ``M % 128 != 0 and M > 64`` (decode's rows have their own),
+    and for it the tiles whose programs fill the last wave of 132 cores better come first: the port's 128 x 256 tiles
+    are 288 programs there (2.2 waves), 128 x 128 ones 576 (4.4)."""
+    from xeforge.rewrite.persistent import launched_programs
+
+    p = load_problem(ROOT / "kernels" / "gemm_square")
+    src = apply_config(p.kernel_source, "matmul_kernel", {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64})
+    ctx = h200(p, src)
+    app = TACTIC.check(ctx)
+    assert app.applies, app.reason
+    assert "M <= 128 for bench-gpu-1" in app.reason
+    assert "M % 128 != 0 and M > 64 for bench-gpu-2 (M=3000; verified at bench-gpu-2)" in app.reason
+    odd = [c for c in TACTIC.propose(ctx) if "(bench-gpu-2)" in c.description]
+    assert odd and all(c.time_all_shapes and "if M % 128 != 0 and M > 64 (bench-gpu-2)" in c.description for c in odd)
+    shape = next(v for v in p.timed_variants("cuda") if v.name == "bench-gpu-2")
+
+    def last_wave(source: str) -> float:
+        n = launched_programs(parse_kernel(source), "matmul_kernel", p, shape)
+        return n / (132 * -(-n // 132))
+
+    first = apply_config(src, "matmul_kernel", {k: v for k, v in odd[0].params.items() if k in OPTION_KEYS or
+                                                k.startswith("BLOCK_")})
+    assert last_wave(src) == pytest.approx(288 / 396)
+    assert last_wave(first) >= last_wave(src) + 0.1, odd[0].description
+    tree = parse_kernel(odd[0].source).tree
+    test = next(n for n in ast.walk(tree) if isinstance(n, ast.If))
+    assert ast.unparse(test.test) == "M % 128 != 0 and M > 64"
+
+
+def test_an_odd_class_dispatch_verifies_on_both_branches(verify):
+    """The odd class's test as the dispatch writes it, on the interpreter's shapes: the ragged M = 63 takes the
+    branch (its threshold lowered to 32 here, so a CPU shape is odd above it), ci (M = 64) and M = 17 the incumbent's
+    launch."""
+    from stages.device_tuning_shapes import ShapeClass
+
+    p = load_problem(ROOT / "kernels" / "gemm_square")
+    cls = ShapeClass("M", "M", "M", "%", 128, ("bench-gpu-2",))
+    assert cls.test == "M % 128 != 0 and M > 64"
+    assert cls.holds({"M": 3000}) and not cls.holds({"M": 4096}) and not cls.holds({"M": 16})
+    test = cls.test.replace("> 64", "> 32")
+    out = dispatch(p.kernel_source, "matmul_kernel",
+                   [Branch(test, {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "num_warps": 2})])
+    assert f"if {test}:" in out
+    verdict = verify(p, out)
     assert verdict.correct, verdict.feedback()
