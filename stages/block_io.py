@@ -158,8 +158,8 @@ class TensorDescriptorTiles(Tactic):
     def follow_up(self, ctx: StageContext, outcomes: list[TrialOutcome]) -> list[Candidate]:
         """The candidate with the best objective among those gate 3 turned down for a loss at a class of shapes
         (:func:`stages.device_tuning_shapes.shape_classes`) while faster at others, with its fast path off for that
-        class; none where a losing shape has no class of its own (the primary, an odd shape) or a class holds a
-        shape it won at too."""
+        class (an odd shape's too: ``M % 128 != 0 and M > 64``); none where a losing shape has no class of its own
+        (the primary) or a class holds a shape it won at too."""
         best: tuple[float, Candidate] | None = None
         classes_of: dict[str, list] = {}  # kernel -> its launch's shape classes ([] where none form)
         for o in outcomes:
