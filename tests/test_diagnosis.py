@@ -114,7 +114,7 @@ def test_a_part_filled_last_wave_is_diagnosed_for_the_tail_split(kb):
     third wave 88% full) are not diagnosed."""
     d = _read(kb, "gemm_tall_k", [_launch("matmul_kernel", (288,))])
     f = next(f for f in d["findings"] if f["id"] == "dx-part-filled-last-wave")
-    assert f["tactics"] == ["split-k"] and f["gain"] == 1.38, f
+    assert f["tactics"] == ["split-k", "per-shape-config"] and f["gain"] == 1.38, f
     assert "288 programs run in 3 waves of 132 cores" in f["cause"] and "0.727 of the waves' core time" in f["cause"]
     assert _facts(d, "matmul_kernel")["wave_fill"] == 0.727 and _facts(d, "matmul_kernel")["waves"] == 3
     for programs in (264, 380, 64):
