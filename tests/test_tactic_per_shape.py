@@ -450,7 +450,7 @@ def test_a_split_k_class_and_the_searchs_tile_for_the_other_shapes_combined(tmp_
     cands = tactic.propose(ctx)
     split = next(c for c in cands if c.params.get("SPLIT_K") == 4)
     other = next(c for c in cands if "the incumbent's launch; else" in c.description and "BLOCK_N=256" in
-                 c.description)
+                 c.description and "if M <= 128 (" in c.description)  # the decode class's, not the odd one's
 
     def outcome(c: Candidate, speedup: float) -> TrialOutcome:
         return TrialOutcome("t", c, Verdict("h", correct=True, timed=True, accepted=speedup > 1.02, speedup=speedup))
@@ -485,7 +485,10 @@ def test_an_odd_shape_gets_a_class_of_its_own_and_tiles_that_fill_its_last_wave_
     assert app.applies, app.reason
     assert "M <= 128 for bench-gpu-1" in app.reason
     assert "M % 128 != 0 and M > 64 for bench-gpu-2 (M=3000; verified at bench-gpu-2)" in app.reason
-    odd = [c for c in TACTIC.propose(ctx) if "(bench-gpu-2)" in c.description]
+    every = TACTIC.propose(ctx)
+    # the classes take turns: the odd class's first candidate right after the decode class's first, not after its ten
+    assert "(bench-gpu-1)" in every[0].description and "(bench-gpu-2)" in every[1].description
+    odd = [c for c in every if "(bench-gpu-2)" in c.description]
     assert odd and all(c.time_all_shapes and "if M % 128 != 0 and M > 64 (bench-gpu-2)" in c.description for c in odd)
     shape = next(v for v in p.timed_variants("cuda") if v.name == "bench-gpu-2")
 
