@@ -25,12 +25,12 @@ from __future__ import annotations
 from typing import Any
 
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic, TrialOutcome, guarded
-from stages.device_tuning_shapes import shape_classes
+from stages.device_tuning_shapes import lost_classes
 from xeforge.rewrite import blockio
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling.configs import describe, kb_errors
 from xeforge.rewrite.autotune import untuned_tile, with_configs
-from xeforge.rewrite.tiling.grid import gemm_kernels, single_launch
+from xeforge.rewrite.tiling.grid import gemm_kernels
 from xeforge.shape_classes import shape_class
 from xeforge.rewrite.tiling.tactics import RewriteMemo
 
@@ -163,23 +163,10 @@ class TensorDescriptorTiles(Tactic):
         best: tuple[float, Candidate] | None = None
         classes_of: dict[str, list] = {}  # kernel -> its launch's shape classes ([] where none form)
         for o in outcomes:
-            perf = next((g for g in getattr(o.verdict, "gates", []) if g.gate == "3-performance"), None)
-            d = perf.details if perf is not None and perf.status == "fail" else {}
-            kernel = o.candidate.params.get("kernel")
-            if not d.get("blocked_by") or not d.get("improved") or not kernel:
+            lost = lost_classes(ctx, o, classes_of)
+            if lost is None:
                 continue
-            lost = [s["variant"] for s in d.get("shapes", []) if s["speedup"] < 1.0]
-            if kernel not in classes_of:
-                try:
-                    classes_of[kernel] = shape_classes(ctx, single_launch(ctx.model, kernel))[0]
-                except NotApplicable:
-                    classes_of[kernel] = []
-            off = [c for c in classes_of[kernel] if any(v in c.serves for v in lost)]
-            if not off:
-                continue
-            if any(not any(v in c.serves for c in off) for v in lost) or \
-                    any(v in c.serves for c in off for v in d["improved"]):
-                continue
+            kernel, off, objective = lost
             try:
                 src = blockio.off_where(o.candidate.source, kernel, [c.test for c in off])
             except NotApplicable:
@@ -188,8 +175,8 @@ class TensorDescriptorTiles(Tactic):
             cand = Candidate(src, self.name, f"{o.candidate.description}; the original loop kept where it lost: "
                              f"{kept}", params={**o.candidate.params, "off_where": [c.test for c in off]},
                              time_all_shapes=True)
-            if best is None or d.get("objective", 0.0) > best[0]:
-                best = (d.get("objective", 0.0), cand)
+            if best is None or objective > best[0]:
+                best = (objective, cand)
         return [best[1]] if best is not None else []
 
 

@@ -87,7 +87,7 @@ from xeforge.rewrite.tiling.dispatch import Branch, dispatch, launch_statement
 from xeforge.rewrite.persistent import launched_programs
 from xeforge.rewrite.tiling.host_rule import heuristic_made
 from xeforge.shape_classes import DECODE_ROWS, TILE_MULTIPLE
-from xeforge.rewrite.tiling.grid import _cdiv_args, launch_bindings, launch_grid
+from xeforge.rewrite.tiling.grid import _cdiv_args, launch_bindings, launch_grid, single_launch
 
 #: a timed shape is a class of its own when one shape argument differs from the primary's by this factor or more
 CLASS_RATIO = 4
@@ -361,6 +361,31 @@ def shape_classes(ctx: StageContext, site: LaunchSite) -> tuple[list[ShapeClass]
     if not classes:
         raise NotApplicable("; ".join(skipped) or "no timed shape forms a class of its own")
     return classes, skipped
+
+
+def lost_classes(ctx: StageContext, outcome: TrialOutcome, classes_of: dict[str, list[ShapeClass]]
+                 ) -> tuple[str, list[ShapeClass], float] | None:
+    """(kernel, the classes of the shapes it lost at, its objective) for a candidate gate 3 turned down for a loss at
+    some timed shapes while faster at others, where each shape it lost at has a class of its own at the kernel's
+    launch and no such class holds a shape it won at; None otherwise (it lost at the primary, or nowhere, or
+    passed). A stage that rewrote the kernel then offers it again with its rewrite off in those classes (block_io's
+    descriptors, the persistent loop). ``classes_of`` caches the classes per kernel across outcomes."""
+    perf = next((g for g in getattr(outcome.verdict, "gates", []) if g.gate == "3-performance"), None)
+    d = perf.details if perf is not None and perf.status == "fail" else {}
+    kernel = outcome.candidate.params.get("kernel")
+    if not d.get("blocked_by") or not d.get("improved") or not kernel:
+        return None
+    lost = [s["variant"] for s in d.get("shapes", []) if s["speedup"] < 1.0]
+    if kernel not in classes_of:
+        try:
+            classes_of[kernel] = shape_classes(ctx, single_launch(ctx.model, kernel))[0]
+        except NotApplicable:
+            classes_of[kernel] = []
+    off = [c for c in classes_of[kernel] if any(v in c.serves for v in lost)]
+    if not off or any(not any(v in c.serves for c in off) for v in lost) or \
+            any(v in c.serves for c in off for v in d["improved"]):
+        return None
+    return kernel, off, d.get("objective", 0.0)
 
 
 def _idle_cores_class(ctx: StageContext, cls: ShapeClass) -> tuple[int, str, Variant] | None:

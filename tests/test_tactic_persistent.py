@@ -418,3 +418,31 @@ def test_where_the_incumbent_spills_the_loops_with_the_epilogue_in_halves_come_f
         assert "for tile_id in tl.range(" in c.source
         verdict = verify(p, c.source)
         assert verdict.correct, verdict.feedback()
+
+
+def test_a_loop_that_lost_only_at_the_odd_shape_comes_back_one_program_a_tile_there(verify):
+    """gemm_square's loop on the H100 (2026-12-07): 1.05x at 4096^3, 0.93x at 3000 x 4096 x 3000. Turned down for the
+    odd shape alone, it comes back starting one program a tile in that shape's class (each program's loop then runs
+    its one tile, the kernel's form before), timed at every shape; nothing comes back where it lost at the primary."""
+    from tests.test_tactic_block_io import _gate3
+
+    p = load_problem(KERNELS / "gemm_square")
+    ctx = context(p, kind="cuda", target="h200")
+    cands = TACTIC.propose(ctx)
+    lost_at_odd = _gate3({"bench-gpu": 1.05, "bench-gpu-1": 1.0, "bench-gpu-2": 0.93})
+    assert not lost_at_odd(cands[0]).verdict.accepted
+    (back,) = TACTIC.follow_up(ctx, [lost_at_odd(c) for c in cands])
+    assert back.time_all_shapes and back.params["off_where"] == ["M % 128 != 0 and M > 64"], back.params
+    assert "one program a tile where it lost: M % 128 != 0 and M > 64 (bench-gpu-2)" in back.description
+    assert f"num_programs = {persistent.ONE_A_TILE} if (M % 128 != 0 and M > 64) else _device_core_count(" \
+        in back.source
+    assert TACTIC.follow_up(ctx, [_gate3({"bench-gpu": 0.97, "bench-gpu-1": 1.0, "bench-gpu-2": 1.2})(c)
+                                  for c in cands]) == []
+    # on the interpreter, with a test the CPU's shapes fall on both sides of: M = 63 and 17 one program a tile,
+    # M = 64 the loop over a few programs
+    src = persistent.off_where(rewritten(p), "matmul_kernel", ["M % 2 == 1"])
+    assert src.count(persistent.ONE_A_TILE) == 1
+    verdict = verify(p, src)
+    assert verdict.correct, verdict.feedback()
+    with pytest.raises(NotApplicable, match="_device_core_count"):
+        persistent.off_where(p.kernel_source, "matmul_kernel", ["M > 1"])

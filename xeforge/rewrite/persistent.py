@@ -41,7 +41,8 @@ from xeforge.rewrite.memory import launch_facts
 from xeforge.rewrite.tiling import KernelAnalysis, NotApplicable, _assign_counts, is_tl_call, names_in
 from xeforge.rewrite.tiling.grid import (GridTranslator, enclosing_function, fresh_name, launch_bindings, launch_grid,
                                          launched_kernels_gemm_first, program_id_vars, single_launch)
-from xeforge.rewrite.cst_tools import arg, call_name, code, expr, is_tl, set_call_kwargs, statements, walk
+from xeforge.rewrite.cst_tools import (Edits, Parsed, apply_edits, arg, call_name, code, expr, is_tl,
+                                       set_call_kwargs, statements, walk)
 from xeforge.rewrite.tiling.edit import FunctionEdit, LaunchEdit, add_module_function, edit_function, edit_launch
 from xeforge.rewrite.tiling.pids import hoist_program_ids
 
@@ -519,3 +520,38 @@ def launched_programs(model: KernelModel, kernel: str, problem, variant) -> int 
     for s in sizes:
         total *= s
     return total
+
+
+#: the program count where the tile loop is off: more than any grid has tiles, so ``min(num_programs, tiles)`` starts
+#: one program a tile and each walks its own tile once
+ONE_A_TILE = "1 << 30"
+
+
+def off_where(source: str, kernel: str, tests: list[str]) -> str:
+    """``source``, a persistent rewrite of ``kernel``, starting one program a tile where one of ``tests`` holds
+    (host expressions at the launch: the shape classes the loop lost at): the count the launch's grid takes from
+    ``_device_core_count`` becomes ``1 << 30 if (<test>) or ... else _device_core_count(...)``, so each program's
+    loop runs its one tile, the form the kernel had before. NotApplicable where ``kernel``'s launch does not take its
+    program count from one such assignment."""
+    model = parse_kernel(source)
+    site = single_launch(model, kernel)
+    host = enclosing_function(model, site)
+    found = [n for n in ast.walk(host if host is not None else model.tree)
+             if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
+             and isinstance(n.value, ast.Call) and dotted_name(n.value.func) == HELPER]
+    if len(found) != 1:
+        raise NotApplicable(f"the launch of {kernel} at line {site.line} takes its program count from "
+                            f"{len(found)} {HELPER}() assignments (a persistent rewrite makes one)")
+    when = " or ".join(f"({t})" for t in tests)
+    parsed = Parsed.of(source)
+    target = found[0]
+    edits = Edits()
+    for node in walk(parsed.module):
+        if isinstance(node, cst.SimpleStatementLine) and parsed.line(node) == target.lineno:
+            st = node.body[0]
+            edits.replace[target.lineno] = [node.with_changes(body=[st.with_changes(
+                value=expr(f"{ONE_A_TILE} if {when} else {code(st.value)}"))])]
+            break
+    else:
+        raise NotApplicable(f"the {HELPER}() assignment on line {target.lineno} is not a statement of its own")
+    return apply_edits(source, edits, parsed)
