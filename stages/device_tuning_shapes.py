@@ -157,7 +157,7 @@ def _odd(v: int, multiple: int = TILE_MULTIPLE) -> bool:
 def _atom(expr: str) -> bool:
     """``expr`` reads as one operand (a name, an attribute, a subscript, a call): no parentheses needed around it."""
     try:
-        node = ast.parse(expr, mode="eval").body
+        node = parse_python(expr, mode="eval").body
     except SyntaxError:
         return False
     return isinstance(node, (ast.Name, ast.Attribute, ast.Subscript, ast.Call))
