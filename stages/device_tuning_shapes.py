@@ -86,8 +86,8 @@ from xeforge.rewrite.device_tuning.swap_ab import swap_ab, swapped_branch
 from xeforge.rewrite.tiling.dispatch import Branch, dispatch, launch_statement
 from xeforge.rewrite.persistent import launched_programs
 from xeforge.rewrite.tiling.host_rule import heuristic_made
-from xeforge.shape_classes import DECODE_ROWS, TILE_MULTIPLE
 from xeforge.rewrite.tiling.grid import _cdiv_args, launch_bindings, launch_grid, single_launch
+from xeforge.shape_classes import DECODE_ROWS, TILE_MULTIPLE
 
 #: a timed shape is a class of its own when one shape argument differs from the primary's by this factor or more
 CLASS_RATIO = 4
@@ -291,9 +291,9 @@ def _odd_dim(ratios: list[tuple], timed: list[Variant]) -> tuple | None:
     """Of a timed shape's dims carried by an argument (``ratios``' rows: ratio, dim, param, expr, its value, the
     primary's), the one that is odd there (no multiple of :data:`TILE_MULTIPLE`, issue 34's odd class: 3000, 1000,
     a vocabulary of 32003; above a decode step's rows) and not at the primary, where the fewest other timed shapes
-    are odd too; None where there is none. Such a shape ends its
-    tiles part-filled and its rows off the line the aligned ones start on: on an H100 (2026-12-07) gemm_square's
-    persistent loop ran 1.05x at 4096^3 and 0.93x at 3000 x 4096 x 3000, one class for the tactic until then."""
+    are odd too; None where there is none. Such a shape ends its tiles part-filled and its rows off the line the
+    aligned ones start on: on an H100 (2026-12-07) gemm_square's persistent loop ran 1.05x at 4096^3 and 0.93x at
+    3000 x 4096 x 3000, one class for the tactics until then."""
     found = [r for r in ratios if _odd(r[4]) and not _odd(r[5])]
     if not found:
         return None
