@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from stages.base import Applicability, Candidate, Issue, Stage, StageContext, Tactic, TrialOutcome, guarded
-from stages.device_tuning_shapes import lost_classes
+from stages.device_tuning_shapes import off_where_lost
 from xeforge.rewrite import blockio
 from xeforge.rewrite.tiling import NotApplicable
 from xeforge.rewrite.tiling.configs import describe, kb_errors
@@ -160,24 +160,7 @@ class TensorDescriptorTiles(Tactic):
         (:func:`stages.device_tuning_shapes.shape_classes`) while faster at others, with its fast path off for that
         class (an odd shape's too: ``M % 128 != 0 and M > 64``); none where a losing shape has no class of its own
         (the primary) or a class holds a shape it won at too."""
-        best: tuple[float, Candidate] | None = None
-        classes_of: dict[str, list] = {}  # kernel -> its launch's shape classes ([] where none form)
-        for o in outcomes:
-            lost = lost_classes(ctx, o, classes_of)
-            if lost is None:
-                continue
-            kernel, off, objective = lost
-            try:
-                src = blockio.off_where(o.candidate.source, kernel, [c.test for c in off])
-            except NotApplicable:
-                continue
-            kept = "; ".join(f"{c.test} ({', '.join(c.serves)})" for c in off)
-            cand = Candidate(src, self.name, f"{o.candidate.description}; the original loop kept where it lost: "
-                             f"{kept}", params={**o.candidate.params, "off_where": [c.test for c in off]},
-                             time_all_shapes=True)
-            if best is None or objective > best[0]:
-                best = (objective, cand)
-        return [best[1]] if best is not None else []
+        return off_where_lost(ctx, outcomes, blockio.off_where, self.name, "the original loop kept where it lost")
 
 
 @guarded("block_io")

@@ -388,6 +388,30 @@ def lost_classes(ctx: StageContext, outcome: TrialOutcome, classes_of: dict[str,
     return kernel, off, d.get("objective", 0.0)
 
 
+def off_where_lost(ctx: StageContext, outcomes: list[TrialOutcome], off_where: Callable[[str, str, list[str]], str],
+                   tactic: str, how: str) -> list[Candidate]:
+    """A stage's follow-up for a rewrite that lost at a class of shapes only: of ``outcomes``, the one with the best
+    objective that :func:`lost_classes` gives classes for, again with ``off_where(source, kernel, tests)`` turning
+    the rewrite off in them, timed at every shape; [] where none. ``how`` says what the candidate keeps there."""
+    best: tuple[float, Candidate] | None = None
+    classes_of: dict[str, list[ShapeClass]] = {}
+    for o in outcomes:
+        lost = lost_classes(ctx, o, classes_of)
+        if lost is None:
+            continue
+        kernel, off, objective = lost
+        try:
+            src = off_where(o.candidate.source, kernel, [c.test for c in off])
+        except NotApplicable:
+            continue
+        kept = "; ".join(f"{c.test} ({', '.join(c.serves)})" for c in off)
+        cand = Candidate(src, tactic, f"{o.candidate.description}; {how}: {kept}",
+                         params={**o.candidate.params, "off_where": [c.test for c in off]}, time_all_shapes=True)
+        if best is None or objective > best[0]:
+            best = (objective, cand)
+    return [best[1]] if best is not None else []
+
+
 def _idle_cores_class(ctx: StageContext, cls: ShapeClass) -> tuple[int, str, Variant] | None:
     """(cores, where the count came from, the class's first timed shape) for a class of smaller shapes (``<=``),
     where a split (of K, of a reduction loop) is sized; None for a class of larger ones or without a core count."""

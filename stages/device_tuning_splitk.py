@@ -84,7 +84,6 @@ def split_values(tiles: int, steps: int, cores: int) -> list[int]:
     return [default] + [s for s in ok if s != default]
 
 
-
 def stored_whole(source: str) -> tuple[str, list[str]] | None:
     """``source`` with every kernel's C tile stored whole where the shared-memory refit halved it
     (:func:`~xeforge.rewrite.tiling.subtile.whole_stores`), and what changed; None where no store is halved. On an
@@ -97,6 +96,7 @@ def stored_whole(source: str) -> tuple[str, list[str]] | None:
             source, more = got
             changed += more
     return (source, changed) if changed else None
+
 
 class SplitK(Tactic):
     name = "split-k"

@@ -13,8 +13,9 @@ does), and over the block_io stage's rewrite where that stage did not adopt it (
 compose); where the KB offers it (Hopper, Triton 3.5 or later), a loop over tensor descriptors is also proposed
 warp-specialized; where the incumbent's compile spilled registers, the loops with the epilogue on two column halves
 of the accumulator come first; the verifier times each one. A loop turned down for a loss at a class of shapes only
-(an odd one, a decode step's) comes back starting one program a tile there. The tiles of a row waiting for each other inside the
-loop, to finish a split row reduction there, is no tactic: it lost to the two passes (KB ``persistent-row-sync``).
+(an odd one, a decode step's) comes back starting one program a tile there. The tiles of a row waiting for each
+other inside the loop, to finish a split row reduction there, is no tactic: it lost to the two passes (KB
+``persistent-row-sync``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 from stages.base import (Applicability, Candidate, Issue, Stage, StageContext, Tactic, TrialOutcome, guarded,
                          incumbent_spills)
 from stages.block_io import TensorDescriptorTiles
-from stages.device_tuning_shapes import lost_classes
+from stages.device_tuning_shapes import off_where_lost
 from stages.device_tuning_splitk import SplitK
 from xeforge.analysis.launches import live_launches
 from xeforge.rewrite import persistent
@@ -98,23 +99,7 @@ class PersistentTileLoop(Tactic):
         class (:func:`persistent.off_where`); none where a shape it lost at has no class of its own. On an H100
         (2026-12-07) gemm_square's loop ran 1.05-1.06x at 4096^3 and 0.93-0.95x at 3000 x 4096 x 3000, an odd shape,
         and was not adopted for either."""
-        best: tuple[float, Candidate] | None = None
-        classes_of: dict[str, list] = {}
-        for o in outcomes:
-            lost = lost_classes(ctx, o, classes_of)
-            if lost is None:
-                continue
-            kernel, off, objective = lost
-            try:
-                src = persistent.off_where(o.candidate.source, kernel, [c.test for c in off])
-            except NotApplicable:
-                continue
-            kept = "; ".join(f"{c.test} ({', '.join(c.serves)})" for c in off)
-            cand = Candidate(src, self.name, f"{o.candidate.description}; one program a tile where it lost: {kept}",
-                             params={**o.candidate.params, "off_where": [c.test for c in off]}, time_all_shapes=True)
-            if best is None or objective > best[0]:
-                best = (objective, cand)
-        return [best[1]] if best is not None else []
+        return off_where_lost(ctx, outcomes, persistent.off_where, self.name, "one program a tile where it lost")
 
     def _halved(self, ctx: StageContext, kernel: str, loops: list[Candidate]) -> list[Candidate]:
         """Where the incumbent's kernel spilled registers (its compile at the primary shape), each of ``loops`` with
