@@ -288,13 +288,13 @@ class SecondLaunchSearch(LaunchParamSearch):
         return None
 
     def check(self, ctx: StageContext) -> Applicability:
+        if self._site(ctx) is not None:
+            return super().check(ctx)
         if not getattr(ctx.device, "can_time", False):
             return Applicability(False, "nothing to rank on the interpreter (the first launch's search is what a CPU "
                                         "run checks)")
-        if self._site(ctx) is None:
-            return Applicability(False, "no second launch with block sizes to search (one kernel, or the others "
-                                        "autotuned, launched from several places or without block-size constexprs)")
-        return super().check(ctx)
+        return Applicability(False, "no second launch with block sizes to search (one kernel, or the others "
+                                    "autotuned, launched from several places or without block-size constexprs)")
 
 
 def _detect_defaults(ctx: StageContext) -> list[Issue]:

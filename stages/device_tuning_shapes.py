@@ -363,7 +363,7 @@ def shape_classes(ctx: StageContext, site: LaunchSite) -> tuple[list[ShapeClass]
     return classes, skipped
 
 
-def lost_classes(ctx: StageContext, outcome: TrialOutcome, classes_of: dict[str, list[ShapeClass]]
+def _lost_classes(ctx: StageContext, outcome: TrialOutcome, classes_of: dict[str, list[ShapeClass]]
                  ) -> tuple[str, list[ShapeClass], float] | None:
     """(kernel, the classes of the shapes it lost at, its objective) for a candidate gate 3 turned down for a loss at
     some timed shapes while faster at others, where each shape it lost at has a class of its own at the kernel's
@@ -391,12 +391,12 @@ def lost_classes(ctx: StageContext, outcome: TrialOutcome, classes_of: dict[str,
 def off_where_lost(ctx: StageContext, outcomes: list[TrialOutcome], off_where: Callable[[str, str, list[str]], str],
                    tactic: str, how: str) -> list[Candidate]:
     """A stage's follow-up for a rewrite that lost at a class of shapes only: of ``outcomes``, the one with the best
-    objective that :func:`lost_classes` gives classes for, again with ``off_where(source, kernel, tests)`` turning
+    objective that :func:`_lost_classes` gives classes for, again with ``off_where(source, kernel, tests)`` turning
     the rewrite off in them, timed at every shape; [] where none. ``how`` says what the candidate keeps there."""
     best: tuple[float, Candidate] | None = None
     classes_of: dict[str, list[ShapeClass]] = {}
     for o in outcomes:
-        lost = lost_classes(ctx, o, classes_of)
+        lost = _lost_classes(ctx, o, classes_of)
         if lost is None:
             continue
         kernel, off, objective = lost

@@ -95,7 +95,7 @@ class PersistentTileLoop(Tactic):
 
     def follow_up(self, ctx: StageContext, outcomes: list[TrialOutcome]) -> list[Candidate]:
         """The loop with the best objective among those gate 3 turned down for a loss at a class of shapes while
-        faster at others (:func:`stages.device_tuning_shapes.lost_classes`), starting one program a tile in that
+        faster at others (:func:`stages.device_tuning_shapes.off_where_lost`), starting one program a tile in that
         class (:func:`persistent.off_where`); none where a shape it lost at has no class of its own. On an H100
         (2026-12-07) gemm_square's loop ran 1.05-1.06x at 4096^3 and 0.93-0.95x at 3000 x 4096 x 3000, an odd shape,
         and was not adopted for either."""
